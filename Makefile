@@ -1,0 +1,25 @@
+# Each target sets itself up: a .venv at the repo root with the pinned versions of requirements.lock.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEMO_WORKDIR ?= workdirs/demo
+
+.PHONY: demo test install clean
+
+$(VENV)/.installed: requirements.lock setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) launch/train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)
+
+test: install
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) workdirs .pytest_cache

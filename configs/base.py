@@ -1,0 +1,95 @@
+"""All defaults, and the builders the per-experiment files call.
+
+Experiments are named by non-embedding parameter count (see docs/models.md for the exact shapes
+and the command that counts them). Every paper config trains on ProLong data and needs its path:
+  --config.data.path=/path/to/prolong-data-64K --config.eval.path=/path/to/textbook_chapters
+"""
+import ml_collections
+
+# Shapes of the named sizes; non-embedding counts (python benchmarks/model_sizes.py):
+# 120m -> 120.4M, 350m -> 346.1M.
+SIZES = {
+    "120m": dict(num_layers=12, d_model=768, num_heads=12, num_kv_heads=12, head_dim=64,
+                 mlp_dim=3328),
+    "350m": dict(num_layers=24, d_model=1024, num_heads=16, num_kv_heads=16, head_dim=64,
+                 mlp_dim=3328),
+}
+WINDOWS = (64, 128, 256, 512, 1024, 2048, 4096)
+
+# ProLong 64K training mixture (domain@proportion), as released by princeton-nlp.
+PROLONG_DOMAINS = (
+    "thestackv1_concat_by_repo-65536@0.3", "book-65536@0.3", "fineweb-edu@0.1",
+    "fineweb-2023-50@0.1", "stackexchange@0.04", "dolmawiki@0.04", "tuluv2@0.03",
+    "arxiv@0.03", "openwebmath@0.03", "textbooks@0.03",
+)
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+
+  c.model = ml_collections.ConfigDict(dict(
+      pattern="SG",            # S = sliding-window, G = global; repeated to num_layers.
+      num_layers=12, d_model=768, num_heads=12, num_kv_heads=12, head_dim=64, mlp_dim=3328,
+      window=256,
+      swa_pos="rope",          # rope | nope (NoPE-in-SWA ablation)
+      global_pos="nope",       # nope | rope (control only)
+      rope_theta=10000.0,
+      vocab_size=128256,       # Llama-3 tokenizer (ProLong data).
+      tie_embeddings=False,
+      norm_eps=1e-5,
+      dtype="auto",            # auto: float32 on CPU, bfloat16 elsewhere; params stay float32.
+      remat=False,
+      attention_impl="auto",
+  ))
+
+  c.data = ml_collections.ConfigDict(dict(
+      source="mds",            # mds (ProLong) | stdlib (embedded demo corpus)
+      path="",                 # Required for mds.
+      domains=PROLONG_DOMAINS,
+      seq_len=8192,
+      batch_size=64,           # Global, in sequences.
+      seed=0,
+      eval_fraction=0.05,      # stdlib only: held-out share of documents.
+      document_masking=True,
+  ))
+
+  c.eval = ml_collections.ConfigDict(dict(
+      path="",                 # TextbookChapters; required for mds.
+      batch_size=8,
+      num_batches=16,
+      every_steps=1000,
+  ))
+
+  c.train = ml_collections.ConfigDict(dict(
+      steps=20000,
+      learning_rate=6e-4,
+      min_learning_rate_ratio=0.1,
+      warmup_steps=1000,
+      b1=0.9, b2=0.95, eps=1e-8,
+      weight_decay=0.1,        # Not applied to norm gains or embeddings.
+      grad_clip=1.0,
+      seed=0,
+      log_every_steps=10,
+      peak_flops=0.0,          # Per device, for MFU; 0 = look up / measure (hybrid_nope.train.flops).
+  ))
+
+  c.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, keep=3))
+  c.metrics = ml_collections.ConfigDict(dict(far_lag=4096))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  return c
+
+
+def experiment(size: str, window: int | None, swa_pos: str = "rope") -> ml_collections.ConfigDict:
+  """A paper run: `size` in SIZES; `window` None is the global-NoPE-only baseline."""
+  if size not in SIZES:
+    raise ValueError(f"size={size!r}: expected one of {sorted(SIZES)}")
+  c = get_config()
+  c.model.update(SIZES[size])
+  if window is None:
+    c.model.pattern = "G"
+  else:
+    c.model.window = window
+    c.model.swa_pos = swa_pos
+  if size == "350m":
+    c.train.learning_rate = 3e-4
+  return c

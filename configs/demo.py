@@ -1,0 +1,21 @@
+"""Small hybrid trained on the embedded corpus (Python stdlib source, byte tokens): `make demo`.
+
+  python launch/train.py --config=configs/demo.py --workdir=workdirs/demo
+
+Four layers SGSG, d_model 128, window 64, seq_len 1024; a few minutes on 2 CPU cores
+(docs/performance.md has the measured time).
+"""
+from configs import base
+
+
+def get_config():
+  c = base.get_config()
+  c.model.update(dict(num_layers=4, d_model=128, num_heads=4, num_kv_heads=4, head_dim=32,
+                      mlp_dim=384, window=64, vocab_size=258, tie_embeddings=True))
+  c.data.update(dict(source="stdlib", seq_len=1024, batch_size=8))
+  c.eval.update(dict(batch_size=8, num_batches=4, every_steps=100))
+  c.train.update(dict(steps=300, learning_rate=3e-3, warmup_steps=30, log_every_steps=10))
+  c.checkpoint.update(dict(every_steps=100, keep=2))
+  c.metrics.far_lag = 512
+  c.mesh.data = 1
+  return c

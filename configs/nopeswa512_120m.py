@@ -1,0 +1,10 @@
+"""120M hybrid, SWA window 512 (NoPE inside SWA (ablation)) : global NoPE, 1:1 interleaved.
+
+  python launch/train.py --config=configs/nopeswa512_120m.py --workdir=$WORKDIR \
+      --config.data.path=$PROLONG --config.eval.path=$TEXTBOOKS
+"""
+from configs import base
+
+
+def get_config():
+  return base.experiment(size="120m", window=512, swa_pos="nope")

@@ -1,0 +1,10 @@
+"""120M hybrid, SWA window 2048 (RoPE inside SWA) : global NoPE, 1:1 interleaved.
+
+  python launch/train.py --config=configs/swa2048_120m.py --workdir=$WORKDIR \
+      --config.data.path=$PROLONG --config.eval.path=$TEXTBOOKS
+"""
+from configs import base
+
+
+def get_config():
+  return base.experiment(size="120m", window=2048)

@@ -1,0 +1,1 @@
+"""hybrid_nope: pretraining hybrid SWA / global-NoPE language models and measuring recency."""

@@ -1,0 +1,4 @@
+"""Flax NNX modules of the hybrid SWA / global-NoPE language model."""
+from hybrid_nope.model.transformer import LanguageModel, layer_kinds, parameter_counts
+
+__all__ = ["LanguageModel", "layer_kinds", "parameter_counts"]

@@ -1,0 +1,48 @@
+"""Multi-head (GQA) attention layer: sliding-window or global, with RoPE or no position encoding."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_nope import kernels
+from hybrid_nope.model.layers import apply_rope, default_init, param
+
+POSITION_ENCODINGS = ("rope", "nope")
+
+
+class Attention(nnx.Module):
+  """q = x W_Q, k = x W_K, v = x W_V per head; out = W_O · attention(q, k, v).
+
+  `window` None makes it a global causal layer; an int makes it sliding-window.
+  """
+
+  def __init__(self, *, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int,
+               window: int | None, position: str, rope_theta: float, impl: str, dtype,
+               rngs: nnx.Rngs):
+    if position not in POSITION_ENCODINGS:
+      raise ValueError(f"position={position!r}: expected one of {POSITION_ENCODINGS}")
+    self.window = window
+    self.position = position
+    self.rope_theta = rope_theta
+    self.impl = impl
+    self.dtype = dtype
+    D, N, K, H = d_model, num_heads, num_kv_heads, head_dim
+    self.wq_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
+    self.wk_DKH = param(rngs, default_init, (D, K, H), ("embed", "kv_heads", "kv"))
+    self.wv_DKH = param(rngs, default_init, (D, K, H), ("embed", "kv_heads", "kv"))
+    self.wo_NHD = param(rngs, default_init, (N, H, D), ("heads", "kv", "embed"), in_axes=(0, 1))
+
+  def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
+               segment_ids_BT: jax.Array | None) -> jax.Array:
+    x_BTD = x_BTD.astype(self.dtype)
+    q_BTNH = jnp.einsum("btd,dnh->btnh", x_BTD, self.wq_DNH[...].astype(self.dtype))
+    k_BTKH = jnp.einsum("btd,dkh->btkh", x_BTD, self.wk_DKH[...].astype(self.dtype))
+    v_BTKH = jnp.einsum("btd,dkh->btkh", x_BTD, self.wv_DKH[...].astype(self.dtype))
+    if self.position == "rope":
+      q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_theta)
+      k_BTKH = apply_rope(k_BTKH, positions_BT, self.rope_theta)
+    # The kernel applies 1/sqrt(H) to the logits (jax.nn.dot_product_attention's default).
+    out_BTNH = kernels.attention(q_BTNH, k_BTKH, v_BTKH, window=self.window,
+                                 segment_ids=segment_ids_BT, impl=self.impl)
+    return jnp.einsum("btnh,nhd->btd", out_BTNH, self.wo_NHD[...].astype(self.dtype))

@@ -1,0 +1,105 @@
+"""Building blocks: parameters with logical axis names, RMSNorm, SwiGLU MLP, RoPE, embedding."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Logical axis names used on every parameter; the sharding rules map them to mesh axes.
+#   vocab, embed (d_model), heads (query heads), kv_heads, kv (head_dim), mlp (hidden).
+default_init = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...],
+          in_axes: tuple[int, ...] = (0,)) -> nnx.Param:
+  """A float32 parameter annotated with logical axis names (not sharded at creation).
+
+  `in_axes` are the dimensions that count as fan-in for variance-scaling initialisers.
+  """
+  assert len(shape) == len(axes), (shape, axes)
+  fan_in = 1
+  for a in in_axes:
+    fan_in *= shape[a]
+  fan_out = 1
+  for a in range(len(shape)):
+    if a not in in_axes:
+      fan_out *= shape[a]
+  # Initialise as a 2-D [fan_in, fan_out] matrix so fan-in is right for multi-axis weights.
+  value = init(rngs.params(), (fan_in, fan_out), jnp.float32)
+  order = list(in_axes) + [a for a in range(len(shape)) if a not in in_axes]
+  value = value.reshape([shape[a] for a in order])
+  value = jnp.transpose(value, [order.index(a) for a in range(len(shape))])
+  return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+def logical_axes(variable: nnx.Variable) -> tuple[str, ...] | None:
+  """The logical axis names of a parameter, whatever name this flax version stores them under."""
+  meta = variable.get_metadata()
+  for key in ("out_sharding", "sharding_names", "sharding"):
+    if meta.get(key) is not None:
+      return tuple(meta[key])
+  return None
+
+
+class RMSNorm(nnx.Module):
+  """y = x / rms(x) * scale, computed in float32 for stability."""
+
+  def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
+    del rngs  # Deterministic init (ones); kept for a uniform constructor signature.
+    self.eps = eps
+    self.scale_D = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=("embed",),
+                             eager_sharding=False)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    x32 = x_BTD.astype(jnp.float32)
+    inv_rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (x32 * inv_rms * self.scale_D[...]).astype(x_BTD.dtype)
+
+
+class SwiGLU(nnx.Module):
+  """MLP(x) = W_down (silu(W_gate x) * W_up x), no biases."""
+
+  def __init__(self, d_model: int, mlp_dim: int, *, dtype, rngs: nnx.Rngs):
+    self.dtype = dtype
+    self.w_gate_DF = param(rngs, default_init, (d_model, mlp_dim), ("embed", "mlp"))
+    self.w_up_DF = param(rngs, default_init, (d_model, mlp_dim), ("embed", "mlp"))
+    self.w_down_FD = param(rngs, default_init, (mlp_dim, d_model), ("mlp", "embed"))
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    x_BTD = x_BTD.astype(self.dtype)
+    gate_BTF = x_BTD @ self.w_gate_DF[...].astype(self.dtype)
+    up_BTF = x_BTD @ self.w_up_DF[...].astype(self.dtype)
+    return (jax.nn.silu(gate_BTF) * up_BTF) @ self.w_down_FD[...].astype(self.dtype)
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding (rotate-half convention) at the given per-token positions."""
+  H = x_BTNH.shape[-1]
+  if H % 2:
+    raise ValueError(f"RoPE needs an even head_dim; got {H}")
+  inv_freq_F = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+  angle_BTF = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F
+  sin_BT1F = jnp.sin(angle_BTF)[:, :, None, :]
+  cos_BT1F = jnp.cos(angle_BTF)[:, :, None, :]
+  x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
+  rotated = jnp.concatenate([x1 * cos_BT1F - x2 * sin_BT1F, x2 * cos_BT1F + x1 * sin_BT1F], axis=-1)
+  return rotated.astype(x_BTNH.dtype)
+
+
+class Embed(nnx.Module):
+  """Token embedding; `attend` gives logits against the same table (tied head)."""
+
+  def __init__(self, vocab_size: int, d_model: int, *, dtype, rngs: nnx.Rngs):
+    self.dtype = dtype
+    self.vocab_size = vocab_size
+    table = nnx.initializers.normal(stddev=1.0)(rngs.params(), (vocab_size, d_model), jnp.float32)
+    self.embedding_VD = nnx.Param(table, out_sharding=("vocab", "embed"), eager_sharding=False)
+
+  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding_VD[...], tokens_BT, axis=0).astype(self.dtype)
+
+  def attend(self, x_BTD: jax.Array) -> jax.Array:
+    # The table has unit-variance rows; 1/sqrt(D) keeps tied logits at unit scale, like an
+    # untied fan-in-initialised head.
+    table_VD = self.embedding_VD[...].astype(self.dtype)
+    return (x_BTD.astype(self.dtype) @ table_VD.T) * (x_BTD.shape[-1] ** -0.5)

@@ -1,0 +1,97 @@
+"""The hybrid language model: embedding, pre-norm blocks following `model.pattern`, final norm, head."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_nope.model.attention import Attention
+from hybrid_nope.model.layers import Embed, RMSNorm, SwiGLU, default_init, param
+
+LAYER_KINDS = {"S": "sliding-window attention", "G": "global attention"}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def layer_kinds(pattern: str, num_layers: int) -> str:
+  """`pattern` repeated to `num_layers`, e.g. ("SG", 4) -> "SGSG"."""
+  unknown = sorted(set(pattern) - set(LAYER_KINDS))
+  if not pattern or unknown:
+    raise ValueError(f"model.pattern={pattern!r}: letters must be from {sorted(LAYER_KINDS)} "
+                     f"({LAYER_KINDS}); unknown {unknown}")
+  if num_layers < 1 or num_layers % len(pattern):
+    raise ValueError(f"model.num_layers={num_layers} must be a positive multiple of "
+                     f"len(model.pattern)={len(pattern)} (pattern {pattern!r})")
+  return pattern * (num_layers // len(pattern))
+
+
+def compute_dtype(name: str):
+  """'auto' is float32 on CPU and bfloat16 on accelerators."""
+  if name == "auto":
+    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+  if name not in DTYPES:
+    raise ValueError(f"model.dtype={name!r}: expected 'auto' or one of {sorted(DTYPES)}")
+  return DTYPES[name]
+
+
+class Block(nnx.Module):
+  """x + Attn(Norm(x)), then + MLP(Norm(.)): the six module boundaries the recency hook reads."""
+
+  def __init__(self, kind: str, cfg, *, dtype, rngs: nnx.Rngs):
+    self.kind = kind
+    sliding = kind == "S"
+    self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+    self.attn = Attention(
+        d_model=cfg.d_model, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, window=cfg.window if sliding else None,
+        position=cfg.swa_pos if sliding else cfg.global_pos, rope_theta=cfg.rope_theta,
+        impl=cfg.attention_impl, dtype=dtype, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+    self.mlp = SwiGLU(cfg.d_model, cfg.mlp_dim, dtype=dtype, rngs=rngs)
+
+  def __call__(self, x_BTD, positions_BT, segment_ids_BT):
+    x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT=positions_BT,
+                              segment_ids_BT=segment_ids_BT)
+    return x_BTD + self.mlp(self.mlp_norm(x_BTD))
+
+
+class LanguageModel(nnx.Module):
+  """tokens [B, T] -> float32 logits [B, T, V]."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    dtype = compute_dtype(cfg.dtype)
+    self.kinds = layer_kinds(cfg.pattern, cfg.num_layers)
+    self.remat = cfg.remat
+    self.tie_embeddings = cfg.tie_embeddings
+    self.embed = Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs)
+    self.blocks = nnx.List([Block(kind, cfg, dtype=dtype, rngs=rngs) for kind in self.kinds])
+    self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+    if not cfg.tie_embeddings:
+      self.head_DV = param(rngs, default_init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+
+  def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
+               segment_ids_BT: jax.Array | None = None) -> jax.Array:
+    if positions_BT is None:
+      positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
+    x_BTD = self.embed(tokens_BT)
+    for block in self.blocks:
+      if self.remat:
+        # Recompute each block's activations in the backward pass instead of storing them.
+        x_BTD = nnx.remat(lambda b, *a: b(*a))(block, x_BTD, positions_BT, segment_ids_BT)
+      else:
+        x_BTD = block(x_BTD, positions_BT, segment_ids_BT)
+    x_BTD = self.final_norm(x_BTD)
+    if self.tie_embeddings:
+      logits_BTV = self.embed.attend(x_BTD)
+    else:
+      logits_BTV = x_BTD @ self.head_DV[...].astype(x_BTD.dtype)
+    return logits_BTV.astype(jnp.float32)
+
+
+def parameter_counts(model: LanguageModel) -> dict[str, int]:
+  """Total, embedding (token table and untied head) and non-embedding parameter counts."""
+  params = nnx.state(model, nnx.Param)
+  total = sum(x.size for x in jax.tree.leaves(params))
+  embedding = model.embed.embedding_VD[...].size
+  if not model.tie_embeddings:
+    embedding += model.head_DV[...].size
+  return {"total": total, "embedding": embedding, "non_embedding": total - embedding}

@@ -1,0 +1,1 @@
+"""Training: state and optimizer, steps, loop, checkpoints, metrics."""

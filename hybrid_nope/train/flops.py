@@ -1,0 +1,67 @@
+"""Model FLOPs per token (for MFU) and the peak rate they are measured against."""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_nope.model.transformer import layer_kinds
+
+# Dense bf16 peak per device, from vendor datasheets; keyed by a substring of device_kind.
+PEAK_FLOPS = {
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+    "H200": 989e12, "H100": 989e12, "A100": 312e12,
+}
+
+
+def matmul_params(model_cfg) -> int:
+  """Parameters that take part in a matmul per token: projections, MLPs and the output head."""
+  m = model_cfg
+  attn = m.d_model * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
+  mlp = 3 * m.d_model * m.mlp_dim
+  return m.num_layers * (attn + mlp) + m.d_model * m.vocab_size
+
+
+def attended_pairs_per_query(kind: str, window: int, seq_len: int) -> float:
+  """Mean number of keys a query attends to in a causal sequence of length seq_len."""
+  i = np.arange(seq_len)
+  keys = i + 1 if kind == "G" else np.minimum(i + 1, window)
+  return float(keys.mean())
+
+
+def flops_per_token(model_cfg, seq_len: int) -> float:
+  """Training FLOPs per token: 6 × matmul params plus 3 × (QKᵀ and AV) over attended pairs."""
+  m = model_cfg
+  attn = sum(4 * m.num_heads * m.head_dim * attended_pairs_per_query(kind, m.window, seq_len)
+             for kind in layer_kinds(m.pattern, m.num_layers))
+  return 6 * matmul_params(m) + 3 * attn
+
+
+def measure_matmul_flops(n: int = 2048, repeats: int = 5) -> float:
+  """Best observed float32 matmul rate of the default device (the CPU roofline)."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    f(a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n**3 / best
+
+
+def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
+  """(peak FLOP/s of one device, where the figure came from)."""
+  if configured > 0:
+    return configured, "config train.peak_flops"
+  device = jax.devices()[0]
+  for name, peak in PEAK_FLOPS.items():
+    if name in device.device_kind:
+      return peak, f"datasheet bf16 peak of {device.device_kind}"
+  if device.platform == "cpu":
+    return measure_matmul_flops(), "measured float32 matmul rate of this CPU"
+  raise ValueError(f"no peak FLOP/s known for device_kind={device.device_kind!r}; "
+                   "set config train.peak_flops")

@@ -1,0 +1,116 @@
+"""The training loop: init or resume, train, evaluate, log, checkpoint."""
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+from absl import logging
+
+from hybrid_nope.data import pipeline
+from hybrid_nope.model import parameter_counts
+from hybrid_nope.train import flops
+from hybrid_nope.train.checkpoint import Checkpointer, abstract
+from hybrid_nope.train.loss import unigram_entropy
+from hybrid_nope.train.metrics_writer import MetricsWriter
+from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
+from hybrid_nope.train.state import init_train_state
+from hybrid_nope.train.step import make_eval_step, make_train_step
+from hybrid_nope.validate import validate
+
+class NonFiniteLossError(FloatingPointError):
+  pass
+
+
+def _evaluate(eval_step, params, batches) -> float:
+  loss_sum = weight_sum = 0.0
+  for batch in batches:
+    l, w = eval_step(params, batch)
+    loss_sum, weight_sum = loss_sum + float(l), weight_sum + float(w)
+  return loss_sum / weight_sum
+
+
+def _check_finite(records: list[tuple[int, dict]], last_saved: int | None) -> None:
+  for step, metrics in records:
+    if not np.isfinite(metrics["loss"]):
+      raise NonFiniteLossError(
+          f"loss is {metrics['loss']} at step {step}; stopping without saving. The last good "
+          f"checkpoint is step {last_saved} and is kept.")
+
+
+def train(config, workdir: str) -> dict:
+  """Trains per `config`, resuming from the newest checkpoint in `workdir` if there is one.
+
+  Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time.
+  """
+  validate(config)
+  tx = make_optimizer(config.train)
+  schedule = learning_rate_schedule(config.train)
+  model_def, state = init_train_state(config.model, tx, config.train.seed)
+  counts = parameter_counts(model_def.bind(state.params))
+  logging.info("parameters: %.2fM non-embedding, %.2fM total", counts["non_embedding"] / 1e6,
+           counts["total"] / 1e6)
+
+  data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
+                                      process_count=jax.process_count())
+  eval_batches = pipeline.eval_batches(config)
+  logging.info("eval-set unigram entropy %.4f nats/token (context-free baseline)",
+           unigram_entropy(np.concatenate([b["targets"] for b in eval_batches]),
+                           np.concatenate([b["weights"] for b in eval_batches])))
+
+  ckpt = Checkpointer(workdir, keep=config.checkpoint.keep)
+  last_saved = ckpt.latest_step()
+  if last_saved is not None:
+    state = ckpt.restore(last_saved, abstract(state), data_iter)
+    logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
+  start = int(state.step)
+  writer = MetricsWriter(workdir, resume_step=start)
+
+  train_step = jax.jit(make_train_step(model_def, tx, schedule), donate_argnums=0)
+  eval_step = jax.jit(make_eval_step(model_def))
+  tokens_per_step = config.data.batch_size * config.data.seq_len
+  flops_per_token = flops.flops_per_token(config.model, config.data.seq_len)
+  peak, peak_source = flops.peak_flops_per_device(config.train.peak_flops)
+  peak *= jax.device_count()
+  logging.info("MFU against %.1f GFLOP/s (%s)", peak / 1e9, peak_source)
+
+  pending: list[tuple[int, dict]] = []
+  summary = {"step": start, "loss": float("nan"), "eval_loss": float("nan"),
+             "tokens_per_second": float("nan")}
+  t_start = t_last = time.perf_counter()
+  step_last = start
+  for step in range(start + 1, config.train.steps + 1):
+    batch = next(data_iter)
+    state, metrics = train_step(state, batch)
+    pending.append((step, metrics))
+    last = step == config.train.steps
+    save = step % config.checkpoint.every_steps == 0 or last
+    if step % config.train.log_every_steps == 0 or save:
+      records = [(s, jax.device_get(m)) for s, m in pending]
+      pending.clear()
+      _check_finite(records, last_saved)
+      now = time.perf_counter()
+      tokens_per_second = (step - step_last) * tokens_per_step / (now - t_last)
+      mfu = tokens_per_second * flops_per_token / peak
+      t_last, step_last = now, step
+      for s, m in records:
+        writer.write(s, m)
+      loss = float(records[-1][1]["loss"])
+      writer.write(step, {"tokens_per_second": tokens_per_second, "mfu": mfu})
+      logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | lr %.2e", step,
+               config.train.steps, loss, tokens_per_second, 100 * mfu,
+               float(records[-1][1]["learning_rate"]))
+      summary.update(step=step, loss=loss, tokens_per_second=tokens_per_second)
+    if step % config.eval.every_steps == 0 or last:
+      eval_loss = _evaluate(eval_step, state.params, eval_batches)
+      writer.write(step, {"eval_loss": eval_loss})
+      logging.info("step %d | eval_loss %.4f", step, eval_loss)
+      summary["eval_loss"] = eval_loss
+    if save:
+      ckpt.save(step, state, data_iter)
+      last_saved = step
+  ckpt.wait()
+  ckpt.close()
+  writer.close()
+  summary["wall_seconds"] = time.perf_counter() - t_start
+  return summary

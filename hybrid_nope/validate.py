@@ -1,0 +1,70 @@
+"""Config checks that run before anything is built or compiled.
+
+Each failure names the config key, the value, and what is allowed.
+"""
+from __future__ import annotations
+
+import os
+
+from hybrid_nope.model.attention import POSITION_ENCODINGS
+from hybrid_nope.model.transformer import DTYPES, layer_kinds
+
+DATA_SOURCES = ("mds", "stdlib")
+
+
+class ConfigError(ValueError):
+  pass
+
+
+def _require(ok: bool, key: str, value, allowed: str):
+  if not ok:
+    raise ConfigError(f"config.{key}={value!r} is invalid: expected {allowed}")
+
+
+def _positive_int(config, key: str):
+  section, name = key.split(".")
+  value = config[section][name]
+  _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key, value,
+           "an integer >= 1")
+
+
+def validate(config) -> None:
+  m, d = config.model, config.data
+  for key in ("model.num_layers", "model.d_model", "model.num_heads", "model.num_kv_heads",
+              "model.head_dim", "model.mlp_dim", "model.vocab_size", "data.seq_len",
+              "data.batch_size", "train.steps", "train.log_every_steps",
+              "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
+              "eval.batch_size", "eval.num_batches"):
+    _positive_int(config, key)
+  try:
+    layer_kinds(m.pattern, m.num_layers)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if "S" in m.pattern:
+    _require(isinstance(m.window, int) and m.window >= 1, "model.window", m.window,
+             "an integer >= 1 (the sliding window, in tokens)")
+  _require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", m.num_kv_heads,
+           f"a divisor of model.num_heads={m.num_heads} (grouped-query attention)")
+  _require(m.head_dim % 2 == 0 or "rope" not in (m.swa_pos, m.global_pos), "model.head_dim",
+           m.head_dim, "an even number (RoPE rotates pairs of channels)")
+  _require(m.swa_pos in POSITION_ENCODINGS, "model.swa_pos", m.swa_pos, f"one of {POSITION_ENCODINGS}")
+  _require(m.global_pos in POSITION_ENCODINGS, "model.global_pos", m.global_pos,
+           f"one of {POSITION_ENCODINGS}")
+  _require(m.dtype == "auto" or m.dtype in DTYPES, "model.dtype", m.dtype,
+           f"'auto' or one of {sorted(DTYPES)}")
+  _require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,
+           "metrics.far_lag", config.metrics.far_lag,
+           f"an integer in [1, data.seq_len={d.seq_len}) (the far lag L must fit in a sequence)")
+  _require(d.source in DATA_SOURCES, "data.source", d.source, f"one of {DATA_SOURCES}")
+  if d.source == "mds":
+    _require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
+             "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
+    _require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
+             config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
+  t = config.train
+  _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
+           f"an integer in [0, train.steps={t.steps})")
+  _require(t.learning_rate > 0, "train.learning_rate", t.learning_rate, "a positive float")
+  _require(0 <= t.min_learning_rate_ratio <= 1, "train.min_learning_rate_ratio",
+           t.min_learning_rate_ratio, "a float in [0, 1]")
+  _require(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "a positive float")

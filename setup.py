@@ -1,0 +1,16 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="hybrid_nope",
+    version="0.1.0",
+    description="Pretraining hybrid sliding-window / global-NoPE language models and measuring "
+                "how local layers plant relative position into global NoPE layers.",
+    python_requires=">=3.11",
+    packages=find_packages(include=["hybrid_nope", "hybrid_nope.*"]),
+    # Ranges here; the exact versions CI and `make` install are pinned in requirements.lock.
+    install_requires=[
+        "jax>=0.6", "flax>=0.12", "optax", "orbax-checkpoint", "grain", "ml-collections",
+        "tensorflow-datasets", "tensorboardX", "numpy",
+    ],
+    extras_require={"test": ["pytest", "pytest-xdist"]},
+)

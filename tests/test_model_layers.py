@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_nope.model.layers import RMSNorm, SwiGLU, apply_rope, logical_axes, param, default_init
+
+
+def test_rmsnorm_matches_numpy():
+  norm = RMSNorm(16, eps=1e-6, rngs=nnx.Rngs(0))
+  norm.scale_D[...] = jnp.linspace(0.5, 2.0, 16)
+  x = np.random.default_rng(0).standard_normal((2, 3, 16)).astype(np.float32) * 5
+  want = x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6) * np.linspace(0.5, 2.0, 16)
+  np.testing.assert_allclose(norm(jnp.asarray(x)), want, rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu_matches_numpy():
+  mlp = SwiGLU(8, 12, dtype=jnp.float32, rngs=nnx.Rngs(1))
+  x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
+  g = x @ np.asarray(mlp.w_gate_DF[...])
+  u = x @ np.asarray(mlp.w_up_DF[...])
+  want = (g / (1 + np.exp(-g)) * u) @ np.asarray(mlp.w_down_FD[...])
+  np.testing.assert_allclose(mlp(jnp.asarray(x)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((1, 1, 1, 16)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((1, 1, 1, 16)), jnp.float32)
+
+  def score(i, j):
+    qi = apply_rope(q, jnp.array([[i]]), 10000.0)
+    kj = apply_rope(k, jnp.array([[j]]), 10000.0)
+    return float(jnp.sum(qi * kj))
+
+  assert score(5, 2) == pytest.approx(score(105, 102), rel=1e-4)
+  assert score(5, 2) != pytest.approx(score(5, 4), rel=1e-2)
+  # Position 0 is the identity rotation, and rotations preserve norms.
+  np.testing.assert_allclose(apply_rope(q, jnp.array([[0]]), 1e4), q, rtol=1e-6)
+  np.testing.assert_allclose(jnp.linalg.norm(apply_rope(q, jnp.array([[37]]), 1e4)),
+                             jnp.linalg.norm(q), rtol=1e-5)
+
+
+def test_param_fan_in_over_several_axes():
+  p = param(nnx.Rngs(0), default_init, (64, 32, 16), ("heads", "kv", "embed"), in_axes=(0, 1))
+  assert logical_axes(p) == ("heads", "kv", "embed")
+  assert p[...].dtype == jnp.float32
+  # Fan-in is 64*32, so the variance is about 1/2048, not 1/64.
+  assert np.var(np.asarray(p[...])) == pytest.approx(1 / 2048, rel=0.1)

@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_nope.model import LanguageModel, layer_kinds
+from hybrid_nope.model.layers import logical_axes
+from tests.helpers import tiny_config
+
+LOGICAL_NAMES = {"vocab", "embed", "heads", "kv_heads", "kv", "mlp"}
+
+
+def build(**overrides):
+  return LanguageModel(tiny_config(**overrides).model, rngs=nnx.Rngs(0))
+
+
+def tokens(B=2, T=24, seed=0):
+  return jnp.asarray(np.random.default_rng(seed).integers(0, 256, (B, T)), jnp.int32)
+
+
+def test_layer_kinds():
+  assert layer_kinds("SG", 4) == "SGSG"
+  assert layer_kinds("G", 3) == "GGG"
+  with pytest.raises(ValueError, match="model.pattern"):
+    layer_kinds("SX", 4)
+  with pytest.raises(ValueError, match="model.num_layers"):
+    layer_kinds("SG", 3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_shapes_and_dtypes(dtype):
+  model = build(dtype=dtype)
+  logits = model(tokens())
+  assert logits.shape == (2, 24, 258) and logits.dtype == jnp.float32
+  params = nnx.state(model, nnx.Param)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+  h = jax.make_jaxpr(lambda t: model(t))(tokens())
+  uses_bf16 = "bf16" in str(h)
+  assert uses_bf16 == (dtype == "bfloat16")
+
+
+def test_every_parameter_has_logical_axes():
+  model = build(tie_embeddings=False)
+  variables = [v for _, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)]
+  assert len(variables) > 10
+  for v in variables:
+    axes = logical_axes(v)
+    assert axes is not None and len(axes) == v[...].ndim and set(axes) <= LOGICAL_NAMES
+
+
+@pytest.mark.parametrize("pattern", ["SG", "G"])
+def test_causality(pattern):
+  model = build(pattern=pattern)
+  t = 13
+  base, changed = tokens(), tokens().at[:, t].set(7)
+  diff = jnp.abs(model(base) - model(changed)).max(axis=(0, 2))
+  assert float(diff[:t].max()) == 0.0
+  assert float(diff[t]) > 0.0
+
+
+def test_window_locality_in_sliding_window_model():
+  window = 4
+  model = build(pattern="S", num_layers=1, window=window)
+  i = 20
+  base = tokens()
+  logits = model(base)[:, i]
+  beyond = base.at[:, i - window].set((base[:, i - window] + 1) % 256)
+  inside = base.at[:, i - window + 1].set((base[:, i - window + 1] + 1) % 256)
+  assert float(jnp.abs(model(beyond)[:, i] - logits).max()) == 0.0
+  assert float(jnp.abs(model(inside)[:, i] - logits).max()) > 0.0
+
+
+def test_document_masking():
+  model = build(pattern="SG", window=64)
+  base = tokens()
+  seg = jnp.concatenate([jnp.ones((2, 10), jnp.int32), 2 * jnp.ones((2, 14), jnp.int32)], 1)
+  pos = jnp.concatenate([jnp.arange(10), jnp.arange(14)])[None].repeat(2, 0)
+  changed = base.at[:, 3].set((base[:, 3] + 1) % 256)
+  out_a = model(base, positions_BT=pos, segment_ids_BT=seg)
+  out_b = model(changed, positions_BT=pos, segment_ids_BT=seg)
+  assert float(jnp.abs(out_a[:, 10:] - out_b[:, 10:]).max()) == 0.0
+  assert float(jnp.abs(out_a[:, 3:10] - out_b[:, 3:10]).max()) > 0.0
+  # Without segment ids the second document does see the first.
+  assert float(jnp.abs(model(base)[:, 10:] - model(changed)[:, 10:]).max()) > 0.0
+
+
+@pytest.mark.parametrize("pattern, key", [("S", "swa_pos"), ("G", "global_pos")])
+def test_rope_and_nope_differ(pattern, key):
+  rope = build(pattern=pattern, **{key: "rope"})
+  nope = build(pattern=pattern, **{key: "nope"})
+  # Same seed, same parameters: only the position encoding differs.
+  for a, b in zip(jax.tree.leaves(nnx.state(rope)), jax.tree.leaves(nnx.state(nope))):
+    np.testing.assert_array_equal(a, b)
+  t = tokens()
+  assert float(jnp.abs(rope(t) - nope(t)).max()) > 1e-3
+  # NoPE ignores positions entirely; RoPE sees relative distances, which stretching changes
+  # (a uniform shift would not: RoPE scores depend on i - j only).
+  stretched = jnp.broadcast_to(3 * jnp.arange(24), (2, 24))
+  assert float(jnp.abs(nope(t) - nope(t, positions_BT=stretched)).max()) == 0.0
+  assert float(jnp.abs(rope(t) - rope(t, positions_BT=stretched)).max()) > 1e-3
+
+
+def test_tied_and_untied_heads():
+  tied, untied = build(tie_embeddings=True), build(tie_embeddings=False)
+  assert not hasattr(tied, "head_DV") and untied.head_DV[...].shape == (32, 258)
+  for model in (tied, untied):
+    # Logits start near unit scale, so the initial loss is close to log(V).
+    assert 0.5 < float(jnp.std(model(tokens()))) < 2.0
+
+
+def test_remat_matches_plain():
+  t = tokens()
+  plain, remat = build(remat=False), build(remat=True)
+
+  def loss(m):
+    return jnp.mean(m(t) ** 2)
+
+  np.testing.assert_allclose(loss(plain), loss(remat), rtol=1e-6)
+  g_plain, g_remat = nnx.grad(loss)(plain), nnx.grad(loss)(remat)
+  for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
