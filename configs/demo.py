@@ -14,7 +14,7 @@ def get_config():
                       mlp_dim=384, window=64, vocab_size=258, tie_embeddings=True))
   c.data.update(dict(source="stdlib", seq_len=1024, batch_size=8))
   c.eval.update(dict(batch_size=8, num_batches=4, every_steps=100))
-  c.train.update(dict(steps=300, learning_rate=3e-3, warmup_steps=30, log_every_steps=10))
+  c.train.update(dict(steps=200, learning_rate=3e-3, warmup_steps=20, log_every_steps=10))
   c.checkpoint.update(dict(every_steps=100, keep=2))
   c.metrics.far_lag = 512
   c.mesh.data = 1

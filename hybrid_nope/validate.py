@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 
+from hybrid_nope.data.pipeline import ROW_SOURCES
 from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.transformer import DTYPES, layer_kinds
 
-DATA_SOURCES = ("mds", "stdlib")
+DATA_SOURCES = ("mds", "stdlib")  # Known to configs; ROW_SOURCES says which are implemented.
 
 
 class ConfigError(ValueError):
@@ -61,6 +62,8 @@ def validate(config) -> None:
              "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
     _require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
              config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
+  _require(d.source in ROW_SOURCES, "data.source", d.source,
+           f"a source with a reader; implemented: {sorted(ROW_SOURCES)}")
   t = config.train
   _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
            f"an integer in [0, train.steps={t.steps})")

@@ -1,18 +1,29 @@
-"""Small configs shared by tests."""
+"""A tiny configuration shared by tests, as a ConfigDict and as command-line overrides."""
 import ml_collections
 
 from configs import demo
 
+# The demo config shrunk to something that compiles and steps in well under a second.
+TINY = {
+    "model.num_layers": 2, "model.d_model": 32, "model.num_heads": 4, "model.num_kv_heads": 2,
+    "model.head_dim": 8, "model.mlp_dim": 64, "model.window": 4,
+    "data.seq_len": 64, "data.batch_size": 2,
+    "eval.batch_size": 2, "eval.num_batches": 2, "eval.every_steps": 4,
+    "train.steps": 8, "train.warmup_steps": 2, "train.log_every_steps": 1,
+    "checkpoint.every_steps": 4, "checkpoint.keep": 100,
+    "metrics.far_lag": 32,
+}
 
-def tiny_config(**model_overrides) -> ml_collections.ConfigDict:
-  """The demo config shrunk to something that compiles and steps in well under a second."""
+
+def tiny_config(**overrides) -> ml_collections.ConfigDict:
+  """`overrides` use "section__key" names, e.g. model__pattern="G"."""
   c = demo.get_config()
-  c.model.update(dict(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                      mlp_dim=64, window=4))
-  c.model.update(model_overrides)
-  c.data.update(dict(seq_len=64, batch_size=2))
-  c.eval.update(dict(batch_size=2, num_batches=2, every_steps=4))
-  c.train.update(dict(steps=8, warmup_steps=2, log_every_steps=1))
-  c.checkpoint.update(dict(every_steps=4, keep=10))
-  c.metrics.far_lag = 32
+  for key, value in {**TINY, **{k.replace("__", "."): v for k, v in overrides.items()}}.items():
+    section, name = key.split(".")
+    c[section][name] = value
   return c
+
+
+def tiny_flags(**overrides) -> list[str]:
+  values = {**TINY, **{k.replace("__", "."): v for k, v in overrides.items()}}
+  return [f"--config.{k}={v}" for k, v in values.items()]

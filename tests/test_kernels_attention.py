@@ -47,8 +47,8 @@ def rel_err(a, b):
   return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
-@pytest.mark.parametrize("impl", [i for i in IMPLS])
-@pytest.mark.parametrize("T", [1, 17, 64])
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "auto"])
+@pytest.mark.parametrize("T", [1, 17, 256, 1000])
 @pytest.mark.parametrize("window", [1, 7, "T-1", "T", "2T", None])
 @pytest.mark.parametrize("gqa", [1, 4])
 @pytest.mark.parametrize("segments", [False, True])
@@ -63,12 +63,13 @@ def test_forward_matches_reference(impl, T, window, gqa, segments):
   assert rel_err(out, reference(q, k, v, w, seg)) <= 1e-5
 
 
-@pytest.mark.parametrize("window", [1, 5, None])
+@pytest.mark.parametrize("T, window", [(33, 5), (33, None), (300, 7), (300, 100)])
 @pytest.mark.parametrize("gqa", [1, 4])
-def test_gradients_match_reference(window, gqa):
+def test_gradients_match_reference(T, window, gqa):
+  # T=300 with a small window takes the blocked sliding-window path (with tail padding).
   rng = np.random.default_rng()
-  q, k, v = random_inputs(rng, 2, 33, 4, 4 // gqa, 8)
-  seg = random_segments(rng, 2, 33)
+  q, k, v = random_inputs(rng, 2, T, 4, 4 // gqa, 8)
+  seg = random_segments(rng, 2, T)
   cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
 
   def loss(q, k, v):
@@ -88,6 +89,15 @@ def test_gradients_match_reference(window, gqa):
           - np.sum(reference(*minus, window, seg) * cot64)) / (2 * eps)
     analytic = np.sum(np.asarray(g, np.float64) * direction)
     assert abs(analytic - fd) <= 1e-4 * max(1.0, abs(fd)), (idx, analytic, fd)
+
+
+def test_auto_dispatches_to_a_correct_implementation():
+  rng = np.random.default_rng()
+  q, k, v = random_inputs(rng, 2, 256, 4, 2, 8)
+  seg = random_segments(rng, 2, 256)
+  for window in (7, None):
+    out = attention(q, k, v, window=window, segment_ids=seg, impl="auto")
+    assert rel_err(out, reference(q, k, v, window, seg)) <= 1e-5
 
 
 def test_bfloat16_close_to_reference():

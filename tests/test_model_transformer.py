@@ -12,7 +12,8 @@ LOGICAL_NAMES = {"vocab", "embed", "heads", "kv_heads", "kv", "mlp"}
 
 
 def build(**overrides):
-  return LanguageModel(tiny_config(**overrides).model, rngs=nnx.Rngs(0))
+  return LanguageModel(tiny_config(**{f"model__{k}": v for k, v in overrides.items()}).model,
+                       rngs=nnx.Rngs(0))
 
 
 def tokens(B=2, T=24, seed=0):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from hybrid_nope.model.attention import Attention
@@ -16,11 +17,11 @@ def layer_kinds(pattern: str, num_layers: int) -> str:
   """`pattern` repeated to `num_layers`, e.g. ("SG", 4) -> "SGSG"."""
   unknown = sorted(set(pattern) - set(LAYER_KINDS))
   if not pattern or unknown:
-    raise ValueError(f"model.pattern={pattern!r}: letters must be from {sorted(LAYER_KINDS)} "
-                     f"({LAYER_KINDS}); unknown {unknown}")
+    raise ValueError(f"config.model.pattern={pattern!r} is invalid: expected a non-empty string "
+                     f"of letters from {LAYER_KINDS}; unknown letters {unknown}")
   if num_layers < 1 or num_layers % len(pattern):
-    raise ValueError(f"model.num_layers={num_layers} must be a positive multiple of "
-                     f"len(model.pattern)={len(pattern)} (pattern {pattern!r})")
+    raise ValueError(f"config.model.num_layers={num_layers} is invalid: expected a positive "
+                     f"multiple of len(model.pattern)={len(pattern)} (pattern {pattern!r})")
   return pattern * (num_layers // len(pattern))
 
 
@@ -88,10 +89,14 @@ class LanguageModel(nnx.Module):
 
 
 def parameter_counts(model: LanguageModel) -> dict[str, int]:
-  """Total, embedding (token table and untied head) and non-embedding parameter counts."""
+  """Total, embedding (token table and untied head) and non-embedding parameter counts.
+
+  Works on abstract models too (nnx.eval_shape), so the big configs are counted without memory.
+  """
+  def count(tree):
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
   params = nnx.state(model, nnx.Param)
-  total = sum(x.size for x in jax.tree.leaves(params))
-  embedding = model.embed.embedding_VD[...].size
-  if not model.tie_embeddings:
-    embedding += model.head_DV[...].size
+  total = count(params)
+  embedding = count(params["embed"]) + (0 if model.tie_embeddings else count(params["head_DV"]))
   return {"total": total, "embedding": embedding, "non_embedding": total - embedding}

@@ -1,6 +1,7 @@
 """The training loop: init or resume, train, evaluate, log, checkpoint."""
 from __future__ import annotations
 
+import logging as std_logging
 import time
 
 import jax
@@ -22,6 +23,20 @@ class NonFiniteLossError(FloatingPointError):
   pass
 
 
+class _LibraryInfoFilter(std_logging.Filter):
+  """Drops INFO chatter of checkpoint and data libraries (orbax logs every file it writes)."""
+
+  def filter(self, record):
+    return record.levelno >= std_logging.WARNING or not any(
+        lib in record.pathname for lib in ("/orbax/", "/grain/"))
+
+
+def _quiet_library_logs():
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
+    handler.addFilter(_LibraryInfoFilter())
+
+
 def _evaluate(eval_step, params, batches) -> float:
   loss_sum = weight_sum = 0.0
   for batch in batches:
@@ -30,12 +45,14 @@ def _evaluate(eval_step, params, batches) -> float:
   return loss_sum / weight_sum
 
 
-def _check_finite(records: list[tuple[int, dict]], last_saved: int | None) -> None:
+def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | None) -> None:
+  """Writes records in order; stops at the first non-finite loss, before anything is saved."""
   for step, metrics in records:
     if not np.isfinite(metrics["loss"]):
       raise NonFiniteLossError(
           f"loss is {metrics['loss']} at step {step}; stopping without saving. The last good "
           f"checkpoint is step {last_saved} and is kept.")
+    writer.write(step, metrics)
 
 
 def train(config, workdir: str) -> dict:
@@ -44,6 +61,7 @@ def train(config, workdir: str) -> dict:
   Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time.
   """
   validate(config)
+  _quiet_library_logs()
   tx = make_optimizer(config.train)
   schedule = learning_rate_schedule(config.train)
   model_def, state = init_train_state(config.model, tx, config.train.seed)
@@ -79,38 +97,40 @@ def train(config, workdir: str) -> dict:
              "tokens_per_second": float("nan")}
   t_start = t_last = time.perf_counter()
   step_last = start
-  for step in range(start + 1, config.train.steps + 1):
-    batch = next(data_iter)
-    state, metrics = train_step(state, batch)
-    pending.append((step, metrics))
-    last = step == config.train.steps
-    save = step % config.checkpoint.every_steps == 0 or last
-    if step % config.train.log_every_steps == 0 or save:
-      records = [(s, jax.device_get(m)) for s, m in pending]
-      pending.clear()
-      _check_finite(records, last_saved)
-      now = time.perf_counter()
-      tokens_per_second = (step - step_last) * tokens_per_step / (now - t_last)
-      mfu = tokens_per_second * flops_per_token / peak
-      t_last, step_last = now, step
-      for s, m in records:
-        writer.write(s, m)
-      loss = float(records[-1][1]["loss"])
-      writer.write(step, {"tokens_per_second": tokens_per_second, "mfu": mfu})
-      logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | lr %.2e", step,
-               config.train.steps, loss, tokens_per_second, 100 * mfu,
-               float(records[-1][1]["learning_rate"]))
-      summary.update(step=step, loss=loss, tokens_per_second=tokens_per_second)
-    if step % config.eval.every_steps == 0 or last:
-      eval_loss = _evaluate(eval_step, state.params, eval_batches)
-      writer.write(step, {"eval_loss": eval_loss})
-      logging.info("step %d | eval_loss %.4f", step, eval_loss)
-      summary["eval_loss"] = eval_loss
-    if save:
-      ckpt.save(step, state, data_iter)
-      last_saved = step
-  ckpt.wait()
-  ckpt.close()
-  writer.close()
+  try:
+    for step in range(start + 1, config.train.steps + 1):
+      batch = next(data_iter)
+      state, metrics = train_step(state, batch)
+      pending.append((step, metrics))
+      last = step == config.train.steps
+      save = step % config.checkpoint.every_steps == 0 or last
+      # Losses are fetched only at log and save steps, so the host does not wait on every step.
+      if step % config.train.log_every_steps == 0 or save:
+        records = [(s, jax.device_get(m)) for s, m in pending]
+        pending.clear()
+        _write_finite(writer, records, last_saved)
+        now = time.perf_counter()
+        tokens_per_second = (step - step_last) * tokens_per_step / (now - t_last)
+        mfu = tokens_per_second * flops_per_token / peak
+        t_last, step_last = now, step
+        loss = float(records[-1][1]["loss"])
+        writer.write(step, {"tokens_per_second": tokens_per_second, "mfu": mfu})
+        logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | lr %.2e", step,
+                     config.train.steps, loss, tokens_per_second, 100 * mfu,
+                     float(records[-1][1]["learning_rate"]))
+        summary.update(step=step, loss=loss, tokens_per_second=tokens_per_second)
+      if step % config.eval.every_steps == 0 or last:
+        eval_loss = _evaluate(eval_step, state.params, eval_batches)
+        writer.write(step, {"eval_loss": eval_loss})
+        logging.info("step %d | eval_loss %.4f", step, eval_loss)
+        summary["eval_loss"] = eval_loss
+      if save:
+        ckpt.save(step, state, data_iter)
+        last_saved = step
+  finally:
+    # Also on errors: an async save already started is a good checkpoint; let it finish.
+    ckpt.wait()
+    ckpt.close()
+    writer.close()
   summary["wall_seconds"] = time.perf_counter() - t_start
   return summary

@@ -19,7 +19,7 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, sched
     loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "learning_rate": schedule(state.step)}
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

@@ -1,0 +1,96 @@
+"""Every experiment config loads, validates, and names its size correctly."""
+import glob
+import importlib
+import os
+
+import pytest
+from flax import nnx
+
+from configs import base
+from hybrid_nope.data.pipeline import ROW_SOURCES
+from hybrid_nope.model import LanguageModel, parameter_counts
+from hybrid_nope.validate import ConfigError, validate
+from tests.helpers import tiny_config
+
+CONFIG_NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob("configs/*.py")
+                      if not os.path.basename(p).startswith(("_", "base")))
+
+
+def load(name):
+  return importlib.import_module(f"configs.{name}").get_config()
+
+
+def with_data_paths(config, tmp_path):
+  config.data.path = str(tmp_path)
+  config.eval.path = str(tmp_path)
+  return config
+
+
+def test_the_sweep_is_complete():
+  expected = {"demo", "nope_120m", "nope_350m"} | {
+      f"{kind}{w}_{size}" for kind in ("swa", "nopeswa") for w in base.WINDOWS
+      for size in ("120m", "350m")}
+  assert set(CONFIG_NAMES) == expected
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_config_validates_and_size_matches_its_name(name, tmp_path):
+  config = with_data_paths(load(name), tmp_path)
+  if config.data.source in ROW_SOURCES:
+    validate(config)
+  else:  # The ProLong (MDS) reader is not built yet: the config must say so before compiling.
+    with pytest.raises(ConfigError, match="data.source"):
+      validate(config)
+  model = nnx.eval_shape(lambda: LanguageModel(config.model, rngs=nnx.Rngs(0)))
+  non_embedding = parameter_counts(model)["non_embedding"]
+  size = name.rsplit("_", 1)[-1]
+  if size in base.SIZES:
+    named = int(size[:-1]) * 1e6
+    assert abs(non_embedding - named) / named <= 0.15, (name, non_embedding)
+  if name.startswith("swa"):
+    assert config.model.pattern == "SG" and config.model.swa_pos == "rope"
+    assert config.model.window == int(name[3:].split("_")[0])
+  if name.startswith("nopeswa"):
+    assert config.model.pattern == "SG" and config.model.swa_pos == "nope"
+  if name.startswith("nope_"):
+    assert config.model.pattern == "G"
+  assert config.model.global_pos == "nope"
+
+
+def test_demo_runs_on_embedded_data_without_paths():
+  config = load("demo")
+  validate(config)
+  assert config.data.source == "stdlib"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("model.window", 0, "model.window"),
+    ("model.window", -5, "model.window"),
+    ("metrics.far_lag", 64, "metrics.far_lag"),     # = seq_len
+    ("metrics.far_lag", 1000, "metrics.far_lag"),   # > seq_len
+    ("model.num_kv_heads", 3, "model.num_kv_heads"),
+    ("model.pattern", "SGX", "model.pattern"),
+    ("model.pattern", "", "model.pattern"),
+    ("model.num_layers", 3, "model.num_layers"),
+    ("model.swa_pos", "alibi", "model.swa_pos"),
+    ("model.dtype", "float16", "model.dtype"),
+    ("data.source", "web", "data.source"),
+    ("train.warmup_steps", 8, "train.warmup_steps"),
+])
+def test_bad_values_fail_naming_the_key(key, value, message):
+  config = tiny_config(**{key.replace(".", "__"): value})
+  with pytest.raises(ConfigError, match=message) as e:
+    validate(config)
+  assert "expected" in str(e.value)
+
+
+def test_missing_data_path_fails_naming_the_key(tmp_path):
+  config = load("swa256_350m")
+  with pytest.raises(ConfigError, match="data.path"):
+    validate(config)
+  config.data.path = str(tmp_path / "does_not_exist")
+  with pytest.raises(ConfigError, match="data.path"):
+    validate(config)
+  config.data.path = str(tmp_path)
+  with pytest.raises(ConfigError, match="eval.path"):
+    validate(config)

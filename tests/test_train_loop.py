@@ -1,0 +1,96 @@
+"""End to end on the embedded corpus: metrics, checkpoints, kill and resume, non-finite loss."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_nope.train import loop
+from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.train.step import make_train_step
+from tests.helpers import tiny_config, tiny_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def losses_by_step(workdir):
+  return {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r}
+
+
+def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path):
+  summary = loop.train(tiny_config(), str(tmp_path))
+  records = read_metrics(tmp_path)
+  assert sorted(losses_by_step(tmp_path)) == list(range(1, 9))
+  evals = [r for r in records if "eval_loss" in r]
+  assert [r["step"] for r in evals] == [4, 8]
+  assert all(np.isfinite(r["eval_loss"]) for r in evals)
+  assert any("tokens_per_second" in r and "mfu" in r for r in records)
+  assert glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))
+  assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4, 8]
+  assert summary["step"] == 8 and summary["eval_loss"] == evals[-1]["eval_loss"]
+
+
+def test_kill_and_resume_continues_the_identical_trajectory(tmp_path):
+  steps, every = 60, 5
+  overrides = dict(train__steps=steps, checkpoint__every_steps=every, eval__every_steps=steps)
+  reference = tmp_path / "reference"
+  loop.train(tiny_config(**overrides), str(reference))
+
+  killed = tmp_path / "killed"
+  cmd = [sys.executable, os.path.join(REPO, "launch", "train.py"), "--config=configs/demo.py",
+         f"--workdir={killed}", *tiny_flags(**overrides)]
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.time() + 300
+  while not os.path.isdir(killed / "checkpoints" / str(every)):
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+    assert time.time() < deadline
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  interrupted_at = Checkpointer(str(killed), keep=100).latest_step()
+  assert interrupted_at is not None and interrupted_at < steps, "the run finished before the kill"
+
+  loop.train(tiny_config(**overrides), str(killed))
+  want, got = losses_by_step(reference), losses_by_step(killed)
+  assert sorted(got) == list(range(1, steps + 1))
+  np.testing.assert_array_equal([got[s] for s in sorted(got)], [want[s] for s in sorted(want)])
+
+
+def nan_from_step(first_bad_step):
+  """A train-step factory whose reported loss turns NaN from `first_bad_step` on."""
+  def factory(*args, **kwargs):
+    inner = make_train_step(*args, **kwargs)
+
+    def step(state, batch):
+      state, metrics = inner(state, batch)
+      bad = state.step >= first_bad_step
+      return state, dict(metrics, loss=jnp.where(bad, jnp.nan, metrics["loss"]))
+    return step
+  return factory
+
+
+def test_non_finite_loss_stops_and_keeps_the_good_checkpoint(tmp_path, monkeypatch):
+  monkeypatch.setattr(loop, "make_train_step", nan_from_step(6))
+  with pytest.raises(loop.NonFiniteLossError, match="step 6.*last good checkpoint is step 4"):
+    loop.train(tiny_config(), str(tmp_path))
+  assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4]
+  # Every finite step before the bad one is on record; nothing from the bad step on.
+  assert sorted(losses_by_step(tmp_path)) == [1, 2, 3, 4, 5]
+
+
+def test_non_finite_loss_is_caught_before_a_save_even_between_log_steps(tmp_path, monkeypatch):
+  monkeypatch.setattr(loop, "make_train_step", nan_from_step(3))
+  with pytest.raises(loop.NonFiniteLossError, match="step 3"):
+    loop.train(tiny_config(train__log_every_steps=100), str(tmp_path))
+  assert Checkpointer(str(tmp_path), keep=10).all_steps() == []

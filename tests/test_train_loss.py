@@ -1,0 +1,30 @@
+import numpy as np
+import jax.numpy as jnp
+import pytest
+
+from hybrid_nope.train.loss import cross_entropy_sums, unigram_entropy
+
+
+def test_cross_entropy_matches_numpy_and_respects_weights():
+  rng = np.random.default_rng(0)
+  logits = rng.standard_normal((2, 5, 7)).astype(np.float32)
+  targets = rng.integers(0, 7, (2, 5))
+  weights = (rng.random((2, 5)) > 0.3).astype(np.float32)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  loss_sum, weight_sum = cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets),
+                                            jnp.asarray(weights))
+  assert float(loss_sum) == pytest.approx(float((nll * weights).sum()), rel=1e-5)
+  assert float(weight_sum) == weights.sum()
+  # A masked position's logits do not matter at all.
+  masked = np.argwhere(weights == 0)[0]
+  logits[tuple(masked)] += 100.0
+  again, _ = cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
+  assert float(again) == float(loss_sum)
+
+
+def test_unigram_entropy():
+  targets = np.array([[0, 0, 1, 1, 2, 9]])
+  weights = np.array([[1, 1, 1, 1, 0, 0]])
+  assert unigram_entropy(targets, weights) == pytest.approx(np.log(2))
+  assert unigram_entropy(np.array([[3, 3, 3]]), np.ones((1, 3))) == 0.0

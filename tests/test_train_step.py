@@ -1,0 +1,26 @@
+import jax
+import numpy as np
+
+from hybrid_nope.data import pipeline
+from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
+from hybrid_nope.train.state import init_train_state
+from hybrid_nope.train.step import make_eval_step, make_train_step
+from tests.helpers import tiny_config
+
+
+def test_steps_on_a_fixed_batch_reduce_loss():
+  config = tiny_config(train__warmup_steps=0, train__learning_rate=3e-3, train__steps=30)
+  tx = make_optimizer(config.train)
+  model_def, state = init_train_state(config.model, tx, seed=0)
+  batch = next(pipeline.train_iterator(config))
+  step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)))
+  eval_step = jax.jit(make_eval_step(model_def))
+  loss_sum, weight_sum = eval_step(state.params, batch)
+  losses = []
+  for _ in range(15):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["loss"]))
+  # The first step's loss is the loss at init, as the eval step computes it.
+  np.testing.assert_allclose(losses[0], float(loss_sum / weight_sum), rtol=1e-5)
+  assert int(state.step) == 15
+  assert losses[-1] < 0.7 * losses[0], losses
