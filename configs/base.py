@@ -74,7 +74,11 @@ def get_config() -> ml_collections.ConfigDict:
   ))
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, keep=3))
-  c.metrics = ml_collections.ConfigDict(dict(far_lag=4096))
+  c.metrics = ml_collections.ConfigDict(dict(
+      far_lag=4096,            # L: floor = f(L), gap = f(1) − f(L); must be < data.seq_len.
+      probe_batch_size=4,      # Sequences of the first eval batch the recency hook measures.
+      query_positions=1024,    # Evenly spaced query positions averaged over; 0 = all.
+  ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   return c
 

@@ -16,6 +16,6 @@ def get_config():
   c.eval.update(dict(batch_size=8, num_batches=4, every_steps=100))
   c.train.update(dict(steps=200, learning_rate=3e-3, warmup_steps=20, log_every_steps=10))
   c.checkpoint.update(dict(every_steps=100, keep=2))
-  c.metrics.far_lag = 512
+  c.metrics.update(dict(far_lag=512, query_positions=0))
   c.mesh.data = 1
   return c

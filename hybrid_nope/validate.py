@@ -35,7 +35,7 @@ def validate(config) -> None:
               "model.head_dim", "model.mlp_dim", "model.vocab_size", "data.seq_len",
               "data.batch_size", "train.steps", "train.log_every_steps",
               "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
-              "eval.batch_size", "eval.num_batches"):
+              "eval.batch_size", "eval.num_batches", "metrics.probe_batch_size"):
     _positive_int(config, key)
   try:
     layer_kinds(m.pattern, m.num_layers)
@@ -56,6 +56,12 @@ def validate(config) -> None:
   _require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,
            "metrics.far_lag", config.metrics.far_lag,
            f"an integer in [1, data.seq_len={d.seq_len}) (the far lag L must fit in a sequence)")
+  _require(config.metrics.probe_batch_size <= config.eval.batch_size,
+           "metrics.probe_batch_size", config.metrics.probe_batch_size,
+           f"at most eval.batch_size={config.eval.batch_size} (the probe is the first eval batch)")
+  _require(isinstance(config.metrics.query_positions, int) and config.metrics.query_positions >= 0,
+           "metrics.query_positions", config.metrics.query_positions,
+           "an integer >= 0 (0 = every position)")
   _require(d.source in DATA_SOURCES, "data.source", d.source, f"one of {DATA_SOURCES}")
   if d.source == "mds":
     _require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,

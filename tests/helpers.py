@@ -11,7 +11,7 @@ TINY = {
     "eval.batch_size": 2, "eval.num_batches": 2, "eval.every_steps": 4,
     "train.steps": 8, "train.warmup_steps": 2, "train.log_every_steps": 1,
     "checkpoint.every_steps": 4, "checkpoint.keep": 100,
-    "metrics.far_lag": 32,
+    "metrics.far_lag": 32, "metrics.probe_batch_size": 2,
 }
 
 

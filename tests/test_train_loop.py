@@ -39,6 +39,14 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path):
   assert glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))
   assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4, 8]
   assert summary["step"] == 8 and summary["eval_loss"] == evals[-1]["eval_loss"]
+  # Recency: init and every checkpoint, every layer and module boundary.
+  with open(tmp_path / "recency.jsonl") as f:
+    recency = [json.loads(line) for line in f]
+  assert sorted({r["step"] for r in recency}) == [0, 4, 8]
+  assert len(recency) == 3 * 2 * 6
+  for r in recency:
+    assert {"step", "layer", "layer_type", "module", "lags", "profile", "floor", "gap"} <= set(r)
+    assert ("logit_gap" in r) == (r["layer_type"] == "global")
 
 
 def test_kill_and_resume_continues_the_identical_trajectory(tmp_path):

@@ -34,6 +34,15 @@ def compute_dtype(name: str):
   return DTYPES[name]
 
 
+# Module boundaries inside a block, in order; the recency hook records each of them.
+BOUNDARIES = ("pre_mixer_norm", "mixer", "residual_1", "pre_mlp_norm", "mlp", "residual_2")
+
+
+def _ignore(name, x):
+  del name
+  return x
+
+
 class Block(nnx.Module):
   """x + Attn(Norm(x)), then + MLP(Norm(.)): the six module boundaries the recency hook reads."""
 
@@ -49,10 +58,15 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     self.mlp = SwiGLU(cfg.d_model, cfg.mlp_dim, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x_BTD, positions_BT, segment_ids_BT):
-    x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT=positions_BT,
-                              segment_ids_BT=segment_ids_BT)
-    return x_BTD + self.mlp(self.mlp_norm(x_BTD))
+  def __call__(self, x_BTD, positions_BT, segment_ids_BT, observe=None):
+    observe = observe or _ignore
+    h_BTD = observe("pre_mixer_norm", self.attn_norm(x_BTD))
+    h_BTD = observe("mixer", self.attn(h_BTD, positions_BT=positions_BT,
+                                       segment_ids_BT=segment_ids_BT))
+    x_BTD = observe("residual_1", x_BTD + h_BTD)
+    h_BTD = observe("pre_mlp_norm", self.mlp_norm(x_BTD))
+    h_BTD = observe("mlp", self.mlp(h_BTD))
+    return observe("residual_2", x_BTD + h_BTD)
 
 
 class LanguageModel(nnx.Module):
@@ -70,12 +84,16 @@ class LanguageModel(nnx.Module):
       self.head_DV = param(rngs, default_init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
 
   def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
-               segment_ids_BT: jax.Array | None = None) -> jax.Array:
+               segment_ids_BT: jax.Array | None = None, observe=None) -> jax.Array:
+    """`observe(layer, boundary, x_BTD) -> x_BTD`, if given, sees every block's BOUNDARIES."""
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
     x_BTD = self.embed(tokens_BT)
-    for block in self.blocks:
-      if self.remat:
+    for layer, block in enumerate(self.blocks):
+      if observe is not None:
+        x_BTD = block(x_BTD, positions_BT, segment_ids_BT,
+                      lambda name, x, layer=layer: observe(layer, name, x))
+      elif self.remat:
         # Recompute each block's activations in the backward pass instead of storing them.
         x_BTD = nnx.remat(lambda b, *a: b(*a))(block, x_BTD, positions_BT, segment_ids_BT)
       else:

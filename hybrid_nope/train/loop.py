@@ -8,6 +8,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.model import parameter_counts
 from hybrid_nope.train import flops
@@ -55,6 +56,11 @@ def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | Non
     writer.write(step, metrics)
 
 
+def _record_recency(hook, writer, step, params) -> None:
+  seconds = hook(step, params)
+  writer.write(step, {"recency_seconds": seconds})
+
+
 def train(config, workdir: str) -> dict:
   """Trains per `config`, resuming from the newest checkpoint in `workdir` if there is one.
 
@@ -92,6 +98,10 @@ def train(config, workdir: str) -> dict:
   peak *= jax.device_count()
   logging.info("MFU against %.1f GFLOP/s (%s)", peak / 1e9, peak_source)
 
+  recency_hook = RecencyHook(config, model_def, eval_batches[0], writer)
+  if start == 0:
+    _record_recency(recency_hook, writer, 0, state.params)
+
   pending: list[tuple[int, dict]] = []
   summary = {"step": start, "loss": float("nan"), "eval_loss": float("nan"),
              "tokens_per_second": float("nan")}
@@ -127,6 +137,7 @@ def train(config, workdir: str) -> dict:
       if save:
         ckpt.save(step, state, data_iter)
         last_saved = step
+        _record_recency(recency_hook, writer, step, state.params)
   finally:
     # Also on errors: an async save already started is a good checkpoint; let it finish.
     ckpt.wait()
