@@ -7,7 +7,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from hybrid_nope.train import loop  # noqa: E402
+from hybrid_nope.train import distributed, loop  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
                                 lock_config=True)
@@ -17,6 +17,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  distributed.initialize()
   summary = loop.train(flags.FLAGS.config, flags.FLAGS.workdir)
   logging.info("done: %s", summary)
 

@@ -27,3 +27,10 @@ def tiny_config(**overrides) -> ml_collections.ConfigDict:
 def tiny_flags(**overrides) -> list[str]:
   values = {**TINY, **{k.replace("__", "."): v for k, v in overrides.items()}}
   return [f"--config.{k}={v}" for k, v in values.items()]
+
+
+# Shapes that split over 8 devices in every test mesh (tensor 4 needs kv heads and vocab
+# divisible by 4; 260 > 258 byte tokens, the extra two ids are never used).
+MESH_TEST = dict(data__batch_size=8, eval__batch_size=8, model__num_kv_heads=4,
+                 model__vocab_size=260, train__steps=3, checkpoint__every_steps=3,
+                 eval__every_steps=3, metrics__probe_batch_size=2)

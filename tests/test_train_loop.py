@@ -28,6 +28,14 @@ def losses_by_step(workdir):
   return {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r}
 
 
+def recorded_steps(workdir) -> set[int]:
+  try:
+    with open(os.path.join(workdir, "recency.jsonl")) as f:
+      return {json.loads(line)["step"] for line in f if line.endswith("\n")}
+  except FileNotFoundError:
+    return set()
+
+
 def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path):
   summary = loop.train(tiny_config(), str(tmp_path))
   records = read_metrics(tmp_path)
@@ -60,7 +68,9 @@ def test_kill_and_resume_continues_the_identical_trajectory(tmp_path):
          f"--workdir={killed}", *tiny_flags(**overrides)]
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.time() + 300
-  while not os.path.isdir(killed / "checkpoints" / str(every)):
+  # Recency is recorded right after a save starts, and orbax starts a save only when the
+  # previous one is final: seeing step 2·every there means checkpoint `every` is complete.
+  while not recorded_steps(killed) & {2 * every}:
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
     assert time.time() < deadline
     time.sleep(0.01)

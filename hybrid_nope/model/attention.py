@@ -6,9 +6,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_nope import kernels
-from hybrid_nope.model.layers import apply_rope, default_init, param
+from hybrid_nope.model.layers import apply_rope, constrain, default_init, param
 
 POSITION_ENCODINGS = ("rope", "nope")
+BTNH = ("act_batch", "act_length", "act_heads", None)
+BTKH = ("act_batch", "act_length", "act_kv_heads", None)
 
 
 class Attention(nnx.Module):
@@ -36,9 +38,12 @@ class Attention(nnx.Module):
   def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
                segment_ids_BT: jax.Array | None) -> jax.Array:
     x_BTD = x_BTD.astype(self.dtype)
-    q_BTNH = jnp.einsum("btd,dnh->btnh", x_BTD, self.wq_DNH[...].astype(self.dtype))
-    k_BTKH = jnp.einsum("btd,dkh->btkh", x_BTD, self.wk_DKH[...].astype(self.dtype))
-    v_BTKH = jnp.einsum("btd,dkh->btkh", x_BTD, self.wv_DKH[...].astype(self.dtype))
+    q_BTNH = constrain(jnp.einsum("btd,dnh->btnh", x_BTD, self.wq_DNH[...].astype(self.dtype)),
+                       BTNH)
+    k_BTKH = constrain(jnp.einsum("btd,dkh->btkh", x_BTD, self.wk_DKH[...].astype(self.dtype)),
+                       BTKH)
+    v_BTKH = constrain(jnp.einsum("btd,dkh->btkh", x_BTD, self.wv_DKH[...].astype(self.dtype)),
+                       BTKH)
     if self.position == "rope":
       q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_theta)
       k_BTKH = apply_rope(k_BTKH, positions_BT, self.rope_theta)

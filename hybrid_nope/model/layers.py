@@ -1,12 +1,16 @@
 """Building blocks: parameters with logical axis names, RMSNorm, SwiGLU MLP, RoPE, embedding."""
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 # Logical axis names used on every parameter; the sharding rules map them to mesh axes.
 #   vocab, embed (d_model), heads (query heads), kv_heads, kv (head_dim), mlp (hidden).
+BTD = ("act_batch", "act_length", "act_embed")
+BTF = ("act_batch", "act_length", "act_mlp")
+BTV = ("act_batch", "act_length", "act_vocab")
 default_init = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
 
@@ -30,6 +34,12 @@ def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...],
   value = value.reshape([shape[a] for a in order])
   value = jnp.transpose(value, [order.index(a) for a in range(len(shape))])
   return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+  """Sharding constraint by logical activation axis names; a no-op unless the trainer has set
+  a mesh and rules (hybrid_nope.train.sharding.activation_rules)."""
+  return nn.with_logical_constraint(x, axes)
 
 
 def logical_axes(variable: nnx.Variable) -> tuple[str, ...] | None:
@@ -67,8 +77,8 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     x_BTD = x_BTD.astype(self.dtype)
-    gate_BTF = x_BTD @ self.w_gate_DF[...].astype(self.dtype)
-    up_BTF = x_BTD @ self.w_up_DF[...].astype(self.dtype)
+    gate_BTF = constrain(x_BTD @ self.w_gate_DF[...].astype(self.dtype), BTF)
+    up_BTF = constrain(x_BTD @ self.w_up_DF[...].astype(self.dtype), BTF)
     return (jax.nn.silu(gate_BTF) * up_BTF) @ self.w_down_FD[...].astype(self.dtype)
 
 
@@ -96,7 +106,7 @@ class Embed(nnx.Module):
     self.embedding_VD = nnx.Param(table, out_sharding=("vocab", "embed"), eager_sharding=False)
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-    return jnp.take(self.embedding_VD[...], tokens_BT, axis=0).astype(self.dtype)
+    return constrain(jnp.take(self.embedding_VD[...], tokens_BT, axis=0).astype(self.dtype), BTD)
 
   def attend(self, x_BTD: jax.Array) -> jax.Array:
     # The table has unit-variance rows; 1/sqrt(D) keeps tied logits at unit scale, like an

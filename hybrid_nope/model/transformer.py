@@ -7,7 +7,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_nope.model.attention import Attention
-from hybrid_nope.model.layers import Embed, RMSNorm, SwiGLU, default_init, param
+from hybrid_nope.model.layers import BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init, param
 
 LAYER_KINDS = {"S": "sliding-window attention", "G": "global attention"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -98,12 +98,13 @@ class LanguageModel(nnx.Module):
         x_BTD = nnx.remat(lambda b, *a: b(*a))(block, x_BTD, positions_BT, segment_ids_BT)
       else:
         x_BTD = block(x_BTD, positions_BT, segment_ids_BT)
+      x_BTD = constrain(x_BTD, BTD)
     x_BTD = self.final_norm(x_BTD)
     if self.tie_embeddings:
       logits_BTV = self.embed.attend(x_BTD)
     else:
       logits_BTV = x_BTD @ self.head_DV[...].astype(x_BTD.dtype)
-    return logits_BTV.astype(jnp.float32)
+    return constrain(logits_BTV.astype(jnp.float32), BTV)
 
 
 def parameter_counts(model: LanguageModel) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""The training loop: init or resume, train, evaluate, log, checkpoint."""
+"""The training loop: init or resume, train, evaluate, log, measure recency, checkpoint."""
 from __future__ import annotations
 
 import logging as std_logging
@@ -11,14 +11,16 @@ from absl import logging
 from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.model import parameter_counts
-from hybrid_nope.train import flops
-from hybrid_nope.train.checkpoint import Checkpointer, abstract
+from hybrid_nope.train import flops, sharding
+from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.loss import unigram_entropy
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
-from hybrid_nope.train.state import init_train_state
+from hybrid_nope.train.preemption import PreemptionWatcher
+from hybrid_nope.train.state import sharded_train_state
 from hybrid_nope.train.step import make_eval_step, make_train_step
 from hybrid_nope.validate import validate
+
 
 class NonFiniteLossError(FloatingPointError):
   pass
@@ -61,87 +63,122 @@ def _record_recency(hook, writer, step, params) -> None:
   writer.write(step, {"recency_seconds": seconds})
 
 
+def _process_rows(batch: dict) -> dict:
+  """This process's contiguous share of a batch every process holds whole (eval)."""
+  p, n = jax.process_index(), jax.process_count()
+  size = len(next(iter(batch.values()))) // n
+  return {k: v[p * size:(p + 1) * size] for k, v in batch.items()}
+
+
 def train(config, workdir: str) -> dict:
   """Trains per `config`, resuming from the newest checkpoint in `workdir` if there is one.
 
-  Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time.
+  Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time, and
+  whether the run stopped early for preemption.
   """
   validate(config)
   _quiet_library_logs()
+  mesh = sharding.make_mesh(config)
+  logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), jax.device_count(),
+               jax.process_count())
   tx = make_optimizer(config.train)
   schedule = learning_rate_schedule(config.train)
-  model_def, state = init_train_state(config.model, tx, config.train.seed)
+  with sharding.activation_rules(mesh):
+    model_def, state, state_shardings = sharded_train_state(config.model, tx, config.train.seed,
+                                                            mesh)
   counts = parameter_counts(model_def.bind(state.params))
   logging.info("parameters: %.2fM non-embedding, %.2fM total", counts["non_embedding"] / 1e6,
-           counts["total"] / 1e6)
+               counts["total"] / 1e6)
 
   data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
                                       process_count=jax.process_count())
-  eval_batches = pipeline.eval_batches(config)
+  eval_rows = pipeline.eval_batches(config)
   logging.info("eval-set unigram entropy %.4f nats/token (context-free baseline)",
-           unigram_entropy(np.concatenate([b["targets"] for b in eval_batches]),
-                           np.concatenate([b["weights"] for b in eval_batches])))
+               unigram_entropy(np.concatenate([b["targets"] for b in eval_rows]),
+                               np.concatenate([b["weights"] for b in eval_rows])))
+  eval_batches = [sharding.global_batch(_process_rows(b), mesh) for b in eval_rows]
 
   ckpt = Checkpointer(workdir, keep=config.checkpoint.keep)
   last_saved = ckpt.latest_step()
   if last_saved is not None:
-    state = ckpt.restore(last_saved, abstract(state), data_iter)
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          state, state_shardings)
+    state = ckpt.restore(last_saved, target, data_iter)
     logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
   start = int(state.step)
   writer = MetricsWriter(workdir, resume_step=start)
 
-  train_step = jax.jit(make_train_step(model_def, tx, schedule), donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(model_def))
+  batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
+  replicated = sharding.replicated(mesh)
+  with sharding.activation_rules(mesh):
+    train_step = jax.jit(make_train_step(model_def, tx, schedule),
+                         in_shardings=(state_shardings, batch_shardings),
+                         out_shardings=(state_shardings, replicated), donate_argnums=0)
+    eval_step = jax.jit(make_eval_step(model_def),
+                        in_shardings=(state_shardings.params, batch_shardings),
+                        out_shardings=replicated)
+    probe = jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)),
+        eval_rows[0])
+    recency_hook = RecencyHook(config, model_def, probe, writer)
+    if start == 0:
+      _record_recency(recency_hook, writer, 0, state.params)
+
   tokens_per_step = config.data.batch_size * config.data.seq_len
   flops_per_token = flops.flops_per_token(config.model, config.data.seq_len)
   peak, peak_source = flops.peak_flops_per_device(config.train.peak_flops)
   peak *= jax.device_count()
   logging.info("MFU against %.1f GFLOP/s (%s)", peak / 1e9, peak_source)
 
-  recency_hook = RecencyHook(config, model_def, eval_batches[0], writer)
-  if start == 0:
-    _record_recency(recency_hook, writer, 0, state.params)
-
+  watcher = PreemptionWatcher()
   pending: list[tuple[int, dict]] = []
   summary = {"step": start, "loss": float("nan"), "eval_loss": float("nan"),
-             "tokens_per_second": float("nan")}
+             "tokens_per_second": float("nan"), "preempted": False}
   t_start = t_last = time.perf_counter()
   step_last = start
   try:
-    for step in range(start + 1, config.train.steps + 1):
-      batch = next(data_iter)
-      state, metrics = train_step(state, batch)
-      pending.append((step, metrics))
-      last = step == config.train.steps
-      save = step % config.checkpoint.every_steps == 0 or last
-      # Losses are fetched only at log and save steps, so the host does not wait on every step.
-      if step % config.train.log_every_steps == 0 or save:
-        records = [(s, jax.device_get(m)) for s, m in pending]
-        pending.clear()
-        _write_finite(writer, records, last_saved)
-        now = time.perf_counter()
-        tokens_per_second = (step - step_last) * tokens_per_step / (now - t_last)
-        mfu = tokens_per_second * flops_per_token / peak
-        t_last, step_last = now, step
-        loss = float(records[-1][1]["loss"])
-        writer.write(step, {"tokens_per_second": tokens_per_second, "mfu": mfu})
-        logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | lr %.2e", step,
-                     config.train.steps, loss, tokens_per_second, 100 * mfu,
-                     float(records[-1][1]["learning_rate"]))
-        summary.update(step=step, loss=loss, tokens_per_second=tokens_per_second)
-      if step % config.eval.every_steps == 0 or last:
-        eval_loss = _evaluate(eval_step, state.params, eval_batches)
-        writer.write(step, {"eval_loss": eval_loss})
-        logging.info("step %d | eval_loss %.4f", step, eval_loss)
-        summary["eval_loss"] = eval_loss
-      if save:
-        ckpt.save(step, state, data_iter)
-        last_saved = step
-        _record_recency(recency_hook, writer, step, state.params)
+    with sharding.activation_rules(mesh):
+      for step in range(start + 1, config.train.steps + 1):
+        batch = sharding.global_batch(next(data_iter), mesh)
+        state, metrics = train_step(state, batch)
+        pending.append((step, metrics))
+        preempted = watcher.should_stop(step, ckpt.manager)
+        last = step == config.train.steps or preempted
+        save = step % config.checkpoint.every_steps == 0 or last
+        # Losses are fetched only at log and save steps so the host runs ahead of the devices.
+        if step % config.train.log_every_steps == 0 or save:
+          records = [(s, jax.device_get(m)) for s, m in pending]
+          pending.clear()
+          _write_finite(writer, records, last_saved)
+          now = time.perf_counter()
+          tokens_per_second = (step - step_last) * tokens_per_step / (now - t_last)
+          mfu = tokens_per_second * flops_per_token / peak
+          t_last, step_last = now, step
+          loss = float(records[-1][1]["loss"])
+          writer.write(step, {"tokens_per_second": tokens_per_second, "mfu": mfu})
+          logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | lr %.2e", step,
+                       config.train.steps, loss, tokens_per_second, 100 * mfu,
+                       float(records[-1][1]["learning_rate"]))
+          summary.update(step=step, loss=loss, tokens_per_second=tokens_per_second)
+        if (step % config.eval.every_steps == 0 or last) and not preempted:
+          eval_loss = _evaluate(eval_step, state.params, eval_batches)
+          writer.write(step, {"eval_loss": eval_loss})
+          logging.info("step %d | eval_loss %.4f", step, eval_loss)
+          summary["eval_loss"] = eval_loss
+        if save:
+          ckpt.save(step, state, data_iter)
+          last_saved = step
+          if not preempted:
+            _record_recency(recency_hook, writer, step, state.params)
+        if preempted:
+          logging.warning("preempted: saved step %d; rerun the same command to resume", step)
+          summary["preempted"] = True
+          break
   finally:
     # Also on errors: an async save already started is a good checkpoint; let it finish.
     ckpt.wait()
     ckpt.close()
     writer.close()
+    watcher.close()
   summary["wall_seconds"] = time.perf_counter() - t_start
   return summary

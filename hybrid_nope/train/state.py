@@ -9,6 +9,7 @@ import optax
 from flax import nnx, struct
 
 from hybrid_nope.model import LanguageModel
+from hybrid_nope.train import sharding
 
 
 @struct.dataclass
@@ -38,6 +39,28 @@ def init_model(model_cfg, seed: int) -> tuple[ModelDef, dict]:
 
 
 def init_train_state(model_cfg, tx: optax.GradientTransformation, seed: int):
+  """Unsharded, on the default device: for tests and single-device tools."""
   model_def, params = init_model(model_cfg, seed)
   return model_def, TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                opt_state=tx.init(params))
+
+
+def sharded_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, mesh):
+  """(model_def, state, shardings): the state initialised directly in its shards, so no host
+  or device ever holds the whole model; values equal init_train_state's."""
+  abstract_model = nnx.eval_shape(lambda: LanguageModel(model_cfg, rngs=nnx.Rngs(params=seed)))
+  model_def = ModelDef(nnx.split(abstract_model)[0])
+  param_shardings = sharding.param_shardings(sharding.logical_param_specs(abstract_model), mesh)
+  replicated = sharding.replicated(mesh)
+
+  def init():
+    return init_train_state(model_cfg, tx, seed)[1]
+
+  abstract_state = jax.eval_shape(init)
+  shardings = TrainState(
+      step=replicated, params=param_shardings,
+      # Optimizer moments shard like their parameters; counters are replicated.
+      opt_state=optax.tree_map_params(tx, lambda _, s: s, abstract_state.opt_state,
+                                      param_shardings, transform_non_params=lambda _: replicated))
+  state = jax.jit(init, out_shardings=shardings)()
+  return model_def, state, shardings

@@ -1,0 +1,69 @@
+"""Meshes, shardings and multi-device training (8 simulated CPU devices in a subprocess)."""
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from hybrid_nope.train import loop
+from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape
+from tests.helpers import MESH_TEST, tiny_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_8_devices(module, *args, env_extra=None, timeout=600):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **(env_extra or {}))
+  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
+
+
+def mesh_cfg(data, fsdp, tensor):
+  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, tensor=tensor))
+
+
+def test_mesh_shape_fills_and_checks():
+  assert mesh_shape(mesh_cfg(-1, 1, 1), 8) == (8, 1, 1)
+  assert mesh_shape(mesh_cfg(2, -1, 2), 8) == (2, 2, 2)
+  with pytest.raises(MeshError, match="has 6 devices"):
+    mesh_shape(mesh_cfg(2, 3, 1), 8)
+  with pytest.raises(MeshError, match="mesh.fsdp=-1 cannot fill"):
+    mesh_shape(mesh_cfg(3, -1, 1), 8)
+  with pytest.raises(MeshError, match="at most one -1"):
+    mesh_shape(mesh_cfg(-1, -1, 1), 8)
+
+
+@pytest.mark.parametrize("overrides, shape, key", [
+    (dict(data__batch_size=6), (4, 1, 1), "data.batch_size"),
+    (dict(model__num_heads=6, model__num_kv_heads=6), (1, 1, 4), "model.num_heads"),
+    (dict(model__num_kv_heads=2), (1, 1, 4), "model.num_kv_heads"),
+    (dict(model__num_kv_heads=4), (1, 1, 4), "model.vocab_size"),  # 258 ids: not 4 ways
+])
+def test_bad_mesh_for_the_model_fails_before_compile(overrides, shape, key):
+  with pytest.raises(MeshError, match=key):
+    check_divisibility(tiny_config(**overrides), shape)
+
+
+def test_same_losses_on_every_mesh_and_shardings_follow_the_rules(tmp_path):
+  reference = loop.train(tiny_config(**MESH_TEST), str(tmp_path / "one_device"))
+  with open(tmp_path / "one_device" / "metrics.jsonl") as f:
+    want = [r["loss"] for r in map(json.loads, f) if "loss" in r]
+  assert len(want) == 3 and reference["step"] == 3
+  out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path / "meshes"))
+  for name, got in out["losses"].items():
+    np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=name)
+  # LOGICAL_RULES: embed -> fsdp, vocab/heads/mlp -> tensor, kv (head_dim) unsharded.
+  assert out["specs"]["embedding_VD"] == ["tensor", "fsdp"]
+  assert out["specs"]["wq_DNH"] == ["fsdp", "tensor", None]
+  assert out["specs"]["wo_NHD"] == ["tensor", None, "fsdp"]
+  assert out["specs"]["w_down_FD"] == ["tensor", "fsdp"]
+  assert out["specs"]["scale_D"] == ["fsdp"]
+  assert out["cross_mesh_restore"] == {"equal": True, "on_new_mesh": True,
+                                       "fresh_init_differs": True}
