@@ -10,7 +10,8 @@ setup(
     # Ranges here; the exact versions CI and `make` install are pinned in requirements.lock.
     install_requires=[
         "jax>=0.6", "flax>=0.12", "optax", "orbax-checkpoint", "grain", "ml-collections",
-        "tensorflow-datasets", "tensorboardX", "numpy",
+        "tensorflow-datasets", "tensorboardX", "numpy", "zstandard", "tokenizers", "pyarrow",
+        "matplotlib",
     ],
     extras_require={"test": ["pytest", "pytest-xdist"]},
 )

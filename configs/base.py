@@ -50,11 +50,14 @@ def get_config() -> ml_collections.ConfigDict:
       batch_size=64,           # Global, in sequences.
       seed=0,
       eval_fraction=0.05,      # stdlib only: held-out share of documents.
-      document_masking=True,
+      document_masking=True,   # False: one sequence per packed sample (ProLong single_seq).
+      cache_dir="",            # Where zstd MDS shards are decompressed; "" = ~/.cache/hybrid_nope.
   ))
 
   c.eval = ml_collections.ConfigDict(dict(
-      path="",                 # TextbookChapters; required for mds.
+      path="",                 # TextbookChapters as prepared by
+                               # `python -m hybrid_nope.data.textbook_chapters`; required for mds.
+      bucket_size=512,         # Eval loss is also reported per bucket of token positions.
       batch_size=8,
       num_batches=16,
       every_steps=1000,

@@ -35,7 +35,8 @@ def validate(config) -> None:
               "model.head_dim", "model.mlp_dim", "model.vocab_size", "data.seq_len",
               "data.batch_size", "train.steps", "train.log_every_steps",
               "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
-              "eval.batch_size", "eval.num_batches", "metrics.probe_batch_size"):
+              "eval.batch_size", "eval.num_batches", "eval.bucket_size",
+              "metrics.probe_batch_size"):
     _positive_int(config, key)
   try:
     layer_kinds(m.pattern, m.num_layers)

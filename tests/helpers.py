@@ -8,7 +8,7 @@ TINY = {
     "model.num_layers": 2, "model.d_model": 32, "model.num_heads": 4, "model.num_kv_heads": 2,
     "model.head_dim": 8, "model.mlp_dim": 64, "model.window": 4,
     "data.seq_len": 64, "data.batch_size": 2,
-    "eval.batch_size": 2, "eval.num_batches": 2, "eval.every_steps": 4,
+    "eval.batch_size": 2, "eval.num_batches": 2, "eval.every_steps": 4, "eval.bucket_size": 16,
     "train.steps": 8, "train.warmup_steps": 2, "train.log_every_steps": 1,
     "checkpoint.every_steps": 4, "checkpoint.keep": 100,
     "metrics.far_lag": 32, "metrics.probe_batch_size": 2,

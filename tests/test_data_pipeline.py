@@ -156,7 +156,7 @@ def test_too_few_eval_rows_names_num_batches():
 
 
 @pytest.mark.parametrize("key, value", [
-    ("data.source", "mds"),
+    ("data.source", "tfrecord"),
     ("data.source", None),
     ("data.seq_len", 0),
     ("data.seq_len", "128"),
@@ -181,8 +181,15 @@ def test_bad_eval_config_names_the_key(key, value):
 
 
 def test_unknown_source_lists_allowed_values():
-  with pytest.raises(ValueError, match="stdlib"):
-    pipeline.train_iterator(make_config(**{"data.source": "mds"}))
+  with pytest.raises(ValueError, match=r"\['mds', 'stdlib'\]"):
+    pipeline.train_iterator(make_config(**{"data.source": "tfrecord"}))
+
+
+def test_position_buckets():
+  np.testing.assert_array_equal(pipeline.position_buckets(8, 3), [0, 0, 0, 1, 1, 1, 2, 2])
+  assert pipeline.position_buckets(8192, 512).max() == 15
+  with pytest.raises(ValueError, match=r"eval\.bucket_size"):
+    pipeline.position_buckets(8, 0)
 
 
 def test_batch_size_not_divisible_by_process_count():

@@ -43,6 +43,11 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path):
   evals = [r for r in records if "eval_loss" in r]
   assert [r["step"] for r in evals] == [4, 8]
   assert all(np.isfinite(r["eval_loss"]) for r in evals)
+  for r in evals:  # Buckets of eval.bucket_size positions; weights recombine to the mean.
+    losses = np.array(r["eval_loss_by_position"], float)
+    weights = np.array(r["eval_bucket_weights"])
+    assert len(losses) == -(-64 // r["eval_bucket_size"])
+    assert np.sum(losses * weights) / weights.sum() == pytest.approx(r["eval_loss"], rel=1e-9)
   assert any("tokens_per_second" in r and "mfu" in r for r in records)
   assert glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))
   assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4, 8]
@@ -57,32 +62,59 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path):
     assert ("logit_gap" in r) == (r["layer_type"] == "global")
 
 
-def test_kill_and_resume_continues_the_identical_trajectory(tmp_path):
-  steps, every = 60, 5
-  overrides = dict(train__steps=steps, checkpoint__every_steps=every, eval__every_steps=steps)
-  reference = tmp_path / "reference"
-  loop.train(tiny_config(**overrides), str(reference))
+STEPS, EVERY = 60, 5
+LONG = dict(train__steps=STEPS, checkpoint__every_steps=EVERY, eval__every_steps=STEPS)
 
-  killed = tmp_path / "killed"
+
+@pytest.fixture(scope="module")
+def reference_losses(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("reference")
+  loop.train(tiny_config(**LONG), str(workdir))
+  return losses_by_step(workdir)
+
+
+def start_cli_run(workdir):
   cmd = [sys.executable, os.path.join(REPO, "launch", "train.py"), "--config=configs/demo.py",
-         f"--workdir={killed}", *tiny_flags(**overrides)]
+         f"--workdir={workdir}", *tiny_flags(**LONG)]
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.time() + 300
   # Recency is recorded right after a save starts, and orbax starts a save only when the
-  # previous one is final: seeing step 2·every there means checkpoint `every` is complete.
-  while not recorded_steps(killed) & {2 * every}:
+  # previous one is final: seeing step 2·EVERY there means checkpoint EVERY is complete.
+  while not recorded_steps(workdir) & {2 * EVERY}:
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
     assert time.time() < deadline
     time.sleep(0.01)
+  return proc
+
+
+def assert_resumes_identically(workdir, reference_losses):
+  loop.train(tiny_config(**LONG), str(workdir))
+  got = losses_by_step(workdir)
+  assert sorted(got) == list(range(1, STEPS + 1))
+  np.testing.assert_array_equal([got[s] for s in sorted(got)],
+                                [reference_losses[s] for s in sorted(reference_losses)])
+
+
+def test_kill_and_resume_continues_the_identical_trajectory(tmp_path, reference_losses):
+  proc = start_cli_run(tmp_path)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  interrupted_at = Checkpointer(str(killed), keep=100).latest_step()
-  assert interrupted_at is not None and interrupted_at < steps, "the run finished before the kill"
+  interrupted_at = Checkpointer(str(tmp_path), keep=100).latest_step()
+  assert interrupted_at is not None and interrupted_at < STEPS, "the run finished before the kill"
+  assert_resumes_identically(tmp_path, reference_losses)
 
-  loop.train(tiny_config(**overrides), str(killed))
-  want, got = losses_by_step(reference), losses_by_step(killed)
-  assert sorted(got) == list(range(1, steps + 1))
-  np.testing.assert_array_equal([got[s] for s in sorted(got)], [want[s] for s in sorted(want)])
+
+def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tmp_path, reference_losses):
+  proc = start_cli_run(tmp_path)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 0, stderr.decode()[-3000:]
+  saved = Checkpointer(str(tmp_path), keep=100).all_steps()
+  stopped_at = max(losses_by_step(tmp_path))
+  # The step it stopped at was checkpointed even though it is not on the every-5 schedule
+  # (unless it happened to be), and training did not run to the end.
+  assert stopped_at < STEPS and saved[-1] == stopped_at
+  assert_resumes_identically(tmp_path, reference_losses)
 
 
 def nan_from_step(first_bad_step):

@@ -2,7 +2,7 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from hybrid_nope.train.loss import cross_entropy_sums, unigram_entropy
+from hybrid_nope.train.loss import cross_entropy_by_bucket, cross_entropy_sums, unigram_entropy
 
 
 def test_cross_entropy_matches_numpy_and_respects_weights():
@@ -29,3 +29,18 @@ def test_unigram_entropy():
   weights = np.array([[1, 1, 1, 1, 0, 0]])
   assert unigram_entropy(targets, weights) == pytest.approx(np.log(2))
   assert unigram_entropy(np.array([[3, 3, 3]]), np.ones((1, 3))) == 0.0
+
+
+def test_bucketed_sums_add_up_to_the_totals_and_split_by_position():
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.standard_normal((3, 8, 5)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 5, (3, 8)))
+  weights = jnp.asarray(rng.random((3, 8)) > 0.2, jnp.float32)
+  buckets = np.arange(8) // 3  # buckets of 3 positions: [0,0,0,1,1,1,2,2]
+  loss_b, weight_b = cross_entropy_by_bucket(logits, targets, weights, jnp.asarray(buckets), 3)
+  total_loss, total_weight = cross_entropy_sums(logits, targets, weights)
+  assert float(loss_b.sum()) == pytest.approx(float(total_loss), rel=1e-6)
+  assert float(weight_b.sum()) == float(total_weight)
+  only_first = cross_entropy_sums(logits[:, :3], targets[:, :3], weights[:, :3])
+  assert float(loss_b[0]) == pytest.approx(float(only_first[0]), rel=1e-6)
+  assert float(weight_b[0]) == float(only_first[1])

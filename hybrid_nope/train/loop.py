@@ -40,12 +40,16 @@ def _quiet_library_logs():
     handler.addFilter(_LibraryInfoFilter())
 
 
-def _evaluate(eval_step, params, batches) -> float:
-  loss_sum = weight_sum = 0.0
+def _evaluate(eval_step, params, batches, bucket_size: int) -> dict:
+  """Mean eval loss, and the loss per bucket of `bucket_size` positions (None where empty)."""
+  loss_b = weight_b = 0.0
   for batch in batches:
-    l, w = eval_step(params, batch)
-    loss_sum, weight_sum = loss_sum + float(l), weight_sum + float(w)
-  return loss_sum / weight_sum
+    l, w = jax.device_get(eval_step(params, batch))
+    loss_b, weight_b = loss_b + np.asarray(l, np.float64), weight_b + np.asarray(w, np.float64)
+  by_position = [float(l / w) if w > 0 else None for l, w in zip(loss_b, weight_b)]
+  return {"eval_loss": float(loss_b.sum() / weight_b.sum()),
+          "eval_loss_by_position": by_position, "eval_bucket_size": bucket_size,
+          "eval_bucket_weights": weight_b.tolist()}
 
 
 def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | None) -> None:
@@ -114,7 +118,8 @@ def train(config, workdir: str) -> dict:
     train_step = jax.jit(make_train_step(model_def, tx, schedule),
                          in_shardings=(state_shardings, batch_shardings),
                          out_shardings=(state_shardings, replicated), donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(model_def),
+    buckets = pipeline.position_buckets(config.data.seq_len, config.eval.bucket_size)
+    eval_step = jax.jit(make_eval_step(model_def, buckets),
                         in_shardings=(state_shardings.params, batch_shardings),
                         out_shardings=replicated)
     probe = jax.tree.map(
@@ -161,10 +166,16 @@ def train(config, workdir: str) -> dict:
                        float(records[-1][1]["learning_rate"]))
           summary.update(step=step, loss=loss, tokens_per_second=tokens_per_second)
         if (step % config.eval.every_steps == 0 or last) and not preempted:
-          eval_loss = _evaluate(eval_step, state.params, eval_batches)
-          writer.write(step, {"eval_loss": eval_loss})
-          logging.info("step %d | eval_loss %.4f", step, eval_loss)
-          summary["eval_loss"] = eval_loss
+          result = _evaluate(eval_step, state.params, eval_batches, config.eval.bucket_size)
+          writer.write_record("metrics.jsonl", {"step": step, **result})
+          writer.write_scalars(step, {"eval_loss": result["eval_loss"], **{
+              f"eval_loss_by_position/{b * config.eval.bucket_size:06d}": l
+              for b, l in enumerate(result["eval_loss_by_position"]) if l is not None}})
+          logging.info("step %d | eval_loss %.4f | by %d positions: %s", step,
+                       result["eval_loss"], config.eval.bucket_size,
+                       " ".join("-" if l is None else f"{l:.3f}"
+                                for l in result["eval_loss_by_position"]))
+          summary["eval_loss"] = result["eval_loss"]
         if save:
           ckpt.save(step, state, data_iter)
           last_saved = step

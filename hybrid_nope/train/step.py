@@ -5,7 +5,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hybrid_nope.train.loss import cross_entropy_sums
+import numpy as np
+
+from hybrid_nope.train.loss import cross_entropy_by_bucket, cross_entropy_sums
 from hybrid_nope.train.state import ModelDef, TrainState
 
 
@@ -26,8 +28,12 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, sched
   return train_step
 
 
-def make_eval_step(model_def: ModelDef):
+def make_eval_step(model_def: ModelDef, bucket_T: np.ndarray):
+  """Eval returns per-position-bucket sums (loss, weight); `bucket_T` maps index -> bucket."""
+  num_buckets = int(bucket_T.max()) + 1
+
   def eval_step(params, batch):
     logits_BTV = model_def.apply(params, batch)
-    return cross_entropy_sums(logits_BTV, batch["targets"], batch["weights"])
+    return cross_entropy_by_bucket(logits_BTV, batch["targets"], batch["weights"],
+                                   jnp.asarray(bucket_T), num_buckets)
   return eval_step

@@ -1,0 +1,316 @@
+"""Tests for hybrid_nope.data.mds against files written by mosaicml-streaming's MDSWriter.
+
+tests/testdata/make_mds_fixtures.py wrote the fixtures with streaming 0.13 (see
+tests/testdata/mds/VERSIONS.json) and recorded what streaming's own reader decodes from them
+(mds/*.decoded.jsonl). Here the reader must decode the same values, types and bytes, and
+`write_mds` must reproduce every fixture file byte for byte.
+"""
+
+import filecmp
+import json
+import mmap
+import multiprocessing
+import os
+import pickle
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from hybrid_nope.data import mds
+
+TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
+sys.path.insert(0, TESTDATA)
+import fixture_samples  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+MDS = os.path.join(TESTDATA, "mds")
+PROLONG = os.path.join(MDS, "prolong")
+
+
+def copy_fixture(tmp_path, name, src=MDS):
+  dst = tmp_path / name.replace("/", "_")
+  shutil.copytree(os.path.join(src, name), dst)
+  return dst
+
+
+def edit_index(directory, edit):
+  path = os.path.join(directory, "index.json")
+  with open(path) as f:
+    index = json.load(f)
+  edit(index)
+  with open(path, "w") as f:
+    json.dump(index, f, sort_keys=True)
+
+
+@pytest.mark.parametrize("name", sorted(fixture_samples.ENCODING_DATASETS))
+def test_decodes_exactly_what_streaming_decodes(name, tmp_path):
+  ds = mds.MDSDataset(os.path.join(MDS, name), cache_dir=str(tmp_path))
+  with open(os.path.join(MDS, f"{name}.decoded.jsonl")) as f:
+    expected = [json.loads(line) for line in f]
+  assert len(ds) == len(expected) == 11
+  assert set(ds.columns) == set(fixture_samples.ENCODING_COLUMNS)
+  for i, want in enumerate(expected):
+    got = {k: fixture_samples.describe(v) for k, v in ds[i].items()}
+    assert got == want, f"sample {i}"
+
+
+def test_decoded_values_equal_what_was_written(tmp_path):
+  ds = mds.MDSDataset(os.path.join(MDS, "encodings"), cache_dir=str(tmp_path))
+  for i, written in enumerate(fixture_samples.encoding_samples()):
+    sample = ds[i]
+    for key, value in written.items():
+      if isinstance(value, np.ndarray):
+        assert sample[key].dtype == value.dtype and sample[key].shape == value.shape
+        np.testing.assert_array_equal(sample[key], value)
+      else:
+        assert sample[key] == value, (i, key)
+
+
+def test_ndarrays_are_read_only_views_of_the_memory_map():
+  ds = mds.MDSDataset(os.path.join(PROLONG, "book-65536"))
+  ids = ds[3]["input_ids"]
+  assert not ids.flags.writeable and not ids.flags.owndata
+  base = ids
+  while isinstance(base, np.ndarray):
+    base = base.base
+  assert isinstance(getattr(base, "obj", base), mmap.mmap)
+
+
+@pytest.mark.parametrize("name, columns, samples, kwargs", [
+    *[(n, fixture_samples.ENCODING_COLUMNS, fixture_samples.encoding_samples, kw)
+      for n, kw in fixture_samples.ENCODING_DATASETS.items()],
+    *[(f"prolong/{n}", c, s, kw) for n, (c, s, kw) in fixture_samples.PROLONG_DOMAINS.items()],
+])
+def test_write_mds_is_byte_identical_to_mdswriter(name, columns, samples, kwargs, tmp_path):
+  out = tmp_path / "out"
+  mds.write_mds(str(out), columns, samples(), **kwargs)
+  fixture = os.path.join(MDS, name)
+  assert sorted(os.listdir(out)) == sorted(os.listdir(fixture))
+  for filename in os.listdir(fixture):
+    assert filecmp.cmp(out / filename, os.path.join(fixture, filename), shallow=False), filename
+
+
+def test_array_lengths_reads_headers_only():
+  for name in fixture_samples.PROLONG_DOMAINS:
+    ds = mds.MDSDataset(os.path.join(PROLONG, name), cache_dir=None)
+    expected = [ds[i]["input_ids"].size for i in range(len(ds))]
+    np.testing.assert_array_equal(ds.array_lengths("input_ids"), expected)
+  ds = mds.MDSDataset(os.path.join(MDS, "encodings"))
+  np.testing.assert_array_equal(ds.array_lengths("nd_u32"), [1 + 3 * i for i in range(11)])
+  with pytest.raises(mds.MDSFormatError, match="dimensions, expected 1"):
+    ds.array_lengths("nd_any")
+  with pytest.raises(KeyError, match="no ndarray column 'str'"):
+    ds.array_lengths("str")
+
+
+def test_zstd_shards_are_decompressed_once_into_the_cache(tmp_path):
+  cache = tmp_path / "cache"
+  name = os.path.join(PROLONG, "thestackv1_concat_by_repo-65536")
+  ds = mds.MDSDataset(name, cache_dir=str(cache))
+  first = [ds[i]["input_ids"].copy() for i in range(len(ds))]
+  cached = sorted(p for p in cache.rglob("*") if p.is_file())
+  assert [p.name for p in cached] == [f"shard.{i:05}.mds" for i in range(4)]
+  mtimes = [p.stat().st_mtime_ns for p in cached]
+  again = mds.MDSDataset(name, cache_dir=str(cache))
+  for i, ids in enumerate(first):
+    np.testing.assert_array_equal(again[i]["input_ids"], ids)
+  assert [p.stat().st_mtime_ns for p in cached] == mtimes
+  assert not list(cache.rglob("*.tmp-*"))
+
+
+def _read_all(args):
+  path, cache = args
+  ds = mds.MDSDataset(path, cache_dir=cache)
+  return [ds[i]["input_ids"].tobytes() for i in range(len(ds))]
+
+
+def test_concurrent_processes_decompress_safely(tmp_path):
+  path = os.path.join(PROLONG, "thestackv1_concat_by_repo-65536")
+  with multiprocessing.get_context("spawn").Pool(4) as pool:
+    results = pool.map(_read_all, [(path, str(tmp_path))] * 8)
+  assert all(r == results[0] for r in results)
+  assert not list(tmp_path.rglob("*.tmp-*"))
+
+
+def test_pickles_without_its_memory_maps(tmp_path):
+  ds = mds.MDSDataset(os.path.join(PROLONG, "book-65536"))
+  before = ds[2]["input_ids"].copy()
+  clone = pickle.loads(pickle.dumps(ds))
+  np.testing.assert_array_equal(clone[2]["input_ids"], before)
+
+
+def test_more_shards_than_open_maps():
+  ds = mds.MDSDataset(os.path.join(PROLONG, "fineweb-edu"), max_open_shards=2)
+  ids = [ds[i]["input_ids"] for i in range(len(ds))]  # views keep evicted maps alive
+  assert ds.num_shards > 2 and len(ds._open) == 2  # pylint: disable=protected-access
+  fresh = mds.MDSDataset(os.path.join(PROLONG, "fineweb-edu"))
+  for i, x in enumerate(ids):
+    np.testing.assert_array_equal(x, fresh[i]["input_ids"])
+
+
+def test_index_and_describe():
+  ds = mds.MDSDataset(os.path.join(PROLONG, "book-65536"))
+  assert ds.locate(5) == (5, 0) and ds.locate(-1) == ds.locate(len(ds) - 1)
+  assert "sample 0 of" in ds.describe(5) and "shard.00005.mds" in ds.describe(5)
+  with pytest.raises(IndexError, match="out of range"):
+    ds[len(ds)]
+  with pytest.raises(KeyError, match="nope"):
+    ds.get(0, ["nope"])
+  assert set(ds.get(0, ["domain"])) == {"domain"}
+
+
+# ---- bad data fails loudly, naming the file ---------------------------------------------------
+
+def test_missing_directory_and_index(tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    mds.MDSDataset(str(tmp_path / "nowhere"))
+  with pytest.raises(FileNotFoundError, match=r"index\.json is missing"):
+    mds.MDSDataset(str(tmp_path))
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", "not valid JSON"),
+    ('{"version": 1, "shards": []}', "version"),
+    ('{"version": 2, "shards": []}', "has no shards"),
+    ('[1, 2]', "version"),
+])
+def test_malformed_index(tmp_path, text, match):
+  (tmp_path / "index.json").write_text(text)
+  with pytest.raises(mds.MDSFormatError, match=match) as e:
+    mds.MDSDataset(str(tmp_path))
+  assert "index.json" in str(e.value)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda s: s.update(format="csv"), "format 'mds'"),
+    (lambda s: s.pop("samples"), "lacks"),
+    (lambda s: s.update(samples=-1), "samples"),
+    (lambda s: s["column_encodings"].__setitem__(0, "ndarray:complex64"), "unknown dtype"),
+    (lambda s: s["column_encodings"].__setitem__(0, "wav"), "unknown MDS encoding 'wav'"),
+    (lambda s: s["column_encodings"].__setitem__(0, "pkl"), "refused: pickle"),
+    (lambda s: s["column_sizes"].__setitem__(0, 7), "column_sizes"),
+    (lambda s: s["column_names"].pop(), "one entry per column"),
+    (lambda s: s["raw_data"].update(basename="../../etc/passwd"), "inside the directory"),
+    (lambda s: s.update(compression="snappy"), "compression"),
+])
+def test_malformed_shard_entry(tmp_path, edit, match):
+  directory = copy_fixture(tmp_path, "prolong/book-65536")
+  edit_index(directory, lambda index: edit(index["shards"][1]))
+  with pytest.raises(mds.MDSFormatError, match=match) as e:
+    mds.MDSDataset(str(directory))
+  assert str(directory / "index.json") in str(e.value)
+
+
+def test_shards_with_different_columns(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/book-65536")
+  edit_index(directory, lambda index: index["shards"][2]["column_encodings"].__setitem__(
+      1, "ndarray"))
+  edit_index(directory, lambda index: index["shards"][2]["column_sizes"].__setitem__(1, None))
+  with pytest.raises(mds.MDSFormatError, match=r"shards\[2\].*same columns"):
+    mds.MDSDataset(str(directory))
+
+
+def test_missing_shard_file(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/book-65536")
+  os.remove(directory / "shard.00003.mds")
+  with pytest.raises(mds.MDSFormatError, match=r"shard\.00003\.mds .* is missing"):
+    mds.MDSDataset(str(directory))
+
+
+def test_truncated_shard(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/book-65536")
+  shard = directory / "shard.00002.mds"
+  shard.write_bytes(shard.read_bytes()[:-100])
+  with pytest.raises(mds.MDSFormatError, match=r"shard\.00002\.mds is \d+ bytes but .* says"):
+    mds.MDSDataset(str(directory))
+
+
+def test_shard_size_disagrees_with_index(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/book-65536")
+  edit_index(directory, lambda index: index["shards"][4]["raw_data"].update(bytes=99999))
+  with pytest.raises(mds.MDSFormatError, match=r"shard\.00004\.mds is 2343 bytes .* 99999"):
+    mds.MDSDataset(str(directory))
+
+
+def test_truncated_shard_with_matching_index_is_caught_by_its_header(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/book-65536")
+  shard = directory / "shard.00001.mds"
+  shard.write_bytes(shard.read_bytes()[:-100])
+  edit_index(directory, lambda index: index["shards"][1]["raw_data"].update(
+      bytes=shard.stat().st_size))
+  ds = mds.MDSDataset(str(directory))
+  ds[0]
+  with pytest.raises(mds.MDSFormatError, match=r"shard\.00001\.mds has inconsistent sample "
+                                               r"offsets.*truncated"):
+    ds[1]
+
+
+def test_sample_count_disagrees_with_header(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/fineweb-edu")
+  edit_index(directory, lambda index: index["shards"][0].update(samples=4))
+  ds = mds.MDSDataset(str(directory))
+  with pytest.raises(mds.MDSFormatError, match=r"shard\.00000\.mds holds \d+ samples but "
+                                               r"index\.json says 4"):
+    ds[0]
+
+
+def test_corrupt_sample_is_named(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/fineweb-edu")
+  ds = mds.MDSDataset(str(directory))
+  offsets = ds._shards[0].offsets if ds[0] else None  # pylint: disable=protected-access
+  data = bytearray((directory / "shard.00000.mds").read_bytes())
+  begin = int(offsets[2])
+  data[begin:begin + 4] = np.uint32(7).tobytes()  # sample 2's first column size
+  (directory / "shard.00000.mds").write_bytes(bytes(data))
+  ds = mds.MDSDataset(str(directory))
+  with pytest.raises(mds.MDSFormatError, match=r"sample 2 of .*shard\.00000\.mds"):
+    ds[2]
+
+
+def test_truncated_and_corrupt_zstd_shards(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/thestackv1_concat_by_repo-65536")
+  zipped = directory / "shard.00001.mds.zstd"
+  original = zipped.read_bytes()
+  zipped.write_bytes(original[:-20])
+  with pytest.raises(mds.MDSFormatError, match=r"shard\.00001\.mds\.zstd is \d+ bytes but"):
+    mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "c1"))
+  edit_index(directory, lambda index: index["shards"][1]["zip_data"].update(
+      bytes=len(original) - 20))
+  ds = mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "c2"))
+  with pytest.raises(mds.MDSFormatError, match=r"shard\.00001\.mds\.zstd"):
+    ds[1]
+  assert not list((tmp_path / "c2").rglob("*.tmp-*"))
+
+
+def test_decompressed_hash_mismatch(tmp_path):
+  directory = copy_fixture(tmp_path, "encodings_zstd")
+  edit_index(directory, lambda index: index["shards"][0]["raw_data"]["hashes"].update(
+      sha256="0" * 64))
+  ds = mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"))
+  with pytest.raises(mds.MDSFormatError, match="sha256"):
+    ds[0]
+
+
+def test_uncompressed_copy_next_to_the_zip_is_used_in_place(tmp_path):
+  directory = copy_fixture(tmp_path, "prolong/thestackv1_concat_by_repo-65536")
+  ds = mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"))
+  ds[0]
+  for cached in (tmp_path / "cache").rglob("shard.*"):
+    shutil.copy(cached, directory / cached.name)
+  shutil.rmtree(tmp_path / "cache")
+  ds = mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"))
+  ds[0]
+  assert not (tmp_path / "cache").exists()
+
+
+def test_array_lengths_with_dynamic_dtype(tmp_path):
+  arrays = [np.arange(n, dtype=dtype) for n, dtype in
+            [(3, np.uint8), (300, np.int64), (70000, np.float16), (1, np.uint32)]]
+  mds.write_mds(str(tmp_path / "d"), {"x": "ndarray", "s": "str"},
+                [{"x": a, "s": "é" * i} for i, a in enumerate(arrays)], size_limit=1000)
+  ds = mds.MDSDataset(str(tmp_path / "d"))
+  np.testing.assert_array_equal(ds.array_lengths("x"), [3, 300, 70000, 1])
+  for i, a in enumerate(arrays):
+    assert ds[i]["x"].dtype == a.dtype and ds[i]["s"] == "é" * i
+    np.testing.assert_array_equal(ds[i]["x"], a)

@@ -1,0 +1,145 @@
+"""Tests for hybrid_nope.data.textbook_chapters: the tfds builder (array_record, no TensorFlow),
+its tokenisation through a tokenizer.json, and the eval rows read back through grain.
+
+The tokenizer is a tiny WordLevel model trained here in-process (nothing is fetched); the
+chapters are tests/testdata/textbook_chapters/chapters.jsonl.
+"""
+
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tokenizers
+from tokenizers import models, pre_tokenizers, processors, trainers
+
+from hybrid_nope.data import pipeline
+from hybrid_nope.data import textbook_chapters as tc
+
+TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
+CHAPTERS = os.path.join(TESTDATA, "textbook_chapters", "chapters.jsonl")
+BOS = 1
+
+
+def read_chapters():
+  with open(CHAPTERS) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory):
+  """A WordLevel tokenizer.json trained on the chapters, adding <bos> like Llama-3 does."""
+  tokenizer = tokenizers.Tokenizer(models.WordLevel(unk_token="<unk>"))
+  tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+  tokenizer.train_from_iterator([c["text"] for c in read_chapters()],
+                                trainers.WordLevelTrainer(special_tokens=["<unk>", "<bos>"]))
+  tokenizer.post_processor = processors.TemplateProcessing(
+      single="<bos> $A", special_tokens=[("<bos>", BOS)])
+  path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+  tokenizer.save(str(path))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def prepared(tokenizer_path, tmp_path_factory):
+  data_dir = tmp_path_factory.mktemp("tfds")
+  return tc.prepare(os.path.dirname(CHAPTERS), str(data_dir), tokenizer=tokenizer_path)
+
+
+def all_ids(directory):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  source = tfds.builder_from_directory(directory).as_data_source(tc.SPLIT)
+  return [source[i]["input_ids"] for i in range(len(source))]
+
+
+def test_builds_array_record_tokenised_in_source_order(prepared, tokenizer_path):
+  assert prepared.endswith(os.path.join("textbook_chapters", "default", "1.0.0"))
+  assert any(".array_record" in f for f in os.listdir(prepared))
+  tokenizer = tokenizers.Tokenizer.from_file(tokenizer_path)
+  ids = all_ids(prepared)
+  chapters = read_chapters()
+  assert len(ids) == len(chapters)
+  for got, chapter in zip(ids, chapters):
+    assert got.dtype == np.int32 and got[0] == BOS
+    np.testing.assert_array_equal(got, tokenizer.encode(chapter["text"]).ids)
+
+
+def test_parquet_and_pretokenised_sources(prepared, tokenizer_path, tmp_path):
+  chapters = read_chapters()
+  pq.write_table(pa.table({"text": [c["text"] for c in chapters[:5]]}),
+                 tmp_path / "train-00000-of-00002.parquet")
+  pq.write_table(pa.table({"text": [c["text"] for c in chapters[5:]]}),
+                 tmp_path / "train-00001-of-00002.parquet")
+  from_parquet = tc.prepare(str(tmp_path), str(tmp_path / "out"), tokenizer=tokenizer_path)
+  expected = all_ids(prepared)
+  for a, b in zip(all_ids(from_parquet), expected, strict=True):
+    np.testing.assert_array_equal(a, b)
+
+  pretokenised = tmp_path / "ids" / "chapters.jsonl"
+  pretokenised.parent.mkdir()
+  pretokenised.write_text("".join(json.dumps({"input_ids": ids.tolist()}) + "\n"
+                                  for ids in expected))
+  direct = tc.prepare(str(pretokenised), str(tmp_path / "out2"), name="ids")
+  for a, b in zip(all_ids(direct), expected, strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_bad_sources_fail_naming_the_record(tokenizer_path, tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    tc.prepare(str(tmp_path / "nope"), str(tmp_path / "o1"), tokenizer=tokenizer_path)
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"title": "x"}\n')
+  with pytest.raises(ValueError, match=r"bad\.jsonl:1 has no string field 'text'"):
+    tc.prepare(str(bad), str(tmp_path / "o2"), tokenizer=tokenizer_path)
+  with pytest.raises(ValueError, match=r"bad\.jsonl:1 has no 'input_ids'.*tokenizer\.json"):
+    tc.prepare(str(bad), str(tmp_path / "o3"))
+  bad.write_text('{"text": "a"}\nnot json\n')
+  with pytest.raises(ValueError, match=r"bad\.jsonl line 2 is not valid JSON"):
+    tc.prepare(str(bad), str(tmp_path / "o4"), tokenizer=tokenizer_path)
+
+
+def test_eval_rows_are_chapters_from_their_first_token(prepared):
+  seq_len = 64
+  rows = tc.eval_rows(prepared, seq_len=seq_len, num_rows=8, vocab_size=1000)
+  chapters = {tuple(ids[:seq_len + 1]): ids for ids in all_ids(prepared)}
+  for i in range(8):
+    n = int((rows["segment_ids"][i] > 0).sum())  # real input tokens
+    ids = next(full for head, full in chapters.items()
+               if head[:n] == tuple(rows["inputs"][i][:n]))
+    assert n == min(ids.size, seq_len)
+    np.testing.assert_array_equal(rows["inputs"][i][:n], ids[:n])
+    np.testing.assert_array_equal(rows["positions"][i][:n], np.arange(n))
+    targets = min(ids.size - 1, seq_len)
+    np.testing.assert_array_equal(rows["targets"][i][:targets], ids[1:targets + 1])
+    np.testing.assert_array_equal(rows["weights"][i], np.arange(seq_len) < targets)
+  # a fixed-seed shuffle: the same rows every time, not the file's first chapters
+  again = tc.eval_rows(os.path.dirname(os.path.dirname(os.path.dirname(prepared))),
+                       seq_len=seq_len, num_rows=8, vocab_size=1000)
+  for key in rows:
+    np.testing.assert_array_equal(rows[key], again[key])
+
+
+def test_eval_rows_errors(prepared, tmp_path):
+  with pytest.raises(ValueError, match=r"config\.eval\.num_batches asks for 13 eval rows.*12"):
+    tc.eval_rows(prepared, seq_len=16, num_rows=13, vocab_size=1000)
+  with pytest.raises(ValueError, match=r"chapter \d+ \(.*chapters\.jsonl:\d+\).*outside \[0, model\.vocab_size=3\)"):
+    tc.eval_rows(prepared, seq_len=16, num_rows=2, vocab_size=3)
+  with pytest.raises(FileNotFoundError, match=r"config\.eval\.path.*found none"):
+    tc.eval_rows(str(tmp_path), seq_len=16, num_rows=2, vocab_size=1000)
+
+
+def test_eval_batches_of_the_mds_source(prepared):
+  config = ml_collections.ConfigDict({
+      "data": {"source": "mds", "seq_len": 32}, "model": {"vocab_size": 1000},
+      "eval": {"path": prepared, "batch_size": 3, "num_batches": 2}})
+  batches = pipeline.eval_batches(config)
+  assert len(batches) == 2
+  for batch in batches:
+    assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+        k: ((3, 32), np.float32 if k == "weights" else np.int32) for k in pipeline.BATCH_KEYS}
+  config.eval.path = ""
+  with pytest.raises(ValueError, match=r"config\.eval\.path"):
+    pipeline.eval_batches(config)
