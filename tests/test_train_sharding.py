@@ -67,3 +67,32 @@ def test_same_losses_on_every_mesh_and_shardings_follow_the_rules(tmp_path):
   assert out["specs"]["scale_D"] == ["fsdp"]
   assert out["cross_mesh_restore"] == {"equal": True, "on_new_mesh": True,
                                        "fresh_init_differs": True}
+
+
+def test_two_processes_match_one(tmp_path):
+  import socket
+  from tests.scripts.two_process import TWO_PROCESS
+  loop.train(tiny_config(**TWO_PROCESS), str(tmp_path / "one"))
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
+             JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2")
+  env.pop("XLA_FLAGS", None)
+  procs = [subprocess.Popen([sys.executable, "-m", "tests.scripts.two_process",
+                             str(tmp_path / "two")], cwd=REPO, env=dict(env, JAX_PROCESS_ID=str(i)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-4000:]
+
+  def losses(workdir):
+    with open(workdir / "metrics.jsonl") as f:
+      return [r["loss"] for r in map(json.loads, f) if "loss" in r]
+
+  np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=2e-5)
+  # Both processes wrote their data-iterator position into the shared checkpoint.
+  data_files = sorted(p.name for p in (tmp_path / "two" / "checkpoints" / "3" / "data").iterdir()
+                      if p.suffix == ".json")
+  assert data_files == ["process_0-of-2.json", "process_1-of-2.json"]

@@ -1,0 +1,25 @@
+"""One of two processes training together through jax.distributed on localhost (CPU, gloo).
+
+  JAX_COORDINATOR_ADDRESS=localhost:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=i \\
+      python -m tests.scripts.two_process WORKDIR
+"""
+import json
+import sys
+
+import jax
+
+from hybrid_nope.train import distributed, loop
+from tests.helpers import tiny_config
+
+TWO_PROCESS = dict(mesh__data=-1, train__steps=3, checkpoint__every_steps=3, eval__every_steps=3)
+
+
+def main(workdir):
+  distributed.initialize()
+  assert jax.process_count() == 2, jax.process_count()
+  summary = loop.train(tiny_config(**TWO_PROCESS), workdir)
+  print("RESULT " + json.dumps({"process": jax.process_index(), "summary": summary}))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
