@@ -76,7 +76,10 @@ def get_config() -> ml_collections.ConfigDict:
       peak_flops=0.0,          # Per device, for MFU; 0 = look up / measure (hybrid_nope.train.flops).
   ))
 
-  c.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, keep=3))
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=1000, keep=3,
+      directory="",            # "" = WORKDIR/checkpoints; use gs://... on multi-host pods.
+  ))
   c.metrics = ml_collections.ConfigDict(dict(
       far_lag=4096,            # L: floor = f(L), gap = f(1) − f(L); must be < data.seq_len.
       probe_batch_size=4,      # Sequences of the first eval batch the recency hook measures.

@@ -11,8 +11,11 @@ import orbax.checkpoint as ocp
 class Checkpointer:
   """Saves {"state": TrainState, "data": grain iterator state} under DIR/checkpoints/<step>."""
 
-  def __init__(self, workdir: str, *, keep: int):
-    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  def __init__(self, workdir: str, *, keep: int, directory: str = ""):
+    """`directory` (config checkpoint.directory) defaults to WORKDIR/checkpoints; a gs:// path
+    lets every host of a pod write its shards to shared storage."""
+    directory = directory or os.path.join(workdir, "checkpoints")
+    self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),

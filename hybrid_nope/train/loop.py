@@ -102,7 +102,7 @@ def train(config, workdir: str) -> dict:
                                np.concatenate([b["weights"] for b in eval_rows])))
   eval_batches = [sharding.global_batch(_process_rows(b), mesh) for b in eval_rows]
 
-  ckpt = Checkpointer(workdir, keep=config.checkpoint.keep)
+  ckpt = Checkpointer(workdir, keep=config.checkpoint.keep, directory=config.checkpoint.directory)
   last_saved = ckpt.latest_step()
   if last_saved is not None:
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),

@@ -1,0 +1,1 @@
+"""Job submission: gcloud command lines for Cloud TPU VMs."""

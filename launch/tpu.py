@@ -1,0 +1,79 @@
+"""Cloud TPU jobs: python launch/tpu.py {create,setup,run,status,logs,delete} --name=N --zone=Z ...
+
+  python launch/tpu.py create --dry-run --config=configs/swa256_350m.py --tpu-type=v5p-64 \\
+      --zone=us-east5-a -- --config.data.path=/mnt/prolong --config.eval.path=/mnt/textbooks \
+      --config.checkpoint.directory=gs://BUCKET/swa256_350m
+
+`create` with --config also copies the repo, installs it and starts training on every worker.
+Arguments after `--` are passed to launch/train.py. See docs/scaling.md.
+"""
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hybrid_nope.cloud.tpu import Tpu, TpuArgError  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse(argv):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("command", choices=["create", "setup", "run", "status", "logs", "delete"])
+  p.add_argument("--name", default="hybrid-nope")
+  p.add_argument("--zone", default="")
+  p.add_argument("--tpu-type", default="")
+  p.add_argument("--runtime-version", default="")
+  p.add_argument("--spot", action="store_true")
+  p.add_argument("--queued", action="store_true", help="use a queued resource")
+  p.add_argument("--config", default="")
+  p.add_argument("--workdir", default="workdirs/run",
+                 help="on every worker, relative to the repo copy; logs and metrics (worker 0)")
+  p.add_argument("--dry-run", action="store_true", help="print the gcloud commands only")
+  args, rest = p.parse_known_args(argv)
+  if rest and rest[0] == "--":
+    rest = rest[1:]
+  return args, tuple(rest)
+
+
+def commands(args, overrides):
+  import jax  # Only for its version: the workers install the TPU build of the same one.
+  tpu = Tpu(args.name, args.zone, args.tpu_type, args.runtime_version, args.spot, args.queued)
+  if args.config and not os.path.exists(os.path.join(REPO, args.config)):
+    raise TpuArgError(f"--config={args.config}: no such file in the repo")
+  if args.command == "run" and not args.config:
+    raise TpuArgError("run needs --config=configs/NAME.py")
+  tarball = "/tmp/hybrid_nope.tar.gz"
+
+  def setup():
+    return [["git", "-C", REPO, "archive", "--format=tar.gz", f"--output={tarball}", "HEAD"],
+            *tpu.copy(tarball), tpu.install(jax.__version__)]
+
+  def run():
+    return [tpu.run(args.config, args.workdir, overrides)]
+
+  plans = {
+      "create": lambda: [tpu.create(), *(setup() + run() if args.config else [])],
+      "setup": setup, "run": run, "status": lambda: [tpu.status()],
+      "logs": lambda: [tpu.logs()], "delete": lambda: [tpu.delete()],
+  }
+  return plans[args.command]()
+
+
+def main(argv):
+  args, overrides = parse(argv)
+  try:
+    cmds = commands(args, overrides)
+  except TpuArgError as e:
+    sys.exit(f"error: {e}")
+  for cmd in cmds:
+    print(shlex.join(cmd) if args.dry_run else f"+ {shlex.join(cmd)}", flush=True)
+    if not args.dry_run:
+      subprocess.run(cmd, check=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

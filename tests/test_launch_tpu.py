@@ -1,0 +1,85 @@
+"""launch/tpu.py against a fake gcloud that records its arguments."""
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMON = ["--name=sweep-1", "--zone=us-east5-a"]
+
+
+@pytest.fixture
+def fake_gcloud(tmp_path):
+  log = tmp_path / "calls.jsonl"
+  gcloud = tmp_path / "bin" / "gcloud"
+  gcloud.parent.mkdir()
+  gcloud.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+  gcloud.chmod(gcloud.stat().st_mode | stat.S_IEXEC)
+  env = dict(os.environ, PATH=f"{gcloud.parent}{os.pathsep}{os.environ['PATH']}")
+
+  def run(*args):
+    proc = subprocess.run([sys.executable, "launch/tpu.py", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+    calls = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+    log.unlink(missing_ok=True)
+    return proc, calls
+  return run
+
+
+@pytest.mark.parametrize("args", [
+    ["create", "--tpu-type=v5p-64", "--spot"],
+    ["create", "--tpu-type=v4-32", "--queued"],
+    ["run", "--config=configs/swa256_350m.py", "--", "--config.data.path=/mnt/prolong"],
+    ["status"], ["status", "--queued"], ["logs"], ["delete"], ["delete", "--queued"],
+])
+def test_commands_run_exactly_what_dry_run_prints(fake_gcloud, args):
+  dry, calls = fake_gcloud(*args[:1], *COMMON, "--dry-run", *args[1:])
+  assert dry.returncode == 0, dry.stderr
+  assert calls == []  # A dry run calls nothing.
+  printed = [shlex.split(line) for line in dry.stdout.splitlines()]
+  real, calls = fake_gcloud(*args[:1], *COMMON, *args[1:])
+  assert real.returncode == 0, real.stderr
+  assert calls == [cmd[1:] for cmd in printed if cmd[0] == "gcloud"]
+  assert calls and all(c[:2] == ["compute", "tpus"] and "--zone=us-east5-a" in c for c in calls)
+
+
+def test_create_with_config_copies_installs_and_starts_on_every_worker(fake_gcloud):
+  dry, _ = fake_gcloud("create", *COMMON, "--dry-run", "--tpu-type=v5p-64",
+                       "--config=configs/swa256_350m.py")
+  lines = dry.stdout.splitlines()
+  assert "tpu-vm create sweep-1" in lines[0] and "--accelerator-type=v5p-64" in lines[0]
+  assert lines[1].startswith("git -C") and "archive" in lines[1]
+  assert "scp" in lines[2] and "--worker=all" in lines[2]
+  assert all("--worker=all" in l for l in lines[3:])
+  assert "requirements.lock" in lines[4] and "jax[tpu]==" in lines[4]
+  assert "launch/train.py --config=configs/swa256_350m.py" in lines[5]
+
+
+def test_docs_show_the_current_dry_run_output(fake_gcloud):
+  dry, _ = fake_gcloud("create", "--dry-run", "--config=configs/swa256_350m.py",
+                       "--tpu-type=v5p-64", "--zone=us-east5-a", "--",
+                       "--config.data.path=/mnt/prolong", "--config.eval.path=/mnt/textbooks",
+                       "--config.checkpoint.directory=gs://BUCKET/swa256_350m")
+  docs = open(os.path.join(REPO, "docs", "scaling.md")).read()
+  for line in dry.stdout.splitlines():
+    if line.startswith("gcloud"):
+      assert line in docs, line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["create", "--zone=z", "--tpu-type=v5x"], "--tpu-type='v5x'"),
+    (["create", "--zone=z", "--tpu-type=tpu-64"], "--tpu-type"),
+    (["create", "--tpu-type=v5p-64"], "--zone is required"),
+    (["create", "--zone=z"], "--tpu-type is required"),
+    (["run", "--zone=z"], "run needs --config"),
+    (["run", "--zone=z", "--config=configs/nope.py"], "no such file"),
+    (["status", "--zone=z", "--name=Bad_Name"], "--name"),
+])
+def test_bad_arguments_fail_with_a_message(fake_gcloud, args, message):
+  proc, calls = fake_gcloud(*args, "--dry-run")
+  assert proc.returncode != 0 and message in proc.stderr and calls == []
