@@ -8,6 +8,7 @@ import sys
 import time
 
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -50,6 +51,8 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path):
     assert np.sum(losses * weights) / weights.sum() == pytest.approx(r["eval_loss"], rel=1e-9)
   assert any("tokens_per_second" in r and "mfu" in r for r in records)
   assert glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))
+  with open(tmp_path / "config.json") as f:
+    assert ml_collections.ConfigDict(json.load(f)).model == tiny_config().model
   assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4, 8]
   assert summary["step"] == 8 and summary["eval_loss"] == evals[-1]["eval_loss"]
   # Recency: init and every checkpoint, every layer and module boundary.

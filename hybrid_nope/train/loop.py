@@ -111,6 +111,7 @@ def train(config, workdir: str) -> dict:
     logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
   start = int(state.step)
   writer = MetricsWriter(workdir, resume_step=start)
+  writer.write_config(config)
 
   batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
   replicated = sharding.replicated(mesh)

@@ -52,6 +52,12 @@ class MetricsWriter:
     if self.active:
       self._append(name, record)
 
+  def write_config(self, config) -> None:
+    """DIR/config.json: what analysis tools need to rebuild the model and data."""
+    if self.active:
+      with open(os.path.join(self.workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()

@@ -1,0 +1,27 @@
+"""CPU-sized sweep reproducing the recency mechanism (docs/results.md): the demo's shape
+(4 layers, d_model 128, seq_len 1024, stdlib bytes), 240 steps, recency every 20 steps.
+
+  python launch/train.py --config=configs/small.py:swa64 --workdir=workdirs/small/swa64
+
+Experiments: swa{16,64,256} (RoPE in SWA), nopeswa{64,256} (NoPE in SWA), nope (global only).
+About 5 minutes each on 2 CPU cores.
+"""
+import re
+
+from configs import demo
+
+
+def get_config(experiment: str = "swa64"):
+  match = re.fullmatch(r"(swa|nopeswa)(\d+)|nope", experiment)
+  if not match:
+    raise ValueError(f"experiment={experiment!r}: expected swa<W>, nopeswa<W> or nope")
+  c = demo.get_config()
+  if experiment == "nope":
+    c.model.pattern = "G"
+  else:
+    c.model.window = int(match.group(2))
+    c.model.swa_pos = "nope" if match.group(1) == "nopeswa" else "rope"
+  c.train.update(dict(steps=240, warmup_steps=24))
+  c.checkpoint.update(dict(every_steps=20, keep=2))
+  c.eval.every_steps = 40
+  return c
