@@ -27,7 +27,7 @@ def with_data_paths(config, tmp_path):
 
 
 def test_the_sweep_is_complete():
-  expected = {"demo", "nope_120m", "nope_350m"} | {
+  expected = {"demo", "small", "nope_120m", "nope_350m"} | {
       f"{kind}{w}_{size}" for kind in ("swa", "nopeswa") for w in base.WINDOWS
       for size in ("120m", "350m")}
   assert set(CONFIG_NAMES) == expected
@@ -94,3 +94,16 @@ def test_missing_data_path_fails_naming_the_key(tmp_path):
   config.data.path = str(tmp_path)
   with pytest.raises(ConfigError, match="eval.path"):
     validate(config)
+
+
+def test_small_sweep_experiments():
+  small = importlib.import_module("configs.small")
+  for name, pattern, window, swa_pos in [("swa16", "SG", 16, "rope"), ("nopeswa256", "SG", 256, "nope"),
+                                         ("nope", "G", None, None)]:
+    config = small.get_config(name)
+    validate(config)
+    assert config.model.pattern == pattern
+    if window:
+      assert (config.model.window, config.model.swa_pos) == (window, swa_pos)
+  with pytest.raises(ValueError, match="experiment='swa'"):
+    small.get_config("swa")
