@@ -1,0 +1,89 @@
+"""Cost of the in-loop recency hook against one checkpoint interval, on this machine.
+
+  python benchmarks/recency_hook.py                 # demo and 120m at seq_len 8192
+  python benchmarks/recency_hook.py --configs=demo
+
+The interval is checkpoint.every_steps × the measured train step time. For configs whose full
+batch is too slow to step on a CPU, one sequence is timed and scaled linearly to
+data.batch_size (stated in the table).
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from configs import base, demo  # noqa: E402
+from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
+from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer  # noqa: E402
+from hybrid_nope.train.state import init_train_state  # noqa: E402
+from hybrid_nope.train.step import make_train_step  # noqa: E402
+
+
+class _NoWriter:
+  def write_record(self, *a): pass
+  def write_scalars(self, *a): pass
+
+
+def synthetic_batch(batch_size, seq_len, vocab):
+  rng = np.random.default_rng(0)
+  return {"inputs": jnp.asarray(rng.integers(0, vocab, (batch_size, seq_len)), jnp.int32),
+          "targets": jnp.asarray(rng.integers(0, vocab, (batch_size, seq_len)), jnp.int32),
+          "segment_ids": jnp.ones((batch_size, seq_len), jnp.int32),
+          "positions": jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32),
+                                        (batch_size, seq_len)),
+          "weights": jnp.ones((batch_size, seq_len), jnp.float32)}
+
+
+def measure(name, config, step_batch):
+  tx = make_optimizer(config.train)
+  model_def, state = init_train_state(config.model, tx, seed=0)
+  T, V = config.data.seq_len, config.model.vocab_size
+  probe = synthetic_batch(config.metrics.probe_batch_size, T, V)
+  hook = RecencyHook(config, model_def, probe, _NoWriter())
+  start = time.perf_counter()
+  hook(0, state.params)
+  first = time.perf_counter() - start
+  hook_seconds = hook(1, state.params)
+  step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
+                 donate_argnums=0)
+  batch = synthetic_batch(step_batch, T, V)
+  state, m = step(state, batch)
+  jax.block_until_ready(m)
+  start = time.perf_counter()
+  state, m = step(state, batch)
+  jax.block_until_ready(m)
+  step_seconds = (time.perf_counter() - start) * config.data.batch_size / step_batch
+  interval = step_seconds * config.checkpoint.every_steps
+  print(f"| {name} | {config.data.seq_len} | {config.metrics.probe_batch_size} × "
+        f"{config.metrics.query_positions or 'all'} | {first:.2f} | {hook_seconds:.2f} | "
+        f"{step_seconds:.2f}{'' if step_batch == config.data.batch_size else f' (from batch {step_batch})'}"
+        f" | {config.checkpoint.every_steps} | {100 * hook_seconds / interval:.3f}% |", flush=True)
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--configs", default="demo,120m")
+  args = p.parse_args()
+  print("| config | seq_len | probe (sequences × query positions) | hook s (with compile) | "
+        "hook s | train step s | checkpoint every | hook / interval |")
+  print("|---|---|---|---|---|---|---|---|")
+  for name in args.configs.split(","):
+    if name == "demo":
+      c = demo.get_config()
+      measure("demo", c, c.data.batch_size)
+    else:
+      c = base.experiment(name, 256)
+      c.model.vocab_size = 32000  # CPU memory; the hook never touches the output head.
+      c.model.remat = True
+      c.model.dtype = "float32"
+      measure(f"swa256_{name} (vocab 32000)", c, 1)
+
+
+if __name__ == "__main__":
+  main()
