@@ -1,10 +1,11 @@
 """CPU-sized sweep reproducing the recency mechanism (docs/results.md): the demo's shape
-(4 layers, d_model 128, seq_len 1024, stdlib bytes), 160 steps, recency every 16 steps.
+(4 layers, d_model 128, seq_len 1024, stdlib bytes), 160 steps of 4 sequences, recency
+every 16 steps.
 
   python launch/train.py --config=configs/small.py:swa64 --workdir=workdirs/small/swa64
 
 Experiments: swa{16,64,256} (RoPE in SWA), nopeswa{64,256} (NoPE in SWA), nope (global only).
-About 3-4 minutes each on 2 idle CPU cores.
+About 2 minutes each on 2 idle CPU cores.
 """
 import re
 
@@ -21,6 +22,7 @@ def get_config(experiment: str = "swa64"):
   else:
     c.model.window = int(match.group(2))
     c.model.swa_pos = "nope" if match.group(1) == "nopeswa" else "rope"
+  c.data.batch_size = 4
   c.train.update(dict(steps=160, warmup_steps=16))
   c.checkpoint.update(dict(every_steps=16, keep=2))
   c.eval.every_steps = 32
