@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
-.PHONY: demo test install clean
+.PHONY: demo test analyze install clean
 
 $(VENV)/.installed: requirements.lock setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ install: $(VENV)/.installed
 
 demo: install
 	$(PY) launch/train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)
+
+analyze: install
+	$(PY) launch/analyze.py --workdir=$(DEMO_WORKDIR)
 
 test: install
 	$(PY) -m pytest -q

@@ -21,13 +21,18 @@ RECORD_FILE = "recency.jsonl"
 
 class RecencyHook:
 
-  def __init__(self, config, model_def, probe_batch: dict, writer):
+  def __init__(self, config, model_def, probe_batch: dict, writer, lags=None):
+    """`lags` defaults to 1, 2, 4, ... far_lag plus the window; others must include 1 and L."""
     m, metrics = config.model, config.metrics
     self.model_def = model_def
     self.writer = writer
     self.kinds = layer_kinds(m.pattern, m.num_layers)
     self.far = metrics.far_lag
-    self.lags = recency.default_lags(self.far, m.window if "S" in self.kinds else None)
+    self.lags = tuple(lags) if lags is not None else recency.default_lags(
+        self.far, m.window if "S" in self.kinds else None)
+    missing = {1, self.far} - set(self.lags)
+    if missing:
+      raise ValueError(f"lags {self.lags} must include 1 and metrics.far_lag={self.far}")
     self.positions = recency.query_positions(config.data.seq_len, metrics.query_positions)
     # Logit read-out is only meaningful where attention carries no position encoding.
     self.readout_layers = {i for i, k in enumerate(self.kinds)

@@ -34,7 +34,7 @@ class _LibraryInfoFilter(std_logging.Filter):
         lib in record.pathname for lib in ("/orbax/", "/grain/"))
 
 
-def _quiet_library_logs():
+def quiet_library_logs():
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
     handler.addFilter(_LibraryInfoFilter())
@@ -81,7 +81,7 @@ def train(config, workdir: str) -> dict:
   whether the run stopped early for preemption.
   """
   validate(config)
-  _quiet_library_logs()
+  quiet_library_logs()
   mesh = sharding.make_mesh(config)
   logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), jax.device_count(),
                jax.process_count())

@@ -1,0 +1,183 @@
+"""A run's config and parameters, restored for analysis on whatever devices this machine has.
+
+A workdir written by `launch/train.py` holds `config.json` (the run's full config) and
+`checkpoints/<step>/` (orbax: item "state" = TrainState(step, params, opt_state), item "data").
+Only `state.params` is read, as a partial restore into single-device arrays, so neither the
+training mesh nor the optimizer state is needed. Every failure names the path or step and says
+what was expected.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from hybrid_nope.model import LanguageModel
+from hybrid_nope.train.state import ModelDef, init_model
+
+CONFIG_FILE = "config.json"
+STATE_ITEM = "state"
+
+
+class AnalysisError(ValueError):
+  """A workdir, step, checkpoint or data path that analysis cannot use."""
+
+
+class WorkdirError(AnalysisError):
+  pass
+
+
+class StepNotFoundError(AnalysisError):
+  pass
+
+
+class IncompatibleCheckpointError(AnalysisError):
+  pass
+
+
+class DataPathError(AnalysisError):
+  pass
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's config from WORKDIR/config.json (written by the training loop at start)."""
+  if not os.path.isdir(workdir):
+    raise WorkdirError(f"workdir {workdir} does not exist")
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    if not os.listdir(workdir):
+      raise WorkdirError(f"workdir {workdir} is empty: expected {CONFIG_FILE} and checkpoints/ "
+                         f"from `python launch/train.py --config=configs/NAME.py "
+                         f"--workdir={workdir}`")
+    raise WorkdirError(
+        f"{path} does not exist: analysis rebuilds the model from the run's config, which "
+        f"launch/train.py writes there at start. For a run trained before it did, write it "
+        f"yourself, e.g. python -c \"from configs import demo; open('{path}', 'w')"
+        f".write(demo.get_config().to_json_best_effort())\"")
+  with open(path) as f:
+    try:
+      return ml_collections.ConfigDict(json.load(f))
+    except json.JSONDecodeError as e:
+      raise WorkdirError(f"{path} is not valid JSON: {e}") from None
+
+
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: Mapping[str, Any] | None) -> ml_collections.ConfigDict:
+  """A copy of `config` with {"eval.path": "/x", ...} applied; an unknown key names itself."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key, value in (overrides or {}).items():
+    *parents, name = key.split(".")
+    node = config
+    for i, part in enumerate(parents):
+      if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+        raise AnalysisError(f"config override {key}={value!r}: the run's config has no "
+                            f"section {'.'.join(parents[:i + 1])}")
+      node = node[part]
+    if name not in node:
+      raise AnalysisError(f"config override {key}={value!r}: the run's config has no key {key}")
+    node[name] = value
+  return config
+
+
+def checkpoint_directory(workdir: str, config) -> str:
+  """config.checkpoint.directory if set (e.g. gs://...), else WORKDIR/checkpoints."""
+  directory = config.get("checkpoint", {}).get("directory", "") or os.path.join(workdir,
+                                                                               "checkpoints")
+  return directory if "://" in directory else os.path.abspath(directory)
+
+
+def _manager(directory: str) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
+                               item_names=(STATE_ITEM, "data"))
+
+
+def available_steps(workdir: str, config) -> list[int]:
+  """Steps with a finished checkpoint; raises WorkdirError when there is none."""
+  directory = checkpoint_directory(workdir, config)
+  steps = []
+  if "://" in directory or os.path.isdir(directory):
+    with _manager(directory) as manager:
+      steps = sorted(manager.all_steps())
+  if not steps:
+    raise WorkdirError(f"no checkpoints in {directory} (workdir {workdir}): the training loop "
+                       f"saves one every checkpoint.every_steps="
+                       f"{config.checkpoint.every_steps} steps and at the end")
+  return steps
+
+
+def resolve_step(workdir: str, config, step: int | None) -> int:
+  """`step`, checked against the checkpoints on disk; None = the latest."""
+  steps = available_steps(workdir, config)
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise StepNotFoundError(f"step {step} has no checkpoint in "
+                            f"{checkpoint_directory(workdir, config)}; available steps: {steps}")
+  return step
+
+
+def abstract_params(model_config, seed: int = 0) -> dict:
+  """Shapes and dtypes of the params `init_model` builds, without allocating them."""
+  return jax.eval_shape(lambda: init_model(model_config, seed)[1])
+
+
+def _flat(tree) -> dict[str, Any]:
+  return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def check_compatible(stored_params, wanted_params, where: str) -> None:
+  """Raises IncompatibleCheckpointError naming the first parameter whose shape (or presence)
+  differs between the checkpoint's metadata and the config's model."""
+  stored, wanted = _flat(stored_params), _flat(wanted_params)
+  missing = sorted(set(wanted) - set(stored))
+  extra = sorted(set(stored) - set(wanted))
+  if missing or extra:
+    raise IncompatibleCheckpointError(
+        f"checkpoint {where} does not match the config's model: parameters the config needs "
+        f"but the checkpoint lacks: {missing[:5]}{' ...' if len(missing) > 5 else ''}; "
+        f"parameters in the checkpoint the config does not build: "
+        f"{extra[:5]}{' ...' if len(extra) > 5 else ''}")
+  for name in sorted(wanted):
+    a, b = tuple(stored[name].shape), tuple(wanted[name].shape)
+    if a != b:
+      raise IncompatibleCheckpointError(
+          f"checkpoint {where} does not match the config's model: parameter params/{name} has "
+          f"shape {a} in the checkpoint but {b} under the config (check model.* in "
+          f"config.json and any --config.model.* override)")
+
+
+def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, ModelDef, dict]:
+  """(step, model_def, params) of checkpoint `step` (None = latest), on the default device."""
+  step = resolve_step(workdir, config, step)
+  directory = checkpoint_directory(workdir, config)
+  where = f"{directory}/{step}"
+  state_dir = os.path.join(directory, str(step), STATE_ITEM)  # The trainer's step naming.
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    metadata = checkpointer.metadata(state_dir)
+  stored = getattr(metadata, "item_metadata", metadata)
+  if "params" not in stored:
+    raise IncompatibleCheckpointError(f"checkpoint {where} has no state.params (keys: "
+                                      f"{sorted(stored)})")
+  wanted = abstract_params(config.model, config.train.seed)
+  check_compatible(stored["params"], wanted, where)
+
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = {"params": jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), wanted)}
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True))
+  return step, model_definition(config.model), restored["params"]
+
+
+def model_definition(model_config) -> ModelDef:
+  """The model's graph without its parameters (built abstractly, so cheap at any size)."""
+  abstract_model = nnx.eval_shape(lambda: LanguageModel(model_config, rngs=nnx.Rngs(params=0)))
+  return ModelDef(nnx.split(abstract_model)[0])

@@ -1,0 +1,31 @@
+"""Compare runs of a sweep: python launch/compare.py DIR1 DIR2 ... [--out=DIR].
+
+Writes compare.md (one table and the recency / extrapolation correlations), compare.json and
+figures to --out (default <common parent of the runs>/compare). Run launch/analyze.py on each
+run first for the extrapolation columns.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+
+from hybrid_nope.analysis import compare  # noqa: E402
+from hybrid_nope.analysis.checkpoints import AnalysisError  # noqa: E402
+
+flags.DEFINE_string("out", None, "Output directory; default <common parent>/compare.")
+
+
+def main(argv):
+  try:
+    result = compare.compare(argv[1:], out_dir=flags.FLAGS.out)
+  except AnalysisError as e:
+    sys.exit(f"compare.py: {e}")
+  for path in result["files"]:
+    logging.info("wrote %s", path)
+  print(result["markdown"])
+
+
+if __name__ == "__main__":
+  app.run(main)
