@@ -92,3 +92,13 @@ def test_probe_larger_than_eval_batch_fails_naming_the_key():
   model_def, _ = init_model(config.model, seed=0)
   with pytest.raises(ValueError, match="metrics.probe_batch_size"):
     RecencyHook(config, model_def, pipeline.eval_batches(config)[0], writer=None)
+
+
+def test_custom_lags_must_include_one_and_the_far_lag():
+  config = tiny_config()
+  model_def, params = init_model(config.model, seed=0)
+  probe = pipeline.eval_batches(config)[0]
+  with pytest.raises(ValueError, match="must include 1 and metrics.far_lag=32"):
+    RecencyHook(config, model_def, probe, writer=None, lags=(2, 32))
+  hook = RecencyHook(config, model_def, probe, writer=None, lags=(1, 3, 32, 48))
+  assert hook.records(0, params)[0]["lags"] == [1, 3, 32, 48]
