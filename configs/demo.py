@@ -13,9 +13,9 @@ def get_config():
   c.model.update(dict(num_layers=4, d_model=128, num_heads=4, num_kv_heads=4, head_dim=32,
                       mlp_dim=384, window=64, vocab_size=258, tie_embeddings=True))
   c.data.update(dict(source="stdlib", seq_len=1024, batch_size=8))
-  c.eval.update(dict(batch_size=8, num_batches=4, every_steps=100, bucket_size=256))
-  c.train.update(dict(steps=200, learning_rate=3e-3, warmup_steps=20, log_every_steps=10))
-  c.checkpoint.update(dict(every_steps=100, keep=2))
+  c.eval.update(dict(batch_size=8, num_batches=4, every_steps=60, bucket_size=256))
+  c.train.update(dict(steps=180, learning_rate=3e-3, warmup_steps=18, log_every_steps=10))
+  c.checkpoint.update(dict(every_steps=60, keep=2))
   c.metrics.update(dict(far_lag=512, query_positions=0))
   c.mesh.data = 1
   return c
