@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from hybrid_nope.data.pipeline import ROW_SOURCES
+from hybrid_nope.kernels import IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.transformer import DTYPES, layer_kinds
 
@@ -52,6 +53,8 @@ def validate(config) -> None:
   _require(m.swa_pos in POSITION_ENCODINGS, "model.swa_pos", m.swa_pos, f"one of {POSITION_ENCODINGS}")
   _require(m.global_pos in POSITION_ENCODINGS, "model.global_pos", m.global_pos,
            f"one of {POSITION_ENCODINGS}")
+  _require(m.attention_impl in IMPLS, "model.attention_impl", m.attention_impl,
+           f"one of {IMPLS}")
   _require(m.dtype == "auto" or m.dtype in DTYPES, "model.dtype", m.dtype,
            f"'auto' or one of {sorted(DTYPES)}")
   _require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,

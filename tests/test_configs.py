@@ -74,6 +74,7 @@ def test_demo_runs_on_embedded_data_without_paths():
     ("model.num_layers", 3, "model.num_layers"),
     ("model.swa_pos", "alibi", "model.swa_pos"),
     ("model.dtype", "float16", "model.dtype"),
+    ("model.attention_impl", "flash", "model.attention_impl"),
     ("data.source", "web", "data.source"),
     ("train.warmup_steps", 8, "train.warmup_steps"),
 ])

@@ -5,15 +5,24 @@ Semantics shared by every implementation:
   window w     -> keys j with i - w < j <= i (w = 1 attends to itself only);
   segment_ids  -> int [B, T]; a query attends only to keys of its own segment;
   GQA          -> query head n reads key/value head n // (N / K).
+
+Implementations (`impl=`):
+  "xla"    pure jax.numpy flash attention (xla.py); every backend, the CPU default.
+  "pallas" Pallas kernels: our Triton kernel on GPU (pallas_gpu.py), splash attention on TPU
+           (pallas_tpu.py). Both also run in interpret mode, which is how the CPU tests reach
+           them (call the modules with interpret=True).
+  "cudnn"  cuDNN flash attention on CUDA GPUs, bfloat16 / float16 (cudnn.py).
+  "auto"   the best available for the backend, dtype and features; logs its pick once.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 
-from hybrid_nope.kernels import xla
+from hybrid_nope.kernels import cudnn, pallas_gpu, pallas_tpu, xla
 
-IMPLS = ("auto", "xla")
+IMPLS = ("auto", "xla", "pallas", "cudnn")
 
 
 def _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl):
@@ -35,6 +44,8 @@ def _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl):
   if not (q_BTNH.dtype == k_BTKH.dtype == v_BTKH.dtype):
     raise ValueError(f"q, k, v dtypes must match; got q={q_BTNH.dtype} k={k_BTKH.dtype} "
                      f"v={v_BTKH.dtype}")
+  if not jnp.issubdtype(q_BTNH.dtype, jnp.floating):
+    raise ValueError(f"q, k, v dtypes must be floating point; got {q_BTNH.dtype}")
   if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
     raise ValueError(f"window={window!r}: expected None (global causal) or an int >= 1")
   if segment_ids is not None:
@@ -44,9 +55,58 @@ def _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl):
       raise ValueError(f"segment_ids dtype {segment_ids.dtype}: expected an integer dtype")
 
 
-def _resolve(impl: str) -> str:
+def _unavailable_reason(impl: str, q_BTNH, segment_ids) -> str | None:
+  backend = jax.default_backend()
+  if impl == "xla":
+    return None
+  if impl == "pallas":
+    if backend == "gpu":
+      return None if pallas_gpu.available() else "jax.experimental.pallas.triton is missing"
+    if backend == "tpu":
+      return None if pallas_tpu.available() else "splash_attention is missing from jax"
+    return (f"Pallas kernels compile for GPU or TPU only; the backend is {backend!r} "
+            "(tests run them with interpret=True on the kernel modules)")
+  if impl == "cudnn":
+    return cudnn.unsupported_reason(q_BTNH, segment_ids)
+  raise AssertionError(impl)
+
+
+def available_impls(q_BTNH, segment_ids=None) -> tuple[str, ...]:
+  """Concrete implementations that can run this case on the default backend."""
+  return tuple(i for i in IMPLS[1:] if _unavailable_reason(i, q_BTNH, segment_ids) is None)
+
+
+def _pick(q_BTNH, segment_ids) -> tuple[str, str]:
+  """'auto': (impl, why)."""
+  backend = jax.default_backend()
+  available = available_impls(q_BTNH, segment_ids)
+  if backend == "gpu":
+    # cuDNN is NVIDIA's tuned kernel, but segment ids would cost it a dense T×T mask, which
+    # our Pallas kernel avoids (it skips other documents' key blocks instead).
+    if "cudnn" in available and segment_ids is None:
+      return "cudnn", "GPU, no segment ids, dtype and head_dim cuDNN supports"
+    if "pallas" in available:
+      return "pallas", "GPU Triton kernel (segment ids, or a case cuDNN does not take)"
+  if backend == "tpu" and "pallas" in available:
+    return "pallas", "TPU splash attention"
+  return "xla", f"the portable path on backend {backend!r}"
+
+
+_LOGGED: set[tuple[str, str]] = set()
+
+
+def resolve(impl: str, q_BTNH, segment_ids=None) -> str:
+  """The concrete implementation `impl` means for this case; ValueError if unavailable."""
   if impl == "auto":
-    return "xla"  # The only implementation so far; faster ones plug in here per backend.
+    impl, why = _pick(q_BTNH, segment_ids)
+    if (impl, why) not in _LOGGED:  # Once per distinct decision, not once per layer call.
+      _LOGGED.add((impl, why))
+      logging.info("kernels.attention impl='auto' picked %r: %s", impl, why)
+    return impl
+  reason = _unavailable_reason(impl, q_BTNH, segment_ids)
+  if reason is not None:
+    raise ValueError(f"impl={impl!r} is not available here: {reason}. Available: "
+                     f"{available_impls(q_BTNH, segment_ids)}")
   return impl
 
 
@@ -55,5 +115,12 @@ def attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, *,
               impl: str = "auto") -> jax.Array:
   """Causal (optionally sliding-window, segment-masked, GQA) attention; returns [B, T, N, H]."""
   _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl)
-  impl = _resolve(impl)
-  return xla.attention(q_BTNH, k_BTKH, v_BTKH, window=window, segment_ids=segment_ids)
+  impl = resolve(impl, q_BTNH, segment_ids)
+  kwargs = dict(window=window, segment_ids=segment_ids)
+  if impl == "xla":
+    return xla.attention(q_BTNH, k_BTKH, v_BTKH, **kwargs)
+  if impl == "cudnn":
+    return cudnn.attention(q_BTNH, k_BTKH, v_BTKH, **kwargs)
+  if jax.default_backend() == "tpu":
+    return pallas_tpu.attention(q_BTNH, k_BTKH, v_BTKH, **kwargs)
+  return pallas_gpu.attention(q_BTNH, k_BTKH, v_BTKH, **kwargs)

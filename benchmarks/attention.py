@@ -1,0 +1,243 @@
+"""Time every attention implementation against dense masked attention; print one table.
+
+  python benchmarks/attention.py                       # the full CPU grid, float32
+  python benchmarks/attention.py --T 8192 --windows 256 --impls xla   # one row, ~1 min
+  python benchmarks/attention.py --preset gpu --check  # Pallas vs cuDNN vs dense, bf16, T<=32k
+
+Columns: forward and forward+backward wall time (best of --reps after a compile run), useful
+GFLOP/s counting only the (query, key) pairs inside the causal window, that rate as a fraction
+of the machine's matmul rate (a large jnp matmul in the same dtype, measured first), and the
+speedup over dense masked attention: jax.nn.dot_product_attention(implementation="xla",
+is_causal=True, local_window_size=(w-1, 0)), which scores all T² pairs.
+
+Useful FLOPs per in-window pair and head: forward 4·H (QKᵀ and PV), forward+backward 12·H
+(adds dV, dP, dQ, dK); recomputing scores in the backward is not counted as useful. Dense cases
+over --dense-budget-gb (estimated from its T² score tensors) or predicted to exceed
+--case-budget-s are printed as skipped, not estimated.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from hybrid_nope import kernels  # noqa: E402
+
+PRESETS = {
+    "cpu": dict(T="2048,4096,8192,16384", windows="64,256,1024", impls="available",
+                dtype="float32", heads=4, kv_heads=4, dense_budget_gb=6.0),
+    # For a lent GPU (e.g. one H200, ~140 GB): bf16, long sequences, global attention too,
+    # the 120M model's 12 heads. "xla" is left out: on GPU it is the slow portable fallback.
+    "gpu": dict(T="4096,8192,16384,32768", windows="256,1024,4096,global",
+                impls="pallas,cudnn", dtype="bfloat16", heads=12, kv_heads=12,
+                dense_budget_gb=60.0),
+}
+
+
+def best_time(fn, args, reps):
+  jax.block_until_ready(fn(*args))  # Compile and warm up.
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def matmul_rate(dtype, reps, n=4096):
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+  seconds = best_time(jax.jit(lambda a, b: a @ b), (a, a), reps)
+  return 2 * n**3 / seconds / 1e9
+
+
+def in_window_pairs(T, w):
+  w = T if w is None else min(w, T)
+  return T * w - w * (w - 1) // 2  # Row i sees min(i + 1, w) keys.
+
+
+def dense(q, k, v, *, window, segment_ids=None):
+  del segment_ids
+  T = q.shape[1]
+  local = None if window is None or window >= T else (window - 1, 0)
+  return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local,
+                                      implementation="xla")
+
+
+def timed(attn, q, k, v, window, reps):
+  """(forward seconds, forward+backward seconds) of attn at this window."""
+  fwd = jax.jit(lambda q, k, v: attn(q, k, v, window=window))
+
+  @jax.jit
+  def fwd_bwd(q, k, v):
+    out, vjp = jax.vjp(lambda q, k, v: attn(q, k, v, window=window), q, k, v)
+    return vjp(out)  # Any cotangent of the right shape; out is at hand.
+
+  return best_time(fwd, (q, k, v), reps), best_time(fwd_bwd, (q, k, v), reps)
+
+
+def impl_fn(name):
+  if name == "dense":
+    return dense
+  return lambda q, k, v, window: kernels.attention(q, k, v, window=window, impl=name)
+
+
+def check(impls, dtype, B, N, K, H, T=1024, window=100):
+  """Each impl's output and dq, dk, dv against 'xla' in float32 (windowed, packed segments)."""
+  rng = np.random.default_rng(1)
+  q = rng.standard_normal((B, T, N, H))
+  k, v = (rng.standard_normal((B, T, K, H)) for _ in range(2))
+  seg = jnp.asarray(np.cumsum(rng.random((B, T)) < 0.01, axis=1), jnp.int32)
+  for w in (window, None):
+    def grads(impl, dt):
+      fn = lambda q, k, v: kernels.attention(q, k, v, window=w, segment_ids=seg, impl=impl)
+      args = [jnp.asarray(a, dt) for a in (q, k, v)]
+      out, vjp = jax.vjp(fn, *args)
+      return [np.asarray(x, np.float32) for x in (out, *vjp(out))]
+    want = grads("xla", jnp.float32)
+    for name in impls:
+      if name == "dense":
+        continue
+      got = grads(name, dtype)
+      errs = [np.linalg.norm(g - r) / np.linalg.norm(r) for g, r in zip(got, want)]
+      print(f"# check {name} w={w} {dtype.name} vs xla float32: rel err out/dq/dk/dv "
+            + " ".join(f"{e:.1e}" for e in errs), flush=True)
+
+
+def git_commit():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "hybrid_nope/kernels",
+                            "benchmarks/attention.py"], cwd=root, capture_output=True,
+                           text=True).stdout.strip()
+    return commit + (" + uncommitted kernel changes" if dirty else "")
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+  parser.add_argument("--T", help="comma-separated sequence lengths")
+  parser.add_argument("--windows", help="comma-separated windows; 'global' for None")
+  parser.add_argument("--impls", help="comma-separated impls, or 'available'")
+  parser.add_argument("--dtype", choices=["float32", "bfloat16"])
+  parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--heads", type=int)
+  parser.add_argument("--kv-heads", type=int)
+  parser.add_argument("--head-dim", type=int, default=64)
+  parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--dense-reps", type=int, default=1,
+                      help="dense calls take seconds each; one timed call after compiling")
+  parser.add_argument("--no-dense", action="store_true", help="skip the dense baseline")
+  parser.add_argument("--dense-budget-gb", type=float,
+                      help="skip dense cases whose score tensors would exceed this")
+  parser.add_argument("--case-budget-s", type=float, default=300.0,
+                      help="skip dense cases predicted (from the last T) to take longer")
+  parser.add_argument("--check", action="store_true",
+                      help="first compare each impl's output and gradients with 'xla' in float32")
+  args = parser.parse_args(argv)
+  preset = PRESETS[args.preset]
+  Ts = [int(t) for t in (args.T or preset["T"]).split(",")]
+  windows = [None if w == "global" else int(w)
+             for w in (args.windows or preset["windows"]).split(",")]
+  dtype = jnp.dtype(args.dtype or preset["dtype"])
+  B, H = args.batch, args.head_dim
+  N = args.heads or preset["heads"]
+  K = args.kv_heads or (preset["kv_heads"] if args.heads is None else N)
+  dense_budget_gb = args.dense_budget_gb or preset["dense_budget_gb"]
+
+  probe = jnp.zeros((B, 8, N, H), dtype)
+  impls = args.impls or preset["impls"]
+  impls = list(kernels.available_impls(probe)) if impls == "available" else impls.split(",")
+  unavailable = [i for i in impls if i not in kernels.available_impls(probe)]
+  for name in unavailable:
+    print(f"# impl {name!r} skipped: not available on backend {jax.default_backend()!r}")
+  impls = [i for i in impls if i not in unavailable] + ([] if args.no_dense else ["dense"])
+
+  if args.check:
+    check(impls, dtype, B, N, K, H)
+  roofline_before = matmul_rate(dtype, max(args.reps, 5))
+
+  rng = np.random.default_rng(0)
+  results = {}  # (impl, T, w) -> (fwd s, fwd+bwd s), or a string saying why there is none
+  for w in windows:
+    last_dense = None  # (T, fwd+bwd seconds) to predict the next dense case.
+    for T in Ts:
+      q = jnp.asarray(rng.standard_normal((B, T, N, H)), dtype)
+      k, v = (jnp.asarray(rng.standard_normal((B, T, K, H)), dtype) for _ in range(2))
+      order = (["dense"] if "dense" in impls else []) + [i for i in impls if i != "dense"]
+      for name in order:  # Dense first: the others' speedups are relative to it.
+        if name == "dense":
+          # Scores, probabilities and their cotangents: ~4 live [B, N, T, T] float32 tensors.
+          gb = 4 * B * N * T * T * 4 / 1e9
+          predicted = None if last_dense is None else last_dense[1] * (T / last_dense[0]) ** 2
+          if gb > dense_budget_gb:
+            results[(name, T, w)] = f"skipped (~{gb:.0f} GB > {dense_budget_gb:.0f} GB budget)"
+            continue
+          if predicted and predicted * 2 * (args.dense_reps + 1) > args.case_budget_s:
+            results[(name, T, w)] = f"skipped (predicted ~{predicted:.0f} s per call)"
+            continue
+        reps = args.dense_reps if name == "dense" else args.reps
+        try:
+          results[(name, T, w)] = timed(impl_fn(name), q, k, v, w, reps)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: report it, keep going.
+          results[(name, T, w)] = (f"failed ({type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:80]})")
+          continue
+        if name == "dense":
+          last_dense = (T, results[(name, T, w)][1])
+        print(f"# done {name} T={T} w={w}: {results[(name, T, w)]}", file=sys.stderr,
+              flush=True)
+
+  # Measured before and after the cases; the fractions use the better of the two, so a busy
+  # moment during one measurement cannot flatter them.
+  roofline = max(roofline_before, matmul_rate(dtype, max(args.reps, 5)))
+  print(f"# backend {jax.default_backend()} ({jax.devices()[0].device_kind}), jax "
+        f"{jax.__version__}, commit {git_commit()}")
+  print(f"# B={B} N={N} K={K} H={H} {dtype.name}; roofline (4096² matmul, best of before and "
+        f"after the cases) {roofline:.1f} GFLOP/s; times are best of {args.reps} "
+        f"({args.dense_reps} for dense) after a compile run")
+  print("| impl | T | w | fwd ms | fwd+bwd ms | fwd GFLOP/s | fwd+bwd GFLOP/s "
+        "| % roofline (fwd+bwd) | speedup vs dense fwd | speedup vs dense fwd+bwd |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for w in windows:
+    for T in Ts:
+      pairs = in_window_pairs(T, w)
+      base = results.get(("dense", T, w))
+      for name in (["dense"] if "dense" in impls else []) + [i for i in impls if i != "dense"]:
+        label = "global" if w is None else w
+        r = results.get((name, T, w))
+        if isinstance(r, str):
+          print(f"| {name} | {T} | {label} | {r} | | | | | | |")
+          continue
+        fwd_s, fb_s = r
+        fwd_rate = 4 * B * N * H * pairs / fwd_s / 1e9
+        fb_rate = 12 * B * N * H * pairs / fb_s / 1e9
+        timed_base = isinstance(base, tuple) and name != "dense"
+        speed_f = f"{base[0] / fwd_s:.1f}x" if timed_base else ""
+        speed_fb = f"{base[1] / fb_s:.1f}x" if timed_base else ""
+        print(f"| {name} | {T} | {label} | {fwd_s * 1e3:.1f} | {fb_s * 1e3:.1f} | {fwd_rate:.1f}"
+              f" | {fb_rate:.1f} | {100 * fb_rate / roofline:.0f}% | {speed_f} | {speed_fb} |")
+
+  # Linear-in-T check for windowed layers: ideal time(4T)/time(T) is 4.
+  for name in impls:
+    for w in windows:
+      lo, hi = results.get((name, 4096, w)), results.get((name, 16384, w))
+      if isinstance(lo, tuple) and isinstance(hi, tuple):
+        print(f"# {name} w={'global' if w is None else w}: time(T=16384)/time(T=4096) "
+              f"fwd {hi[0] / lo[0]:.2f}, fwd+bwd {hi[1] / lo[1]:.2f}")
+
+
+if __name__ == "__main__":
+  main()

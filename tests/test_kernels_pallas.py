@@ -1,0 +1,67 @@
+"""The Pallas kernels in interpret mode on CPU: our Triton GPU kernel and the TPU splash wrapper,
+forward and dq, dk, dv against the float64 reference.
+
+Interpretation is slow, so each kernel runs a handful of shapes chosen to cover every feature:
+ragged T (not a multiple of the block), T = 1, window 1 (rows that see only themselves),
+windows spanning several blocks and >= T, global attention, segment ids (where the GPU kernel
+skips other documents' key blocks), GQA 1, 2 and 4, and bfloat16. The full window grid runs
+on the "xla" implementation (test_kernels_attention.py).
+"""
+import jax.numpy as jnp
+import pytest
+
+from hybrid_nope.kernels import pallas_gpu, pallas_tpu
+from test_kernels_attention import check_against_reference
+
+# (T, window, gqa, segments)
+CASES = [
+    (17, 7, 1, False),     # ragged T shorter than two blocks, window inside a block
+    (1, None, 4, True),    # a single token
+    (100, 1, 4, True),     # every row sees only itself
+    (100, None, 1, True),  # global attention over packed documents (segment skipping)
+    (256, 64, 4, True),    # a window spanning several blocks, GQA 4
+    (200, 400, 2, False),  # window >= T is global; GQA 2; ragged tail
+]
+
+
+def gpu_kernel(block_sizes):
+  def fn(q, k, v, **kwargs):
+    return pallas_gpu.attention(q, k, v, block_sizes=block_sizes, interpret=True, **kwargs)
+  return fn
+
+
+def tpu_kernel(q, k, v, **kwargs):
+  # 128 is splash's smallest tile; it still gives several blocks at T = 256.
+  return pallas_tpu.attention(q, k, v, block_sizes=pallas_tpu.BlockSizes(128, 128),
+                              interpret=True, **kwargs)
+
+
+@pytest.mark.parametrize("T, window, gqa, segments", CASES)
+def test_gpu_kernel_matches_reference(T, window, gqa, segments):
+  # 16 is Triton's smallest dot tile, so T = 100..256 spans 7..16 blocks.
+  check_against_reference(gpu_kernel(pallas_gpu.BlockSizes(16, 16)), T, window, gqa, segments)
+
+
+def test_gpu_kernel_with_different_forward_and_backward_blocks():
+  # T is padded to the larger block; bounds and grids of each kernel use its own block.
+  check_against_reference(gpu_kernel(pallas_gpu.BlockSizes(forward=32, backward=16)), 90, 20,
+                          2, True)
+
+
+def test_gpu_kernel_bfloat16_close_to_reference():
+  check_against_reference(gpu_kernel(pallas_gpu.BlockSizes(16, 16)), 80, 16, 4, True,
+                          dtype=jnp.bfloat16, tol=2e-2)
+
+
+def test_gpu_kernel_pads_small_head_dims():
+  # H = 8 is padded to Triton's 16; H = 24 to the power of two 32.
+  check_against_reference(gpu_kernel(pallas_gpu.BlockSizes(16, 16)), 40, 9, 2, True, H=24)
+
+
+@pytest.mark.parametrize("T, window, gqa, segments", CASES)
+def test_tpu_splash_matches_reference(T, window, gqa, segments):
+  check_against_reference(tpu_kernel, T, window, gqa, segments)
+
+
+def test_tpu_splash_bfloat16_close_to_reference():
+  check_against_reference(tpu_kernel, 150, 16, 4, True, dtype=jnp.bfloat16, tol=2e-2)
