@@ -1,5 +1,6 @@
 """A tiny configuration shared by tests, as a ConfigDict and as command-line overrides."""
 import ml_collections
+import numpy as np
 
 from configs import demo
 
@@ -34,3 +35,16 @@ def tiny_flags(**overrides) -> list[str]:
 MESH_TEST = dict(data__batch_size=8, eval__batch_size=8, model__num_kv_heads=4,
                  model__vocab_size=260, train__steps=3, checkpoint__every_steps=3,
                  eval__every_steps=3, metrics__probe_batch_size=2)
+
+
+def take(iterator, n):
+  """The next n items of an iterator."""
+  return [next(iterator) for _ in range(n)]
+
+
+def assert_same_batches(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key], key)

@@ -9,6 +9,7 @@ import pytest
 from hybrid_nope.data import pipeline
 from hybrid_nope.data import stdlib_corpus
 from hybrid_nope.data.tokenizer import ByteTokenizer
+from tests.helpers import assert_same_batches, take
 
 SEQ_LEN = 128  # every test shares this one cached packing of the corpus
 
@@ -30,18 +31,6 @@ def make_config(**overrides):
     if value is not None:
       config[group][name] = value
   return config
-
-
-def take(iterator, n):
-  return [next(iterator) for _ in range(n)]
-
-
-def assert_same_batches(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for key in x:
-      np.testing.assert_array_equal(x[key], y[key], key)
 
 
 def index_rows(num_rows):

@@ -19,6 +19,7 @@ from hybrid_nope.data import prolong
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 sys.path.insert(0, TESTDATA)
 import fixture_samples  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests.helpers import assert_same_batches, take
 
 PROLONG = os.path.join(TESTDATA, "mds", "prolong")
 DOMAINS = ("book-65536@0.5", "thestackv1_concat_by_repo-65536@0.3", "fineweb-edu@0.2")
@@ -47,18 +48,6 @@ def make_config(cache_dir, **overrides):
 def domain(name, cache_dir, **kwargs):
   kwargs = {"seq_len": T, "document_masking": True, "vocab_size": 258, **kwargs}
   return prolong.DomainRows(os.path.join(PROLONG, name), cache_dir=cache_dir, **kwargs)
-
-
-def take(iterator, n):
-  return [next(iterator) for _ in range(n)]
-
-
-def assert_same_batches(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for key in x:
-      np.testing.assert_array_equal(x[key], y[key], key)
 
 
 # ---- mixture ----------------------------------------------------------------------------------

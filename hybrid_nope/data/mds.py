@@ -386,16 +386,18 @@ class MDSDataset:
   def _file(self, basename: str) -> str:
     return os.path.join(self.path, basename)
 
+  def _check_size(self, path: str, expected: int, field: str) -> None:
+    size = os.path.getsize(path)
+    if size != expected:
+      raise MDSFormatError(
+          f"{path} is {size} bytes but {self._file(INDEX_BASENAME)} says {expected} ({field}): "
+          "the shard is truncated or from another write")
+
   def _check_files(self, shard: _Shard) -> None:
     """Size checks against index.json, before anything is read."""
     raw = self._file(shard.raw_basename)
     if os.path.exists(raw):
-      size = os.path.getsize(raw)
-      if size != shard.raw_bytes:
-        raise MDSFormatError(
-            f"{raw} is {size} bytes but {self._file(INDEX_BASENAME)} says {shard.raw_bytes} "
-            f"(shards[{shard.number}].raw_data.bytes): the shard is truncated or from another "
-            f"write")
+      self._check_size(raw, shard.raw_bytes, f"shards[{shard.number}].raw_data.bytes")
       shard.path = raw
       return
     if shard.zip_basename is None:
@@ -405,12 +407,7 @@ class MDSDataset:
     if not os.path.exists(zipped):
       raise MDSFormatError(f"shard file {zipped} (shards[{shard.number}] of "
                            f"{self._file(INDEX_BASENAME)}) is missing")
-    size = os.path.getsize(zipped)
-    if size != shard.zip_bytes:
-      raise MDSFormatError(
-          f"{zipped} is {size} bytes but {self._file(INDEX_BASENAME)} says {shard.zip_bytes} "
-          f"(shards[{shard.number}].zip_data.bytes): the shard is truncated or from another "
-          f"write")
+    self._check_size(zipped, shard.zip_bytes, f"shards[{shard.number}].zip_data.bytes")
 
   def _decompressed_path(self, shard: _Shard) -> str:
     """The cached uncompressed copy of a compressed shard, made once (atomic rename)."""
