@@ -4,6 +4,11 @@
   python benchmarks/attention.py --T 8192 --windows 256 --impls xla   # one row, ~1 min
   python benchmarks/attention.py --preset gpu --check  # Pallas vs cuDNN vs dense, bf16, T<=32k
 
+On CPU the host is split into --host-devices devices (default: one per core) and each impl is
+also timed with its heads split over all of them (rows "IMPL/Nd"): XLA:CPU runs one device's
+kernel loop on one thread, so this is how the kernel uses every core, as the model does under a
+mesh with a tensor axis (kernels/per_shard.py). Unsplit rows and dense run on one device.
+
 Columns: forward and forward+backward wall time (best of --reps after a compile run), useful
 GFLOP/s counting only the (query, key) pairs inside the causal window, that rate as a fraction
 of the machine's matmul rate (a large jnp matmul in the same dtype, measured first), and the
@@ -18,12 +23,25 @@ over --dense-budget-gb (estimated from its T² score tensors) or predicted to ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _host_devices(argv) -> int:
+  """--host-devices, read before jax is imported: the host platform is split at start-up."""
+  pre = argparse.ArgumentParser(add_help=False)
+  pre.add_argument("--host-devices", type=int, default=os.cpu_count() or 1)
+  return pre.parse_known_args(argv)[0].host_devices
+
+
+if __name__ == "__main__" and "jax" not in sys.modules:
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                             f"device_count={_host_devices(sys.argv[1:])}").strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -72,7 +90,14 @@ def dense(q, k, v, *, window, segment_ids=None):
 
 
 def timed(attn, q, k, v, window, reps):
-  """(forward seconds, forward+backward seconds) of attn at this window."""
+  """(forward seconds, forward+backward seconds) of attn at this window (inputs placed as the
+  impl wants them)."""
+  q, k, v = attn.place(q, k, v)
+  with attn.context():
+    return _timed(attn, q, k, v, window, reps)
+
+
+def _timed(attn, q, k, v, window, reps):
   fwd = jax.jit(lambda q, k, v: attn(q, k, v, window=window))
 
   @jax.jit
@@ -83,10 +108,34 @@ def timed(attn, q, k, v, window, reps):
   return best_time(fwd, (q, k, v), reps), best_time(fwd_bwd, (q, k, v), reps)
 
 
-def impl_fn(name):
-  if name == "dense":
-    return dense
-  return lambda q, k, v, window: kernels.attention(q, k, v, window=window, impl=name)
+class Impl:
+  """An impl by name: 'dense', a kernels impl, or 'IMPL/Nd' for IMPL with heads split over N
+  devices (shard_map through kernels.attention's head_axes)."""
+
+  def __init__(self, name):
+    self.name = name
+    impl, _, devices = name.partition("/")
+    self.impl, self.devices = impl, int(devices.rstrip("d") or 1)
+    self.mesh = None
+    if self.devices > 1:
+      self.mesh = jax.make_mesh((self.devices,), ("heads",), devices=jax.devices()[:self.devices],
+                                axis_types=(jax.sharding.AxisType.Auto,))
+
+  def place(self, *arrays):
+    if self.mesh is None:
+      return arrays
+    split = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, None, "heads"))
+    return tuple(jax.device_put(a, split) for a in arrays)
+
+  def context(self):
+    """The mesh kernels.attention shards over; set outside jit, as the trainer does."""
+    return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
+
+  def __call__(self, q, k, v, window):
+    if self.impl == "dense":
+      return dense(q, k, v, window=window)
+    head_axes = None if self.mesh is None else "heads"
+    return kernels.attention(q, k, v, window=window, impl=self.impl, head_axes=head_axes)
 
 
 def check(impls, dtype, B, N, K, H, T=1024, window=100):
@@ -144,6 +193,9 @@ def main(argv=None):
                       help="skip dense cases whose score tensors would exceed this")
   parser.add_argument("--case-budget-s", type=float, default=300.0,
                       help="skip dense cases predicted (from the last T) to take longer")
+  parser.add_argument("--host-devices", type=int, default=os.cpu_count() or 1,
+                      help="CPU: split the host into this many devices (XLA_FLAGS, set before "
+                      "jax starts) and add IMPL/Nd rows with heads split over them")
   parser.add_argument("--check", action="store_true",
                       help="first compare each impl's output and gradients with 'xla' in float32")
   args = parser.parse_args(argv)
@@ -163,10 +215,16 @@ def main(argv=None):
   unavailable = [i for i in impls if i not in kernels.available_impls(probe)]
   for name in unavailable:
     print(f"# impl {name!r} skipped: not available on backend {jax.default_backend()!r}")
-  impls = [i for i in impls if i not in unavailable] + ([] if args.no_dense else ["dense"])
+  impls = [i for i in impls if i not in unavailable]
+  devices = min(args.host_devices, jax.device_count()) if jax.default_backend() == "cpu" else 1
+  if devices > 1:
+    if N % devices or K % devices:
+      sys.exit(f"--heads {N} / --kv-heads {K} must divide over --host-devices {devices}")
+    impls += [f"{i}/{devices}d" for i in impls]
+  impls += [] if args.no_dense else ["dense"]
 
   if args.check:
-    check(impls, dtype, B, N, K, H)
+    check([i for i in impls if "/" not in i], dtype, B, N, K, H)
   roofline_before = matmul_rate(dtype, max(args.reps, 5))
 
   rng = np.random.default_rng(0)
@@ -190,7 +248,7 @@ def main(argv=None):
             continue
         reps = args.dense_reps if name == "dense" else args.reps
         try:
-          results[(name, T, w)] = timed(impl_fn(name), q, k, v, w, reps)
+          results[(name, T, w)] = timed(Impl(name), q, k, v, w, reps)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: report it, keep going.
           results[(name, T, w)] = (f"failed ({type(e).__name__}: "
                                    f"{str(e).splitlines()[0][:80]})")

@@ -1,4 +1,9 @@
 """A tiny configuration shared by tests, as a ConfigDict and as command-line overrides."""
+import json
+import os
+import subprocess
+import sys
+
 import ml_collections
 import numpy as np
 
@@ -14,6 +19,20 @@ TINY = {
     "checkpoint.every_steps": 4, "checkpoint.keep": 100,
     "metrics.far_lag": 32, "metrics.probe_batch_size": 2,
 }
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_8_devices(module, *args, env_extra=None, timeout=600):
+  """Runs `python -m module args` on 8 simulated CPU devices; returns its RESULT json line."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **(env_extra or {}))
+  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
 
 
 def tiny_config(**overrides) -> ml_collections.ConfigDict:

@@ -10,19 +10,8 @@ import pytest
 
 from hybrid_nope.train import loop
 from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape
-from tests.helpers import MESH_TEST, tiny_config
+from tests.helpers import MESH_TEST, REPO, run_8_devices, tiny_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_8_devices(module, *args, env_extra=None, timeout=600):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **(env_extra or {}))
-  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-  return json.loads(line[len("RESULT "):])
 
 
 def mesh_cfg(data, fsdp, tensor):

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from hybrid_nope.kernels import cudnn, pallas_gpu, pallas_tpu, xla
+from hybrid_nope.kernels import cudnn, pallas_gpu, pallas_tpu, per_shard, xla
 
 IMPLS = ("auto", "xla", "pallas", "cudnn")
 
@@ -110,17 +110,26 @@ def resolve(impl: str, q_BTNH, segment_ids=None) -> str:
   return impl
 
 
+def _implementation(impl: str):
+  if impl == "xla":
+    return xla.attention
+  if impl == "cudnn":
+    return cudnn.attention
+  return pallas_tpu.attention if jax.default_backend() == "tpu" else pallas_gpu.attention
+
+
 def attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, *,
               window: int | None = None, segment_ids: jax.Array | None = None,
-              impl: str = "auto") -> jax.Array:
-  """Causal (optionally sliding-window, segment-masked, GQA) attention; returns [B, T, N, H]."""
+              impl: str = "auto", batch_axes=None, head_axes=None) -> jax.Array:
+  """Causal (optionally sliding-window, segment-masked, GQA) attention; returns [B, T, N, H].
+
+  `batch_axes` / `head_axes` name the axes of the context mesh (jax.set_mesh) that split the
+  batch and the heads; given a multi-device mesh, each device runs the kernel on its own shard
+  (per_shard.py).
+  """
   _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl)
   impl = resolve(impl, q_BTNH, segment_ids)
-  kwargs = dict(window=window, segment_ids=segment_ids)
-  if impl == "xla":
-    return xla.attention(q_BTNH, k_BTKH, v_BTKH, **kwargs)
-  if impl == "cudnn":
-    return cudnn.attention(q_BTNH, k_BTKH, v_BTKH, **kwargs)
-  if jax.default_backend() == "tpu":
-    return pallas_tpu.attention(q_BTNH, k_BTKH, v_BTKH, **kwargs)
-  return pallas_gpu.attention(q_BTNH, k_BTKH, v_BTKH, **kwargs)
+  fn = _implementation(impl)
+  return per_shard.run(lambda q, k, v, seg: fn(q, k, v, window=window, segment_ids=seg),
+                       q_BTNH, k_BTKH, v_BTKH, segment_ids, batch_axes=batch_axes,
+                       head_axes=head_axes)

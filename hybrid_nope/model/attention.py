@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_nope import kernels
-from hybrid_nope.model.layers import apply_rope, constrain, default_init, param
+from hybrid_nope.model.layers import apply_rope, constrain, default_init, mesh_axes, param
 
 POSITION_ENCODINGS = ("rope", "nope")
 BTNH = ("act_batch", "act_length", "act_heads", None)
@@ -47,7 +47,13 @@ class Attention(nnx.Module):
     if self.position == "rope":
       q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_theta)
       k_BTKH = apply_rope(k_BTKH, positions_BT, self.rope_theta)
-    # The kernel applies 1/sqrt(H) to the logits (jax.nn.dot_product_attention's default).
+    # The kernel applies 1/sqrt(H) to the logits (jax.nn.dot_product_attention's default),
+    # and runs on each device's shard of batch and heads under the trainer's mesh.
+    batch_axes, _, head_axes, _ = mesh_axes(BTNH)
+    if mesh_axes(BTKH)[2] != head_axes:
+      raise ValueError(f"sharding rules map act_heads to {head_axes} but act_kv_heads to "
+                       f"{mesh_axes(BTKH)[2]}: a kv head must live with its query heads")
     out_BTNH = kernels.attention(q_BTNH, k_BTKH, v_BTKH, window=self.window,
-                                 segment_ids=segment_ids_BT, impl=self.impl)
+                                 segment_ids=segment_ids_BT, impl=self.impl,
+                                 batch_axes=batch_axes, head_axes=head_axes)
     return jnp.einsum("btnh,nhd->btd", out_BTNH, self.wo_NHD[...].astype(self.dtype))

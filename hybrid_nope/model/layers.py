@@ -42,6 +42,12 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
   return nn.with_logical_constraint(x, axes)
 
 
+def mesh_axes(axes: tuple[str | None, ...]) -> tuple:
+  """The mesh axes each logical activation axis maps to under the trainer's rules (all None
+  outside them): what a kernel run per shard needs to know."""
+  return tuple(nn.logical_to_mesh_axes(axes))
+
+
 def logical_axes(variable: nnx.Variable) -> tuple[str, ...] | None:
   """The logical axis names of a parameter, whatever name this flax version stores them under."""
   meta = variable.get_metadata()

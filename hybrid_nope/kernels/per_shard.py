@@ -1,0 +1,75 @@
+"""Run an attention implementation on each device's shard of the context mesh (shard_map).
+
+Attention is independent across batch rows and across kv-head groups, so under a mesh that
+splits the batch and the heads every device can run the kernel on its own shard with no
+communication. Left to the SPMD partitioner instead, a Pallas call or a loop of dynamic slices
+(kernels/xla.py) cannot be partitioned: XLA gathers q, k, v and runs the whole problem on every
+device. This is how MaxText drives splash attention on pods, and on a CPU host split into
+several devices (--xla_force_host_platform_device_count) it is what puts the kernel's loops on
+every core: XLA:CPU runs one device's loop on one thread.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+from absl import logging
+from jax.sharding import PartitionSpec as P
+
+AxisNames = str | tuple[str, ...] | None
+
+
+def _names(axes: AxisNames) -> tuple[str, ...]:
+  if axes is None:
+    return ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _mesh_split(batch_axes: AxisNames, head_axes: AxisNames, *, B: int, N: int, K: int):
+  """(mesh, reason): the context mesh to shard over, or None and why the call stays whole."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return None, None
+  batch, heads = _names(batch_axes), _names(head_axes)
+  size = lambda names: math.prod(mesh.shape[a] for a in names)
+  unknown = [a for a in batch + heads if a not in mesh.shape]
+  if unknown:
+    raise ValueError(f"attention sharding axes {unknown} are not axes of the mesh "
+                     f"{dict(mesh.shape)}")
+  # Every mesh axis with more than one device must split q, k, v and the output: an axis that
+  # does not would see each device compute the same full result, and without replication
+  # checks (which Pallas calls do not support everywhere) its gradient would be summed twice.
+  unused = [a for a, n in mesh.shape.items() if n > 1 and a not in batch + heads]
+  if unused:
+    return None, f"mesh axes {unused} split neither the batch nor the heads"
+  if B % size(batch) or N % size(heads) or K % size(heads):
+    return None, (f"batch {B} / heads {N} (kv {K}) do not divide over {batch} x {heads} of "
+                  f"{dict(mesh.shape)}")
+  return mesh, None
+
+
+_LOGGED: set[str] = set()
+
+
+def run(fn: Callable, q_BTNH, k_BTKH, v_BTKH, segment_ids, *, batch_axes: AxisNames,
+        head_axes: AxisNames):
+  """fn(q, k, v, segment_ids) on each shard: batch over `batch_axes`, heads over `head_axes`.
+
+  Outside a multi-device mesh, or where the shapes do not split (logged once), fn runs on the
+  whole arrays and the partitioner places it as before.
+  """
+  B, _, N, _ = q_BTNH.shape
+  mesh, reason = _mesh_split(batch_axes, head_axes, B=B, N=N, K=k_BTKH.shape[2])
+  if mesh is None:
+    if reason is not None and reason not in _LOGGED:
+      _LOGGED.add(reason)
+      logging.warning("attention runs unsharded (the partitioner gathers it): %s", reason)
+    return fn(q_BTNH, k_BTKH, v_BTKH, segment_ids)
+  batch, heads = _names(batch_axes) or None, _names(head_axes) or None
+  spec_BTNH = P(batch, None, heads, None)
+  if segment_ids is None:
+    return jax.shard_map(lambda q, k, v: fn(q, k, v, None), mesh=mesh, in_specs=(spec_BTNH,) * 3,
+                         out_specs=spec_BTNH, check_vma=False)(q_BTNH, k_BTKH, v_BTKH)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(spec_BTNH,) * 3 + (P(batch, None),),
+                       out_specs=spec_BTNH, check_vma=False)(q_BTNH, k_BTKH, v_BTKH, segment_ids)
