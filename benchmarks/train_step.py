@@ -7,6 +7,10 @@ MFU counts model FLOPs honestly (hybrid_nope.train.flops.flops_per_token: 6 × m
 incl. the output head, plus attention over the query-key pairs actually attended) against
 the measured float32 matmul rate of this machine (the roofline). Vocabulary 32000 for the
 named sizes (the Llama-3 table of 128256 would dominate a CPU step), batch 1, float32.
+
+--tensor=N splits the host into N devices and runs the trainer's sharded step on a mesh with
+tensor=N (heads, MLP and vocabulary split, Megatron-style; attention per shard): at batch 1
+that is the only way a CPU step uses more than one thread for its loops and elementwise work.
 """
 import argparse
 import os
@@ -15,6 +19,18 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+
+def _tensor(argv) -> int:
+  """--tensor, read before jax is imported: the host platform is split at start-up."""
+  pre = argparse.ArgumentParser(add_help=False)
+  pre.add_argument("--tensor", type=int, default=1)
+  return pre.parse_known_args(argv)[0].tensor
+
+
+if __name__ == "__main__" and "jax" not in sys.modules and _tensor(sys.argv[1:]) > 1:
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                             f"device_count={_tensor(sys.argv[1:])}").strip()
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -22,11 +38,12 @@ import numpy as np  # noqa: E402
 from configs import base, demo  # noqa: E402
 from hybrid_nope.train.flops import flops_per_token, measure_matmul_flops  # noqa: E402
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer  # noqa: E402
-from hybrid_nope.train.state import init_train_state  # noqa: E402
+from hybrid_nope.train import sharding  # noqa: E402
+from hybrid_nope.train.state import sharded_train_state  # noqa: E402
 from hybrid_nope.train.step import make_train_step  # noqa: E402
 
 
-def config_for(size: str, pattern: str, seq_len: int, vocab: int, remat: bool):
+def config_for(size: str, pattern: str, seq_len: int, vocab: int, remat: bool, tensor: int):
   c = demo.get_config() if size == "demo" else base.experiment(size, 256)
   c.model.pattern = pattern
   if size != "demo":
@@ -34,30 +51,37 @@ def config_for(size: str, pattern: str, seq_len: int, vocab: int, remat: bool):
   c.model.remat = remat
   c.model.dtype = "float32"
   c.data.seq_len = seq_len
+  c.data.batch_size = 1
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, tensor
   return c
 
 
 def time_steps(config, batch_size: int, steps: int) -> float:
-  """Median seconds per train step after one compile step."""
+  """Median seconds per train step after one compile step: the trainer's sharded step."""
+  config.data.batch_size = batch_size
   tx = make_optimizer(config.train)
-  model_def, state = init_train_state(config.model, tx, seed=0)
-  step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
-                 donate_argnums=0)
+  mesh = sharding.make_mesh(config)
   T = config.data.seq_len
   rng = np.random.default_rng(0)
-  batch = {"inputs": jnp.asarray(rng.integers(0, 256, (batch_size, T)), jnp.int32),
-           "targets": jnp.asarray(rng.integers(0, 256, (batch_size, T)), jnp.int32),
-           "segment_ids": jnp.ones((batch_size, T), jnp.int32),
-           "positions": jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (batch_size, T)),
-           "weights": jnp.ones((batch_size, T), jnp.float32)}
-  state, metrics = step(state, batch)
-  jax.block_until_ready(metrics)
-  times = []
-  for _ in range(steps):
-    start = time.perf_counter()
+  batch = {"inputs": rng.integers(0, 256, (batch_size, T)).astype(np.int32),
+           "targets": rng.integers(0, 256, (batch_size, T)).astype(np.int32),
+           "segment_ids": np.ones((batch_size, T), np.int32),
+           "positions": np.broadcast_to(np.arange(T, dtype=np.int32), (batch_size, T)),
+           "weights": np.ones((batch_size, T), np.float32)}
+  with sharding.activation_rules(mesh):
+    model_def, state, shardings = sharded_train_state(config.model, tx, 0, mesh)
+    batch = sharding.global_batch(batch, mesh)
+    step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
+                   in_shardings=(shardings, {k: sharding.batch_sharding(mesh) for k in batch}),
+                   out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
     state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
+    times = []
+    for _ in range(steps):
+      start = time.perf_counter()
+      state, metrics = step(state, batch)
+      jax.block_until_ready(metrics)
+      times.append(time.perf_counter() - start)
   return float(np.median(times))
 
 
@@ -69,19 +93,31 @@ def main():
   p.add_argument("--batch_size", type=int, default=1)
   p.add_argument("--vocab", type=int, default=32000)
   p.add_argument("--steps", type=int, default=2)
-  p.add_argument("--remat_from", type=int, default=8192,
-                 help="rematerialise blocks at this seq_len and above (memory)")
+  p.add_argument("--tensor", type=int, default=1,
+                 help="split the host into this many devices, mesh tensor axis over them")
+  p.add_argument("--remat", default="350m@8192",
+                 help="SIZE@SEQ_LEN,...: rematerialise blocks for SIZE at SEQ_LEN and above. "
+                 "Only where memory needs it: 120m at 8192 without remat peaks at 15.5 GB RSS, "
+                 "inside 24 GB; 350m at 8192 would not fit")
   args = p.parse_args()
+  remat_from = {}
+  for item in filter(None, args.remat.split(",")):
+    size, _, seq_len = item.partition("@")
+    if not seq_len.isdigit():
+      p.error(f"--remat item {item!r}: expected SIZE@SEQ_LEN, e.g. 350m@8192")
+    remat_from[size] = int(seq_len)
   roofline = measure_matmul_flops()
-  print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; float32 matmul roofline "
-        f"{roofline / 1e9:.1f} GFLOP/s (2048² matmul)\n")
+  print(f"jax {jax.__version__} on {jax.device_count()} x {jax.devices()[0].device_kind} "
+        f"(mesh tensor={args.tensor}); float32 matmul roofline {roofline / 1e9:.1f} GFLOP/s "
+        "(2048² matmul, one device: the whole host's cores)\n")
   print("| size | pattern | seq_len | remat | step s | tokens/s | GFLOP/token | MFU |")
   print("|---|---|---|---|---|---|---|---|")
   rates = {}
   for size in args.sizes.split(","):
     for seq_len in map(int, args.seq_lens.split(",")):
       for pattern in args.patterns.split(","):
-        config = config_for(size, pattern, seq_len, args.vocab, seq_len >= args.remat_from)
+        config = config_for(size, pattern, seq_len, args.vocab,
+                            seq_len >= remat_from.get(size, float("inf")), args.tensor)
         seconds = time_steps(config, args.batch_size, args.steps)
         tokens_per_second = args.batch_size * seq_len / seconds
         fpt = flops_per_token(config.model, seq_len)
