@@ -56,8 +56,16 @@ def config_for(size: str, pattern: str, seq_len: int, vocab: int, remat: bool, t
   return c
 
 
-def time_steps(config, batch_size: int, steps: int) -> float:
-  """Median seconds per train step after one compile step: the trainer's sharded step."""
+def available_memory_bytes() -> int:
+  with open("/proc/meminfo") as f:
+    fields = dict(line.split(":", 1) for line in f)
+  return int(fields["MemAvailable"].split()[0]) * 1024
+
+
+def time_steps(config, batch_size: int, steps: int) -> float | str:
+  """Median seconds per train step after one compile step: the trainer's sharded step. A
+  string saying why instead, when the compiled step needs more memory than the host has (a
+  run the kernel would OOM-kill, taking the rest of the table with it)."""
   config.data.batch_size = batch_size
   tx = make_optimizer(config.train)
   mesh = sharding.make_mesh(config)
@@ -74,6 +82,13 @@ def time_steps(config, batch_size: int, steps: int) -> float:
     step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
                    in_shardings=(shardings, {k: sharding.batch_sharding(mesh) for k in batch}),
                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+    memory = step.lower(state, batch).compile().memory_analysis()
+    # The state is already resident and donated (updated in place): what the step still needs
+    # is its temporaries.
+    if memory is not None and memory.temp_size_in_bytes > 0.9 * available_memory_bytes():
+      return (f"skipped: the compiled step needs {memory.temp_size_in_bytes / 2**30:.1f} GiB of "
+              f"temporaries beside its {memory.argument_size_in_bytes / 2**30:.1f} GiB state; "
+              f"{available_memory_bytes() / 2**30:.1f} GiB available")
     state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
     times = []
@@ -96,9 +111,8 @@ def main():
   p.add_argument("--tensor", type=int, default=1,
                  help="split the host into this many devices, mesh tensor axis over them")
   p.add_argument("--remat", default="350m@8192",
-                 help="SIZE@SEQ_LEN,...: rematerialise blocks for SIZE at SEQ_LEN and above. "
-                 "Only where memory needs it: 120m at 8192 without remat peaks at 15.5 GB RSS, "
-                 "inside 24 GB; 350m at 8192 would not fit")
+                 help="SIZE@SEQ_LEN,...: rematerialise blocks for SIZE at SEQ_LEN and above, "
+                 "where memory needs it (120m at 8192 peaks at 15.5 GB without remat)")
   args = p.parse_args()
   remat_from = {}
   for item in filter(None, args.remat.split(",")):
@@ -119,6 +133,10 @@ def main():
         config = config_for(size, pattern, seq_len, args.vocab,
                             seq_len >= remat_from.get(size, float("inf")), args.tensor)
         seconds = time_steps(config, args.batch_size, args.steps)
+        if isinstance(seconds, str):
+          print(f"| {size} | {pattern} | {seq_len} | {config.model.remat} | {seconds} | | | |",
+                flush=True)
+          continue
         tokens_per_second = args.batch_size * seq_len / seconds
         fpt = flops_per_token(config.model, seq_len)
         mfu = tokens_per_second * fpt / roofline
