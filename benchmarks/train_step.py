@@ -32,7 +32,6 @@ if __name__ == "__main__" and "jax" not in sys.modules and _tensor(sys.argv[1:])
                              f"device_count={_tensor(sys.argv[1:])}").strip()
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import base, demo  # noqa: E402
@@ -62,10 +61,9 @@ def available_memory_bytes() -> int:
   return int(fields["MemAvailable"].split()[0]) * 1024
 
 
-def time_steps(config, batch_size: int, steps: int) -> float | str:
-  """Median seconds per train step after one compile step: the trainer's sharded step. A
-  string saying why instead, when the compiled step needs more memory than the host has (a
-  run the kernel would OOM-kill, taking the rest of the table with it)."""
+def step_and_batch(config, batch_size: int):
+  """(jitted sharded train step, state, batch, mesh) as the trainer builds them, on random
+  tokens; call or lower the step under sharding.activation_rules(mesh)."""
   config.data.batch_size = batch_size
   tx = make_optimizer(config.train)
   mesh = sharding.make_mesh(config)
@@ -82,6 +80,15 @@ def time_steps(config, batch_size: int, steps: int) -> float | str:
     step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
                    in_shardings=(shardings, {k: sharding.batch_sharding(mesh) for k in batch}),
                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+  return step, state, batch, mesh
+
+
+def time_steps(config, batch_size: int, steps: int) -> float | str:
+  """Median seconds per train step after one compile step: the trainer's sharded step. A
+  string saying why instead, when the compiled step needs more memory than the host has (a
+  run the kernel would OOM-kill, taking the rest of the table with it)."""
+  step, state, batch, mesh = step_and_batch(config, batch_size)
+  with sharding.activation_rules(mesh):
     memory = step.lower(state, batch).compile().memory_analysis()
     # The state is already resident and donated (updated in place): what the step still needs
     # is its temporaries.
