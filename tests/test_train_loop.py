@@ -1,6 +1,7 @@
 """End to end on the embedded corpus: metrics, checkpoints, kill and resume, non-finite loss."""
 import glob
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -37,7 +38,7 @@ def recorded_steps(workdir) -> set[int]:
     return set()
 
 
-def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path):
+def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   summary = loop.train(tiny_config(), str(tmp_path))
   records = read_metrics(tmp_path)
   assert sorted(losses_by_step(tmp_path)) == list(range(1, 9))
@@ -63,6 +64,11 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path):
   for r in recency:
     assert {"step", "layer", "layer_type", "module", "lags", "profile", "floor", "gap"} <= set(r)
     assert ("logit_gap" in r) == (r["layer_type"] == "global")
+  # Run again on the finished workdir: nothing is trained, it says so, the records stay.
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    again = loop.train(tiny_config(), str(tmp_path))
+  assert again["step"] == 8 and read_metrics(tmp_path) == records
+  assert "already holds a run trained to step 8" in caplog.text
 
 
 STEPS, EVERY = 60, 5

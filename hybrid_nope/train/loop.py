@@ -110,6 +110,10 @@ def train(config, workdir: str) -> dict:
     state = ckpt.restore(last_saved, target, data_iter)
     logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
   start = int(state.step)
+  if start >= config.train.steps:
+    logging.warning("%s already holds a run trained to step %d (train.steps=%d): nothing to "
+                    "train; its metrics are in metrics.jsonl. Use a new --workdir, or raise "
+                    "train.steps, to train more.", workdir, start, config.train.steps)
   writer = MetricsWriter(workdir, resume_step=start)
   writer.write_config(config)
 
