@@ -31,17 +31,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.host_devices import split_host_from_argv  # noqa: E402
 
-def _host_devices(argv) -> int:
-  """--host-devices, read before jax is imported: the host platform is split at start-up."""
-  pre = argparse.ArgumentParser(add_help=False)
-  pre.add_argument("--host-devices", type=int, default=os.cpu_count() or 1)
-  return pre.parse_known_args(argv)[0].host_devices
-
-
-if __name__ == "__main__" and "jax" not in sys.modules:
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-                             f"device_count={_host_devices(sys.argv[1:])}").strip()
+if __name__ == "__main__":
+  split_host_from_argv("--host-devices", os.cpu_count() or 1)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

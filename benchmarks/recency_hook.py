@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
+from benchmarks.train_step import synthetic_batch  # noqa: E402
 from configs import base, demo  # noqa: E402
 from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer  # noqa: E402
@@ -30,21 +30,15 @@ class _NoWriter:
   def write_scalars(self, *a): pass
 
 
-def synthetic_batch(batch_size, seq_len, vocab):
-  rng = np.random.default_rng(0)
-  return {"inputs": jnp.asarray(rng.integers(0, vocab, (batch_size, seq_len)), jnp.int32),
-          "targets": jnp.asarray(rng.integers(0, vocab, (batch_size, seq_len)), jnp.int32),
-          "segment_ids": jnp.ones((batch_size, seq_len), jnp.int32),
-          "positions": jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32),
-                                        (batch_size, seq_len)),
-          "weights": jnp.ones((batch_size, seq_len), jnp.float32)}
+def device_batch(batch_size, seq_len, vocab):
+  return jax.tree.map(jnp.asarray, synthetic_batch(batch_size, seq_len, vocab))
 
 
 def measure(name, config, step_batch):
   tx = make_optimizer(config.train)
   model_def, state = init_train_state(config.model, tx, seed=0)
   T, V = config.data.seq_len, config.model.vocab_size
-  probe = synthetic_batch(config.metrics.probe_batch_size, T, V)
+  probe = device_batch(config.metrics.probe_batch_size, T, V)
   hook = RecencyHook(config, model_def, probe, _NoWriter())
   start = time.perf_counter()
   hook(0, state.params)
@@ -52,7 +46,7 @@ def measure(name, config, step_batch):
   hook_seconds = hook(1, state.params)
   step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
                  donate_argnums=0)
-  batch = synthetic_batch(step_batch, T, V)
+  batch = device_batch(step_batch, T, V)
   state, m = step(state, batch)
   jax.block_until_ready(m)
   start = time.perf_counter()

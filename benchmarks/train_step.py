@@ -19,17 +19,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.host_devices import split_host_from_argv  # noqa: E402
 
-def _tensor(argv) -> int:
-  """--tensor, read before jax is imported: the host platform is split at start-up."""
-  pre = argparse.ArgumentParser(add_help=False)
-  pre.add_argument("--tensor", type=int, default=1)
-  return pre.parse_known_args(argv)[0].tensor
-
-
-if __name__ == "__main__" and "jax" not in sys.modules and _tensor(sys.argv[1:]) > 1:
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-                             f"device_count={_tensor(sys.argv[1:])}").strip()
+if __name__ == "__main__":
+  split_host_from_argv("--tensor", 1)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -61,19 +54,24 @@ def available_memory_bytes() -> int:
   return int(fields["MemAvailable"].split()[0]) * 1024
 
 
+def synthetic_batch(batch_size: int, seq_len: int, vocab: int) -> dict:
+  """Random tokens as one packed document: the trainer's batch keys, host arrays."""
+  rng = np.random.default_rng(0)
+  return {"inputs": rng.integers(0, vocab, (batch_size, seq_len)).astype(np.int32),
+          "targets": rng.integers(0, vocab, (batch_size, seq_len)).astype(np.int32),
+          "segment_ids": np.ones((batch_size, seq_len), np.int32),
+          "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32),
+                                       (batch_size, seq_len)),
+          "weights": np.ones((batch_size, seq_len), np.float32)}
+
+
 def step_and_batch(config, batch_size: int):
   """(jitted sharded train step, state, batch, mesh) as the trainer builds them, on random
   tokens; call or lower the step under sharding.activation_rules(mesh)."""
   config.data.batch_size = batch_size
   tx = make_optimizer(config.train)
   mesh = sharding.make_mesh(config)
-  T = config.data.seq_len
-  rng = np.random.default_rng(0)
-  batch = {"inputs": rng.integers(0, 256, (batch_size, T)).astype(np.int32),
-           "targets": rng.integers(0, 256, (batch_size, T)).astype(np.int32),
-           "segment_ids": np.ones((batch_size, T), np.int32),
-           "positions": np.broadcast_to(np.arange(T, dtype=np.int32), (batch_size, T)),
-           "weights": np.ones((batch_size, T), np.float32)}
+  batch = synthetic_batch(batch_size, config.data.seq_len, 256)
   with sharding.activation_rules(mesh):
     model_def, state, shardings = sharded_train_state(config.model, tx, 0, mesh)
     batch = sharding.global_batch(batch, mesh)
@@ -92,10 +90,11 @@ def time_steps(config, batch_size: int, steps: int) -> float | str:
     memory = step.lower(state, batch).compile().memory_analysis()
     # The state is already resident and donated (updated in place): what the step still needs
     # is its temporaries.
-    if memory is not None and memory.temp_size_in_bytes > 0.9 * available_memory_bytes():
+    available = available_memory_bytes()
+    if memory is not None and memory.temp_size_in_bytes > 0.9 * available:
       return (f"skipped: the compiled step needs {memory.temp_size_in_bytes / 2**30:.1f} GiB of "
               f"temporaries beside its {memory.argument_size_in_bytes / 2**30:.1f} GiB state; "
-              f"{available_memory_bytes() / 2**30:.1f} GiB available")
+              f"{available / 2**30:.1f} GiB available")
     state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
     times = []

@@ -47,3 +47,10 @@ def test_bounds_are_tight_for_packed_documents():
 def test_pad_segments_extends_the_last_segment():
   np.testing.assert_array_equal(blocking.pad_segments(np.array([[3, 3, 7]]), 5),
                                 [[3, 3, 7, 7, 7]])
+
+
+def test_effective_window_makes_a_covering_window_global():
+  assert blocking.effective_window(None, 17) is None
+  assert blocking.effective_window(16, 17) == 16
+  assert blocking.effective_window(17, 17) is None  # Row 16 already sees all 17 keys.
+  assert blocking.effective_window(34, 17) is None

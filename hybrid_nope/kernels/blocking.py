@@ -33,6 +33,11 @@ def _occurrence(seg_BT: jax.Array, last: bool) -> jax.Array:
   return jnp.take_along_axis(first_sorted_BT, inverse_BT, axis=1)
 
 
+def effective_window(window: int | None, T: int) -> int | None:
+  """None (global causal) for a window that covers the whole sequence, else the window."""
+  return None if window is None or window >= T else window
+
+
 def pad_segments(segment_ids: jax.Array, T_padded: int) -> jax.Array:
   """Tail padding joins the last segment: its queries then read real keys, but their outputs
   are dropped and their zero cotangents add nothing to dk, dv, and every bound below stays

@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_nope.kernels import blocking
+
 DTYPES = (jnp.bfloat16, jnp.float16)
 
 
@@ -32,6 +34,7 @@ def attention(q_BTNH, k_BTKH, v_BTKH, *, window=None, segment_ids=None):
   mask = None
   if segment_ids is not None:
     mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-  local = None if window is None or window >= T else (window - 1, 0)
+  window = blocking.effective_window(window, T)
+  local = None if window is None else (window - 1, 0)
   return jax.nn.dot_product_attention(q_BTNH, k_BTKH, v_BTKH, mask=mask, is_causal=True,
                                       local_window_size=local, implementation="cudnn")

@@ -286,8 +286,7 @@ def attention(q_BTNH, k_BTKH, v_BTKH, *, window=None, segment_ids=None,
                      "module), which this jax build lacks")
   sizes = block_sizes or BlockSizes()
   B, T, N, H = q_BTNH.shape
-  if window is not None and window >= T:
-    window = None
+  window = blocking.effective_window(window, T)
   Tp = blocking.cdiv(T, max(sizes.forward, sizes.backward)) * max(sizes.forward, sizes.backward)
   Hp = max(16, pl.next_power_of_2(H))
   pad = lambda x: jnp.pad(x, ((0, 0), (0, Tp - T), (0, 0), (0, Hp - H)))

@@ -64,8 +64,7 @@ def attention(q_BTNH, k_BTKH, v_BTKH, *, window=None, segment_ids=None,
                      "splash_attention, which this jax build lacks")
   sizes = block_sizes or BlockSizes()
   B, T, N, H = q_BTNH.shape
-  if window is not None and window >= T:
-    window = None
+  window = blocking.effective_window(window, T)
   # Splash tiles are multiples of 128 and must divide the (padded) sequence.
   T128 = blocking.cdiv(T, 128) * 128
   sizes = BlockSizes(min(sizes.block_q, T128), min(sizes.block_kv, T128))

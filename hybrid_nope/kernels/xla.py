@@ -66,8 +66,7 @@ class Tiling:
 
 def tiling(T: int, window: int | None, *, block_q: int | None = None,
            chunk_k: int | None = None) -> Tiling:
-  if window is not None and window >= T:
-    window = None  # A window covering the sequence is global causal attention.
+  window = blocking.effective_window(window, T)
   if window is not None and block_q is None and chunk_k is None:
     c = min(SWA_BLOCK_Q, T)
     span = c + blocking.cdiv(window - 1, c) * c
@@ -301,7 +300,6 @@ def attention(q_BTNH, k_BTKH, v_BTKH, *, window=None, segment_ids=None, block_q=
               chunk_k=None):
   """Causal attention; `block_q` / `chunk_k` override the tuned tiling (tests, benchmarks)."""
   T = q_BTNH.shape[1]
-  if window is not None and window >= T:
-    window = None
+  window = blocking.effective_window(window, T)
   t = tiling(T, window, block_q=block_q, chunk_k=chunk_k)
   return _flash(q_BTNH, k_BTKH, v_BTKH, segment_ids, window, t)
