@@ -7,7 +7,8 @@ import numpy as np
 from flax import nnx
 
 from hybrid_nope.model.attention import Attention
-from hybrid_nope.model.layers import BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init, param
+from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init,
+                                      logical_axes, param)
 
 LAYER_KINDS = {"S": "sliding-window attention", "G": "global attention"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -75,6 +76,7 @@ class LanguageModel(nnx.Module):
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     dtype = compute_dtype(cfg.dtype)
     self.kinds = layer_kinds(cfg.pattern, cfg.num_layers)
+    self.period = len(cfg.pattern)
     self.remat = cfg.remat
     self.tie_embeddings = cfg.tie_embeddings
     self.embed = Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs)
@@ -89,13 +91,12 @@ class LanguageModel(nnx.Module):
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
     x_BTD = self.embed(tokens_BT)
-    for layer, block in enumerate(self.blocks):
+    if self.remat and observe is None:
+      x_BTD = self._rematerialised_blocks(x_BTD, positions_BT, segment_ids_BT)
+    for layer, block in enumerate(self.blocks if not self.remat or observe else ()):
       if observe is not None:
         x_BTD = block(x_BTD, positions_BT, segment_ids_BT,
                       lambda name, x, layer=layer: observe(layer, name, x))
-      elif self.remat:
-        # Recompute each block's activations in the backward pass instead of storing them.
-        x_BTD = nnx.remat(lambda b, *a: b(*a))(block, x_BTD, positions_BT, segment_ids_BT)
       else:
         x_BTD = block(x_BTD, positions_BT, segment_ids_BT)
       x_BTD = constrain(x_BTD, BTD)
@@ -105,6 +106,41 @@ class LanguageModel(nnx.Module):
     else:
       logits_BTV = x_BTD @ self.head_DV[...].astype(x_BTD.dtype)
     return constrain(logits_BTV.astype(jnp.float32), BTV)
+
+
+  def _rematerialised_blocks(self, x_BTD, positions_BT, segment_ids_BT):
+    """The blocks as a scan over repeats of the pattern, each repeat recomputed in the backward
+    pass: only the residual stream entering each repeat is stored.
+
+    A scan, not a Python loop of `jax.checkpoint`s: XLA:CPU schedules the unrolled recomputation
+    early and keeps every block's activations (docs/performance.md), whereas a loop body cannot
+    outlive its iteration on any backend. The parameters stay one module per block (checkpoints,
+    the recency hook and the sharding rules see the same tree); they are stacked per pattern
+    position here, and their gradients flow back through the stack.
+    """
+    graphdefs, stacked_states = [], []
+    for offset in range(self.period):
+      splits = [nnx.split(block) for block in self.blocks[offset::self.period]]
+      graphdefs.append(splits[0][0])
+      stacked_states.append(jax.tree.map(_stack_variables, *(state for _, state in splits),
+                                         is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+    def one_repeat(x_BTD, states):
+      for graphdef, state in zip(graphdefs, states):
+        x_BTD = constrain(nnx.merge(graphdef, state)(x_BTD, positions_BT, segment_ids_BT), BTD)
+      return x_BTD, None
+
+    # prevent_cse guards unrolled remat against CSE with the forward; a scan body needs no guard.
+    x_BTD, _ = jax.lax.scan(jax.checkpoint(one_repeat, prevent_cse=False), x_BTD,
+                            stacked_states)
+    return x_BTD
+
+
+def _stack_variables(*variables: nnx.Variable) -> nnx.Variable:
+  """One parameter from each repeat, stacked on a new leading axis that stays unsharded."""
+  stacked = jnp.stack([v[...] for v in variables])
+  axes = logical_axes(variables[0])
+  return variables[0].replace(constrain(stacked, (None, *axes)) if axes else stacked)
 
 
 def parameter_counts(model: LanguageModel) -> dict[str, int]:

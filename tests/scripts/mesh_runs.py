@@ -18,11 +18,14 @@ from hybrid_nope.train.state import sharded_train_state
 from tests.helpers import MESH_TEST, tiny_config
 
 MESHES = {"data8": (8, 1, 1), "data2_fsdp4": (2, 4, 1), "fsdp2_tensor4": (1, 2, 4)}
+# Remat scans over stacked block parameters; the stack must keep each parameter's sharding.
+REMAT_MESH = "fsdp2_tensor4"
 
 
-def config_for(mesh):
+def config_for(mesh, **overrides):
   data, fsdp, tensor = mesh
-  return tiny_config(**MESH_TEST, mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor)
+  return tiny_config(**MESH_TEST, mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor,
+                     **overrides)
 
 
 def losses(workdir):
@@ -36,6 +39,9 @@ def main(workdir):
   for name, mesh in MESHES.items():
     loop.train(config_for(mesh), os.path.join(workdir, name))
     out["losses"][name] = losses(os.path.join(workdir, name))
+  remat_dir = os.path.join(workdir, REMAT_MESH + "_remat")
+  loop.train(config_for(MESHES[REMAT_MESH], model__remat=True), remat_dir)
+  out["losses"][REMAT_MESH + "_remat"] = losses(remat_dir)
 
   config = config_for(MESHES["fsdp2_tensor4"])
   tx = make_optimizer(config.train)
