@@ -38,7 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
       tie_embeddings=False,
       norm_eps=1e-5,
       dtype="auto",            # auto: float32 on CPU, bfloat16 elsewhere; params stay float32.
-      remat=False,
+      remat=False,             # True: scan the pattern repeats, keeping only the residual stream
+                               # between them for the backward pass (long sequences, big models).
       attention_impl="auto",
   ))
 

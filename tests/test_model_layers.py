@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_nope.model.layers import RMSNorm, SwiGLU, apply_rope, logical_axes, param, default_init
+from hybrid_nope.model.layers import (RMSNorm, SwiGLU, apply_rope, default_init, logical_axes,
+                                      param, project)
 
 
 def test_rmsnorm_matches_numpy():
@@ -13,6 +14,28 @@ def test_rmsnorm_matches_numpy():
   x = np.random.default_rng(0).standard_normal((2, 3, 16)).astype(np.float32) * 5
   want = x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6) * np.linspace(0.5, 2.0, 16)
   np.testing.assert_allclose(norm(jnp.asarray(x)), want, rtol=1e-5, atol=1e-6)
+
+
+def test_rmsnorm_scale_gradient_matches_numpy():
+  norm = RMSNorm(16, eps=1e-6, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(1)
+  x, g = (rng.standard_normal((2, 3, 16)).astype(np.float32) for _ in range(2))
+  grads = nnx.grad(lambda m: jnp.sum(m(jnp.asarray(x)) * g))(norm)
+  want = (g * x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)).sum((0, 1))
+  np.testing.assert_allclose(grads.scale_D[...], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,contract,spec", [
+    ((2, 5, 4), (4, 3, 2), 1, "btd,dnh->btnh"),
+    ((2, 5, 3, 2), (3, 2, 4), 2, "btnh,nhd->btd"),
+    ((1, 7, 4), (4, 6), 1, "btd,dv->btv"),
+])
+def test_project_matches_einsum(x_shape, w_shape, contract, spec):
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal(x_shape).astype(np.float32)
+  w = rng.standard_normal(w_shape).astype(np.float32)
+  np.testing.assert_allclose(project(jnp.asarray(x), jnp.asarray(w), contract),
+                             np.einsum(spec, x, w), rtol=1e-5, atol=1e-5)
 
 
 def test_swiglu_matches_numpy():

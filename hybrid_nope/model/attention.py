@@ -6,7 +6,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_nope import kernels
-from hybrid_nope.model.layers import apply_rope, constrain, default_init, mesh_axes, param
+from hybrid_nope.model.layers import (apply_rope, constrain, default_init, mesh_axes, param,
+                                      project)
 
 POSITION_ENCODINGS = ("rope", "nope")
 BTNH = ("act_batch", "act_length", "act_heads", None)
@@ -38,12 +39,9 @@ class Attention(nnx.Module):
   def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
                segment_ids_BT: jax.Array | None) -> jax.Array:
     x_BTD = x_BTD.astype(self.dtype)
-    q_BTNH = constrain(jnp.einsum("btd,dnh->btnh", x_BTD, self.wq_DNH[...].astype(self.dtype)),
-                       BTNH)
-    k_BTKH = constrain(jnp.einsum("btd,dkh->btkh", x_BTD, self.wk_DKH[...].astype(self.dtype)),
-                       BTKH)
-    v_BTKH = constrain(jnp.einsum("btd,dkh->btkh", x_BTD, self.wv_DKH[...].astype(self.dtype)),
-                       BTKH)
+    q_BTNH = constrain(project(x_BTD, self.wq_DNH[...].astype(self.dtype)), BTNH)
+    k_BTKH = constrain(project(x_BTD, self.wk_DKH[...].astype(self.dtype)), BTKH)
+    v_BTKH = constrain(project(x_BTD, self.wv_DKH[...].astype(self.dtype)), BTKH)
     if self.position == "rope":
       q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_theta)
       k_BTKH = apply_rope(k_BTKH, positions_BT, self.rope_theta)
@@ -57,4 +55,4 @@ class Attention(nnx.Module):
     out_BTNH = kernels.attention(q_BTNH, k_BTKH, v_BTKH, window=self.window,
                                  segment_ids=segment_ids_BT, impl=self.impl,
                                  batch_axes=batch_axes, head_axes=head_axes)
-    return jnp.einsum("btnh,nhd->btd", out_BTNH, self.wo_NHD[...].astype(self.dtype))
+    return project(out_BTNH, self.wo_NHD[...].astype(self.dtype), contract=2)

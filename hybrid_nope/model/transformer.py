@@ -8,7 +8,7 @@ from flax import nnx
 
 from hybrid_nope.model.attention import Attention
 from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init,
-                                      logical_axes, param)
+                                      logical_axes, param, project)
 
 LAYER_KINDS = {"S": "sliding-window attention", "G": "global attention"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -104,7 +104,7 @@ class LanguageModel(nnx.Module):
     if self.tie_embeddings:
       logits_BTV = self.embed.attend(x_BTD)
     else:
-      logits_BTV = x_BTD @ self.head_DV[...].astype(x_BTD.dtype)
+      logits_BTV = project(x_BTD, self.head_DV[...].astype(x_BTD.dtype))
     return constrain(logits_BTV.astype(jnp.float32), BTV)
 
 
