@@ -14,6 +14,7 @@ import collections
 import glob
 import os
 import re
+import resource
 import sys
 import tempfile
 import time
@@ -84,7 +85,7 @@ def instruction_sources(hlo_text: str) -> tuple[dict[str, str], set[str]]:
 
 def thunk_seconds(trace_dir: str) -> dict[str, float]:
   """Total seconds per event name on the host plane of the XSpace jax.profiler wrote (read
-  directly: the trace-viewer conversion keeps only the first million or so events)."""
+  directly: the perfetto conversion kept only the start of a long step)."""
   (path,) = glob.glob(os.path.join(trace_dir, "plugins/profile/*/*.xplane.pb"))
   totals = collections.defaultdict(float)
   for plane in jax.profiler.ProfileData.from_file(path).planes:
@@ -115,10 +116,10 @@ def main():
     jax.block_until_ready(metrics)
     with tempfile.TemporaryDirectory() as trace_dir:
       with jax.profiler.trace(trace_dir):
-        start = time.perf_counter()
+        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         state, metrics = step(state, batch)
         jax.block_until_ready(metrics)
-        wall = time.perf_counter() - start
+        wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
       per_thunk = thunk_seconds(trace_dir)
 
   by_line, by_file = collections.Counter(), collections.Counter()
@@ -128,8 +129,10 @@ def main():
       by_file[sources[name].split(":", 1)[0]] += seconds
   total = sum(by_line.values())
   print(f"jax {jax.__version__}; {args.size} {args.pattern} seq_len {args.seq_len} "
-        f"layers {config.model.num_layers} vocab {config.model.vocab_size} remat {args.remat}: step {wall:.2f} s wall under the "
-        f"profiler, {total:.2f} s of thunk time\n")
+        f"layers {config.model.num_layers} vocab {config.model.vocab_size} remat {args.remat}: "
+        f"step {wall:.2f} s wall under the profiler, {total:.2f} s of thunk time, "
+        f"{after.ru_minflt - before.ru_minflt} minor page faults, "
+        f"{after.ru_stime - before.ru_stime:.2f} s system CPU time\n")
   for title, counter, top in (("file", by_file, None), ("line", by_line, args.top)):
     print(f"| {title} | seconds | share |\n|---|---|---|")
     for key, seconds in counter.most_common(top):
