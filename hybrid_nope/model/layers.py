@@ -11,9 +11,8 @@ from flax import nnx
 # Logical axis names used on every parameter; the sharding rules map them to mesh axes.
 #   vocab, embed (d_model), heads (query heads), kv_heads, kv (head_dim), mlp (hidden).
 BTD = ("act_batch", "act_length", "act_embed")
+BTF = ("act_batch", "act_length", "act_mlp")
 BTV = ("act_batch", "act_length", "act_vocab")
-# M is B·T flattened: token-wise matmuls run on [M, in] views (see `project`).
-MF = ("act_batch", "act_mlp")
 default_init = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
 
@@ -104,12 +103,10 @@ class SwiGLU(nnx.Module):
     self.w_down_FD = param(rngs, default_init, (mlp_dim, d_model), ("mlp", "embed"))
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    B, T, D = x_BTD.shape
-    x_MD = x_BTD.astype(self.dtype).reshape(B * T, D)  # 2-D matmuls: see `project`.
-    gate_MF = constrain(x_MD @ self.w_gate_DF[...].astype(self.dtype), MF)
-    up_MF = constrain(x_MD @ self.w_up_DF[...].astype(self.dtype), MF)
-    out_MD = (jax.nn.silu(gate_MF) * up_MF) @ self.w_down_FD[...].astype(self.dtype)
-    return out_MD.reshape(B, T, D)
+    x_BTD = x_BTD.astype(self.dtype)
+    gate_BTF = constrain(project(x_BTD, self.w_gate_DF[...].astype(self.dtype)), BTF)
+    up_BTF = constrain(project(x_BTD, self.w_up_DF[...].astype(self.dtype)), BTF)
+    return project(jax.nn.silu(gate_BTF) * up_BTF, self.w_down_FD[...].astype(self.dtype))
 
 
 def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:

@@ -93,20 +93,20 @@ class LanguageModel(nnx.Module):
     x_BTD = self.embed(tokens_BT)
     if self.remat and observe is None:
       x_BTD = self._rematerialised_blocks(x_BTD, positions_BT, segment_ids_BT)
-    for layer, block in enumerate(self.blocks if not self.remat or observe else ()):
-      if observe is not None:
-        x_BTD = block(x_BTD, positions_BT, segment_ids_BT,
-                      lambda name, x, layer=layer: observe(layer, name, x))
-      else:
-        x_BTD = block(x_BTD, positions_BT, segment_ids_BT)
-      x_BTD = constrain(x_BTD, BTD)
+    else:
+      for layer, block in enumerate(self.blocks):
+        if observe is not None:
+          x_BTD = block(x_BTD, positions_BT, segment_ids_BT,
+                        lambda name, x, layer=layer: observe(layer, name, x))
+        else:
+          x_BTD = block(x_BTD, positions_BT, segment_ids_BT)
+        x_BTD = constrain(x_BTD, BTD)
     x_BTD = self.final_norm(x_BTD)
     if self.tie_embeddings:
       logits_BTV = self.embed.attend(x_BTD)
     else:
       logits_BTV = project(x_BTD, self.head_DV[...].astype(x_BTD.dtype))
     return constrain(logits_BTV.astype(jnp.float32), BTV)
-
 
   def _rematerialised_blocks(self, x_BTD, positions_BT, segment_ids_BT):
     """The blocks as a scan over repeats of the pattern, each repeat recomputed in the backward
