@@ -83,8 +83,11 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   c.metrics = ml_collections.ConfigDict(dict(
       far_lag=4096,            # L: floor = f(L), gap = f(1) − f(L); must be < data.seq_len.
-      probe_batch_size=4,      # Sequences of the first eval batch the recency hook measures.
+      probe_batch_size=16,     # Eval rows the recency hook measures, chosen to span as many
+                               # documents as the eval set holds.
       query_positions=1024,    # Evenly spaced query positions averaged over; 0 = all.
+      # How often the recency hook runs (step 0 always); follows checkpoint.every_steps unless set.
+      every_steps=c.checkpoint.get_ref("every_steps") * 1,
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   return c

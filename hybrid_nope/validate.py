@@ -37,7 +37,7 @@ def validate(config) -> None:
               "data.batch_size", "train.steps", "train.log_every_steps",
               "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
               "eval.batch_size", "eval.num_batches", "eval.bucket_size",
-              "metrics.probe_batch_size"):
+              "metrics.probe_batch_size", "metrics.every_steps"):
     _positive_int(config, key)
   try:
     layer_kinds(m.pattern, m.num_layers)
@@ -60,9 +60,11 @@ def validate(config) -> None:
   _require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,
            "metrics.far_lag", config.metrics.far_lag,
            f"an integer in [1, data.seq_len={d.seq_len}) (the far lag L must fit in a sequence)")
-  _require(config.metrics.probe_batch_size <= config.eval.batch_size,
+  eval_rows = config.eval.batch_size * config.eval.num_batches
+  _require(config.metrics.probe_batch_size <= eval_rows,
            "metrics.probe_batch_size", config.metrics.probe_batch_size,
-           f"at most eval.batch_size={config.eval.batch_size} (the probe is the first eval batch)")
+           f"at most eval.batch_size x eval.num_batches = {eval_rows} (the probe is chosen from "
+           "the eval rows)")
   _require(isinstance(config.metrics.query_positions, int) and config.metrics.query_positions >= 0,
            "metrics.query_positions", config.metrics.query_positions,
            "an integer >= 0 (0 = every position)")

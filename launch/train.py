@@ -7,6 +7,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
 from hybrid_nope.train import distributed, loop  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
@@ -18,7 +19,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   distributed.initialize()
-  summary = loop.train(flags.FLAGS.config, flags.FLAGS.workdir)
+  summary = loop.train(flags.FLAGS.config, flags.FLAGS.workdir, hooks=[RecencyHook.for_run])
   logging.info("done: %s", summary)
 
 

@@ -2,6 +2,7 @@
 import os
 
 from hybrid_nope.analysis import report
+from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import loop
 from tests.helpers import tiny_config
 
@@ -13,7 +14,7 @@ def trained_run(tmp_path_factory) -> str:
   if "run" not in _CACHE:
     workdir = str(tmp_path_factory.mktemp("tiny_run"))
     config = tiny_config()
-    loop.train(config, workdir)
+    loop.train(config, workdir, hooks=[RecencyHook.for_run])
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):  # Older loops did not write it.
       with open(path, "w") as f:

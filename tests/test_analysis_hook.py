@@ -1,32 +1,63 @@
-"""The in-loop hook's records against recomputation from saved activations."""
+"""The in-loop hook's records against recomputation from saved activations, by loops over pairs
+inside documents (float64)."""
 import json
 
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.analysis import probe as probe_lib
+from hybrid_nope.analysis.hook import PROBE_FILE, RecencyHook
 from hybrid_nope.data import pipeline
-from hybrid_nope.model.transformer import BOUNDARIES
+from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
+from hybrid_nope.train.hooks import RunContext
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.state import init_model
 from tests.helpers import tiny_config
 
 
-def numpy_profile(x, lags):
-  u = x / np.linalg.norm(x, axis=-1, keepdims=True)
-  return np.array([np.mean(np.sum(u[:, d:] * u[:, :-d], -1)) for d in lags])
+def reference(values_fn, seg, docs, lags, positions):
+  """Per lag: mean over counted pairs, cluster standard error over (row, document) pieces, and
+  the pair count."""
+  out = []
+  for d in lags:
+    by_doc = {}
+    for b in range(seg.shape[0]):
+      for i in positions[positions >= d]:
+        if seg[b, i] == seg[b, i - d] != 0:
+          by_doc.setdefault((b, docs[b, i]), []).append(values_fn(b, i, i - d))
+    s = np.array([np.sum(v) for v in by_doc.values()])
+    n = np.array([len(v) for v in by_doc.values()])
+    m = s.sum() / n.sum() if n.sum() else np.nan
+    k = len(s)
+    se = np.sqrt(k / (k - 1) * np.sum((s - m * n) ** 2)) / n.sum() if k >= 2 else np.nan
+    out.append((m, se, int(n.sum())))
+  return [np.array(v) for v in zip(*out)]
 
 
-@pytest.mark.parametrize("query_positions", [0, 16])
-def test_records_match_recomputation_from_saved_activations(tmp_path, query_positions):
-  config = tiny_config(model__pattern="SG", model__num_layers=4,
-                       metrics__query_positions=query_positions)
+@pytest.fixture(scope="module")
+def measured():
+  # 192 rows of 64 tokens span the first three eval files (6189, 3400, 19014 bytes): only the
+  # rows that hold a boundary cover more than one.
+  config = tiny_config(model__pattern="SG", model__num_layers=4, eval__batch_size=8,
+                       eval__num_batches=24, metrics__probe_batch_size=4,
+                       metrics__query_positions=16)
   model_def, params = init_model(config.model, seed=0)
-  probe = pipeline.eval_batches(config)[0]
-  writer = MetricsWriter(str(tmp_path))
-  hook = RecencyHook(config, model_def, probe, writer)
-  records = hook.records(3, params)
+  batches = pipeline.eval_batches(config)
+  hook = RecencyHook(config, model_def, batches, writer=None)
+  return config, model_def, params, batches, hook, hook.records(0, params)
 
+
+def test_probe_rows_are_chosen_over_the_whole_eval_set(measured):
+  config, _, _, batches, hook, _ = measured
+  rows = {k: np.concatenate([b[k] for b in batches]) for k in ("segment_ids", "positions")}
+  doc_ids = probe_lib.document_ids(rows["segment_ids"], rows["positions"])
+  np.testing.assert_array_equal(hook.rows, probe_lib.choose_rows(doc_ids, 4))
+  assert hook.num_docs > len(np.unique(doc_ids[:4][doc_ids[:4] >= 0]))
+  np.testing.assert_array_equal(hook.probe["segment_ids"], rows["segment_ids"][hook.rows])
+
+
+def test_records_match_loops_over_document_pairs(measured):
+  config, model_def, params, _, hook, records = measured
   saved = {}
 
   def save(layer, name, x):
@@ -34,71 +65,101 @@ def test_records_match_recomputation_from_saved_activations(tmp_path, query_posi
     return x
 
   model = model_def.bind(params)
-  batch = {k: v[:config.metrics.probe_batch_size] for k, v in probe.items()}
-  model(batch["inputs"], positions_BT=batch["positions"], segment_ids_BT=batch["segment_ids"],
-        observe=save)
-
+  p = hook.probe
+  model(p["inputs"], positions_BT=p["positions"], segment_ids_BT=p["segment_ids"], observe=save)
+  seg, docs, tokens = np.asarray(p["segment_ids"]), hook.doc_ids_BT, np.asarray(p["inputs"])
   lags, far = hook.lags, config.metrics.far_lag
-  assert lags == (1, 2, 4, 8, 16, 32)  # window 4 is already a power of two
-  assert len(records) == 4 * len(BOUNDARIES)
   T = config.data.seq_len
-  positions = (np.arange(T) if not query_positions
-               else np.unique(np.linspace(0, T - 1, query_positions).round().astype(int)))
-  for r in records:
+  positions = np.unique(np.linspace(0, T - 1, 16).round().astype(int))
+
+  expected_modules = [("data", "tokens")] + [
+      (kind, name) for layer, kind in enumerate(["swa", "global"] * 2)
+      for name in BOUNDARIES + ((FINAL_BOUNDARY,) if layer == 3 else ())]
+  assert [(r["layer_type"], r["module"]) for r in records] == expected_modules
+
+  data = records[0]
+  assert data["layer"] == -1
+  mean, se, pairs = reference(lambda b, i, j: float(tokens[b, i] == tokens[b, j]), seg, docs,
+                              lags, positions)
+  np.testing.assert_allclose(data["profile"], mean, rtol=1e-6)
+  np.testing.assert_allclose(data["stderr"], se, rtol=1e-5)
+  assert data["pairs"] == pairs.tolist()
+
+  embed = np.asarray(model.embed(p["inputs"]), np.float64)
+  np.testing.assert_allclose(saved[(0, "input")], embed, rtol=1e-6)
+  for r in records[1:]:
     x = saved[(r["layer"], r["module"])]
-    want = []
-    for d in lags:
-      i = positions[positions >= d]
-      a, b = x[:, i], x[:, i - d]
-      want.append(np.mean(np.sum(a * b, -1) / np.linalg.norm(a, axis=-1)
-                          / np.linalg.norm(b, axis=-1)))
-    np.testing.assert_allclose(r["profile"], want, rtol=1e-4, atol=1e-5)
-    assert r["floor"] == pytest.approx(want[-1], abs=1e-5)
-    assert r["gap"] == pytest.approx(want[0] - want[-1], abs=1e-5)
-    assert r["step"] == 3 and r["layer_type"] == ("swa" if r["layer"] % 2 == 0 else "global")
-    if r["layer_type"] == "global":
-      attn = model.blocks[r["layer"]].attn
-      wq, wk = np.asarray(attn.wq_DNH[...], np.float64), np.asarray(attn.wk_DKH[...], np.float64)
-      xin = saved[(r["layer"], "pre_mixer_norm")]
-      N, K, H = wq.shape[1], wk.shape[1], wq.shape[2]
-      i1 = positions[positions >= 1]
-      iL = positions[positions >= far]
-      g1 = np.einsum("bpd,bpe->de", xin[:, i1], xin[:, i1 - 1]) / (xin.shape[0] * len(i1))
-      gL = np.einsum("bpd,bpe->de", xin[:, iL], xin[:, iL - far]) / (xin.shape[0] * len(iL))
-      for h in range(N):
-        m = wq[:, h] @ wk[:, h // (N // K)].T / np.sqrt(H)
-        assert r["logit_gap"][h] == pytest.approx(np.sum((g1 - gL) * m), rel=1e-3, abs=1e-5)
-        cos = np.sum((g1 - gL) * m) / np.linalg.norm(g1 - gL) / np.linalg.norm(m)
-        assert r["alignment"][h] == pytest.approx(cos, rel=1e-3, abs=1e-5)
-    else:
+    u = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    mean, se, pairs = reference(lambda b, i, j: u[b, i] @ u[b, j], seg, docs, lags, positions)
+    np.testing.assert_allclose(r["profile"], mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(r["stderr"], se, rtol=1e-3, atol=1e-6)
+    assert r["pairs"] == pairs.tolist()
+    assert r["floor"] == pytest.approx(mean[-1], abs=1e-5)
+    assert r["gap"] == pytest.approx(mean[0] - mean[-1], abs=1e-5)
+    if r["layer_type"] != "global":
       assert "logit_gap" not in r
+      continue
+    attn = model.blocks[r["layer"]].attn
+    wq, wk = np.asarray(attn.wq_DNH[...], np.float64), np.asarray(attn.wk_DKH[...], np.float64)
+    xin = saved[(r["layer"], "pre_mixer_norm")]
+    N, K, H = wq.shape[1], wk.shape[1], wq.shape[2]
+    near, far_i = lags.index(1), lags.index(far)
+    for h in range(N):
+      m = wq[:, h] @ wk[:, h // (N // K)].T / np.sqrt(H)
+      logit, _, _ = reference(lambda b, i, j: xin[b, i] @ m @ xin[b, j], seg, docs, lags,
+                              positions)
+      np.testing.assert_allclose(r["logit_profile"][h], logit, rtol=1e-3, atol=1e-5)
+      assert r["logit_gap"][h] == pytest.approx(logit[near] - logit[far_i], rel=1e-3, abs=1e-5)
+      # The gap's standard error: per-document influence of the two ratio means.
+      infl = {}
+      for idx, (d, sign) in enumerate(((1, 1.0), (far, -1.0))):
+        pairs_d = [(b, i) for b in range(seg.shape[0]) for i in positions[positions >= d]
+                   if seg[b, i] == seg[b, i - d] != 0]
+        mean_d = np.mean([xin[b, i] @ m @ xin[b, i - d] for b, i in pairs_d])
+        for b, i in pairs_d:
+          infl[(b, docs[b, i])] = infl.get((b, docs[b, i]), 0.0) + sign * (
+              xin[b, i] @ m @ xin[b, i - d] - mean_d) / len(pairs_d)
+      k = len(infl)
+      want_se = np.sqrt(k / (k - 1) * np.sum(np.square(list(infl.values()))))
+      assert r["logit_gap_stderr"][h] == pytest.approx(want_se, rel=1e-3)
+    assert r["alignment_null"] == [1 / config.model.d_model] * N
 
 
-def test_call_writes_jsonl_and_tensorboard(tmp_path):
+def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):
   config = tiny_config()
   model_def, params = init_model(config.model, seed=0)
   writer = MetricsWriter(str(tmp_path))
-  hook = RecencyHook(config, model_def, pipeline.eval_batches(config)[0], writer)
-  seconds = hook(0, params)
+  run = RunContext(config=config, model_def=model_def, eval_batches=pipeline.eval_batches(config),
+                   writer=writer, replicate=lambda tree: tree)
+  hook = RecencyHook.for_run(run)
+  hook(0, params)
+  hook(4, params)
   writer.close()
-  assert seconds > 0
+  described = json.loads((tmp_path / PROBE_FILE).read_text())
+  assert described["rows"] == hook.rows.tolist() and described["documents"] == hook.num_docs
+  assert described["tokens"] == int(np.sum(np.asarray(hook.probe["segment_ids"]) != 0))
   lines = [json.loads(l) for l in open(tmp_path / "recency.jsonl")]
-  assert len(lines) == config.model.num_layers * len(BOUNDARIES)
+  per_step = config.model.num_layers * len(BOUNDARIES) + 1
+  assert len(lines) == 1 + 2 * per_step  # the data control only at step 0
+  assert described["pairs"] == lines[0]["pairs"]
   assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+  (tmp_path / PROBE_FILE).write_text("kept")
+  RecencyHook.for_run(run)
+  assert (tmp_path / PROBE_FILE).read_text() == "kept"
 
 
-def test_probe_larger_than_eval_batch_fails_naming_the_key():
+def test_probe_larger_than_the_eval_set_fails_naming_the_key():
   config = tiny_config(metrics__probe_batch_size=5)
   model_def, _ = init_model(config.model, seed=0)
   with pytest.raises(ValueError, match="metrics.probe_batch_size"):
-    RecencyHook(config, model_def, pipeline.eval_batches(config)[0], writer=None)
+    RecencyHook(config, model_def, pipeline.eval_batches(config), writer=None)
 
 
 def test_custom_lags_must_include_one_and_the_far_lag():
   config = tiny_config()
   model_def, params = init_model(config.model, seed=0)
-  probe = pipeline.eval_batches(config)[0]
+  batches = pipeline.eval_batches(config)
   with pytest.raises(ValueError, match="must include 1 and metrics.far_lag=32"):
-    RecencyHook(config, model_def, probe, writer=None, lags=(2, 32))
-  hook = RecencyHook(config, model_def, probe, writer=None, lags=(1, 3, 32, 48))
+    RecencyHook(config, model_def, batches, writer=None, lags=(2, 32))
+  hook = RecencyHook(config, model_def, batches, writer=None, lags=(1, 3, 32, 48))
   assert hook.records(0, params)[0]["lags"] == [1, 3, 32, 48]

@@ -22,20 +22,25 @@ def _jsonl(path):
 
 
 def _assert_same_records(ours, theirs):
+  """Analysis records (with their longer lags, and always the data control) against the loop's."""
+  ours = {(r["layer"], r["module"]): r for r in ours}
   theirs = {(r["layer"], r["module"]): r for r in theirs}
-  assert len(ours) == len(theirs) == 2 * 6
-  for r in ours:
-    t = theirs[(r["layer"], r["module"])]
+  assert len(ours) == 2 * 7 + 2  # 2 layers x 7 boundaries, the final norm, the data control
+  assert set(theirs) <= set(ours) and len(theirs) >= len(ours) - 1
+  for key, t in theirs.items():
+    r = ours[key]
     shared = [d for d in t["lags"] if d in r["lags"]]
     assert shared == t["lags"]
-    np.testing.assert_allclose([r["profile"][r["lags"].index(d)] for d in shared], t["profile"],
-                               rtol=1e-5, atol=1e-6)
+    for field in ("profile", "stderr", "pairs"):
+      np.testing.assert_allclose([r[field][r["lags"].index(d)] for d in shared], t[field],
+                                 rtol=1e-5, atol=1e-6)
     assert r["floor"] == pytest.approx(t["floor"], abs=1e-6)
     assert r["gap"] == pytest.approx(t["gap"], abs=1e-6)
     assert r["layer_type"] == t["layer_type"]
     assert ("logit_gap" in r) == ("logit_gap" in t)
     if "logit_gap" in t:
-      np.testing.assert_allclose(r["logit_gap"], t["logit_gap"], rtol=1e-4, atol=1e-6)
+      for field in ("logit_gap", "logit_gap_stderr", "alignment_null"):
+        np.testing.assert_allclose(r[field], t[field], rtol=1e-4, atol=1e-6)
       np.testing.assert_allclose(r["alignment"], t["alignment"], rtol=1e-4, atol=1e-6)
       np.testing.assert_allclose(r["logit_profile"], t["logit_profile"], rtol=1e-4, atol=1e-6)
 
@@ -47,7 +52,11 @@ def test_reproduces_recency_jsonl_at_the_training_length(analyzed):
   recorded = _jsonl(os.path.join(workdir, "recency.jsonl"))
   _assert_same_records(a["records"], [r for r in recorded if r["step"] == 8])
   _assert_same_records(a["init_records"], [r for r in recorded if r["step"] == 0])
-  assert a["summary"]["step"] == report.summarize([r for r in recorded if r["step"] == 8])
+  data_control = [r for r in recorded if r["layer"] == -1]
+  assert [r["step"] for r in data_control] == [0]  # written once, at init
+  np.testing.assert_equal(a["summary"]["step"], report.summarize(
+      [r for r in recorded if r["step"] == 8] + data_control))
+  assert np.isfinite(a["summary"]["step"]["gap_stderr"])
 
 
 def test_eval_loss_matches_the_training_loop(analyzed):
@@ -136,17 +145,23 @@ def test_analysis_lags():
   assert report.analysis_lags(100, 48, None) == (1, 2, 4, 8, 16, 32, 48, 64)
 
 
-def test_summarize_reads_global_inputs_only():
-  def rec(layer, kind, module, gap, **kw):
+def test_summarize_reads_global_inputs_only_with_noise_and_the_data_control():
+  def rec(layer, kind, module, gap, se=(0.03, 0.04), **kw):
     return {"layer": layer, "layer_type": kind, "module": module, "gap": gap, "floor": 1 - gap,
-            **kw}
+            "lags": [1, 8, 32], "far_lag": 8, "stderr": [se[0], 9.0, se[1]], **kw}
+  head = dict(logit_gap_stderr=[0.5, 1.5], alignment_null=[0.125, 0.125])
   records = [rec(0, "swa", "pre_mixer_norm", 0.9), rec(1, "global", "mixer", 0.8),
-             rec(1, "global", "pre_mixer_norm", 0.2, logit_gap=[1.0, 3.0], alignment=[0.1, 0.3]),
-             rec(3, "global", "pre_mixer_norm", 0.4, logit_gap=[2.0, 6.0], alignment=[0.0, 0.2])]
+             rec(1, "global", "pre_mixer_norm", 0.2, se=(0.3, 0.4), logit_gap=[1.0, 3.0],
+                 alignment=[0.1, 0.3], **head),
+             rec(3, "global", "pre_mixer_norm", 0.4, se=(0.6, 0.8), logit_gap=[2.0, 6.0],
+                 alignment=[0.0, 0.2], **head),
+             rec(-1, "data", "tokens", 0.07)]
   s = report.summarize(records)
-  assert s == pytest.approx({"gap": 0.3, "floor": 0.7, "logit_gap": 3.0, "alignment": 0.15})
-  assert report.summarize(records[:1]) == {"gap": None, "floor": None, "logit_gap": None,
-                                           "alignment": None}
+  # gap_stderr reads lag 1 and the far lag 8 (not the last lag): hypot(.3,.4)=.5, hypot(.6,.8)=1.
+  assert s == pytest.approx({"gap": 0.3, "floor": 0.7, "gap_stderr": 0.75, "logit_gap": 3.0,
+                             "logit_gap_stderr": 1.0, "alignment": 0.15,
+                             "alignment_null": 0.125, "data_gap": 0.07})
+  assert set(report.summarize(records[:1]).values()) == {None}
 
 
 def test_cli_reports_an_empty_workdir(tmp_path):

@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import loop
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.step import make_train_step
@@ -39,7 +40,7 @@ def recorded_steps(workdir) -> set[int]:
 
 
 def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
-  summary = loop.train(tiny_config(), str(tmp_path))
+  summary = loop.train(tiny_config(), str(tmp_path), hooks=[RecencyHook.for_run])
   records = read_metrics(tmp_path)
   assert sorted(losses_by_step(tmp_path)) == list(range(1, 9))
   evals = [r for r in records if "eval_loss" in r]
@@ -60,10 +61,14 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   with open(tmp_path / "recency.jsonl") as f:
     recency = [json.loads(line) for line in f]
   assert sorted({r["step"] for r in recency}) == [0, 4, 8]
-  assert len(recency) == 3 * 2 * 6
+  # Per step: 2 layers x 7 boundaries, the final norm, and the data control at step 0 only.
+  assert len(recency) == 3 * (2 * 7 + 1) + 1
   for r in recency:
-    assert {"step", "layer", "layer_type", "module", "lags", "profile", "floor", "gap"} <= set(r)
+    assert {"step", "layer", "layer_type", "module", "lags", "profile", "floor", "gap", "pairs",
+            "stderr"} <= set(r)
     assert ("logit_gap" in r) == (r["layer_type"] == "global")
+  assert [(r["step"], r["module"]) for r in recency if r["layer"] == -1] == [(0, "tokens")]
+  assert os.path.exists(tmp_path / "recency_probe.json")
   # Run again on the finished workdir: nothing is trained, it says so, the records stay.
   with caplog.at_level(logging.WARNING, logger="absl"):
     again = loop.train(tiny_config(), str(tmp_path))

@@ -5,23 +5,42 @@ Reads only files (no model is run): each run's config.json, metrics.jsonl (eval 
 recency.jsonl, and, where `launch/analyze.py` has been run, the latest
 analysis/step_<N>/extrapolation.json. The run gap, logit gap and extrapolation ratio are defined
 in `report.py`.
+
+Runs whose configs differ only in `train.seed` are one configuration: `aggregate_seeds` turns
+them into one row of seed means ± standard errors (std / sqrt(n), ddof 1). A single-seed row
+carries, where the records have it, the measurement standard error over probe documents
+instead. Table, figures and correlations are over these rows.
 """
 from __future__ import annotations
 
 import collections
 import glob
 import json
+import math
 import os
 import re
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
+import scipy.stats
 
 from hybrid_nope.analysis import checkpoints, plots, report
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
 MIN_RUNS_FOR_CORRELATION = 3
+SIGNIFICANT_SE = 2  # A logit-gap sign counts only beyond this many standard errors from zero.
+SEED_KEY = ("train", "seed")
+# Row values aggregated over seeds (mean ± SE); for one seed the ± is the measurement standard
+# error named here, where the summary has one.
+AGGREGATED = ("eval_loss", "gap", "floor", "logit_gap", "alignment", "alignment_null",
+              "data_gap", "logit_gap_sign_flips", "extrapolation_gap",
+              "extrapolation_logit_gap")
+MEASUREMENT_SE = {"gap": "gap_stderr", "logit_gap": "logit_gap_stderr",
+                  "extrapolation_gap": "extrapolation_gap_stderr",
+                  "extrapolation_logit_gap": "extrapolation_logit_gap_stderr"}
+STEP_KEYS = ("gap", "logit_gap")  # The per-step series (gap_vs_step.png).
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -44,15 +63,32 @@ def _latest_extrapolation(workdir: str) -> dict | None:
     return json.load(f)
 
 
-def sign_flips(values: Sequence[float | None]) -> int:
-  """How often consecutive non-zero values change sign."""
-  signs = [np.sign(v) for v in values if v is not None and v != 0]
-  return int(sum(a != b for a, b in zip(signs, signs[1:])))
+def _known(value) -> bool:
+  return value is not None and math.isfinite(value)
+
+
+def sign_flips(values: Sequence[float | None], stderrs: Sequence[float | None]) -> int:
+  """How often the sign of a series changes significantly: a value counts only where
+  |value| > SIGNIFICANT_SE x its standard error, and a flip is a significant value whose sign
+  differs from the last significant one. Values within that band of zero (noise) neither flip
+  nor reset the last sign; points whose value or standard error is unknown are skipped."""
+  if len(values) != len(stderrs):
+    raise ValueError(f"{len(values)} values but {len(stderrs)} standard errors")
+  flips, last = 0, 0.0
+  for v, se in zip(values, stderrs):
+    if not (_known(v) and _known(se)) or abs(v) <= SIGNIFICANT_SE * se:
+      continue
+    sign = math.copysign(1.0, v)
+    flips += last != 0.0 and sign != last
+    last = sign
+  return int(flips)
 
 
 def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   """What compare needs from one workdir, as plain numbers."""
   config = checkpoints.load_config(workdir)
+  seedless = config.to_dict()
+  seed = seedless[SEED_KEY[0]].pop(SEED_KEY[1])
   m = config.model
   swa = "S" in m.pattern
   evals = [r for r in _read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
@@ -63,11 +99,14 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
     raise checkpoints.WorkdirError(f"{os.path.join(workdir, 'recency.jsonl')} has no records")
   by_step = [(s, report.summarize(by_step_records[s])) for s in sorted(by_step_records)]
   final_step, final = by_step[-1]
+  at_init = dict(by_step).get(0, {})
   last_eval = max(evals, key=lambda r: r["step"]) if evals else None
   size = f"d{m.d_model}×{m.num_layers}"
   run = {
       "name": name or os.path.basename(os.path.normpath(workdir)),
-      "workdir": os.path.abspath(workdir), "pattern": m.pattern, "num_layers": m.num_layers,
+      "workdir": os.path.abspath(workdir), "seed": int(seed),
+      # Identical for runs that differ only in their seed (the key aggregate_seeds groups by).
+      "config_key": json.dumps(seedless, sort_keys=True), "pattern": m.pattern, "num_layers": m.num_layers,
       "d_model": m.d_model, "window": int(m.window) if swa else None,
       "swa_pos": m.swa_pos if swa else None, "global_pos": m.global_pos,
       "series": f"{size} {ENCODINGS.get(m.swa_pos, m.swa_pos)}-in-SWA" if swa
@@ -76,9 +115,13 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
       "eval_step": last_eval["step"] if last_eval else None,
       "eval_loss": last_eval["eval_loss"] if last_eval else None,
       "step": final_step, **final,
-      "logit_gap_sign_flips": sign_flips([v["logit_gap"] for s, v in by_step if s > 0]),
+      # The data control is only recorded at step 0.
+      "data_gap": at_init.get("data_gap"),
+      "logit_gap_sign_flips": sign_flips([v["logit_gap"] for s, v in by_step if s > 0],
+                                         [v["logit_gap_stderr"] for s, v in by_step if s > 0]),
       "by_step": by_step,
       "extrapolation_step": None, "extrapolation_gap": None, "extrapolation_logit_gap": None,
+      "extrapolation_gap_stderr": None, "extrapolation_logit_gap_stderr": None,
       "ratio": {},
   }
   ext = _latest_extrapolation(workdir)
@@ -87,25 +130,18 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
     at_train = rows.get(1) or report.summarize(by_step_records.get(ext["step"], []))
     run.update(extrapolation_step=ext["step"], extrapolation_gap=at_train["gap"],
                extrapolation_logit_gap=at_train["logit_gap"],
+               extrapolation_gap_stderr=at_train.get("gap_stderr"),
+               extrapolation_logit_gap_stderr=at_train.get("logit_gap_stderr"),
                ratio={k: row["ratio"] for k, row in rows.items() if k > 1})
   return run
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-  """Ranks 1..n, ties sharing their mean rank."""
-  order = np.argsort(x, kind="stable")
-  ranks = np.empty(len(x))
-  ranks[order] = np.arange(1, len(x) + 1)
-  for value in np.unique(x):
-    tied = x == value
-    ranks[tied] = ranks[tied].mean()
-  return ranks
-
-
-def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
-  x, y = x - x.mean(), y - y.mean()
-  denom = np.sqrt((x * x).sum() * (y * y).sum())
-  return float((x * y).sum() / denom) if denom > 0 else None
+def _statistic(fn, x: np.ndarray, y: np.ndarray) -> float | None:
+  """fn(x, y).statistic, None where scipy leaves it undefined (nan: a constant input)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
+    value = float(fn(x, y).statistic)
+  return value if math.isfinite(value) else None
 
 
 def correlation(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
@@ -114,12 +150,93 @@ def correlation(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
   x, y = np.asarray(x, float), np.asarray(y, float)
   if len(x) < MIN_RUNS_FOR_CORRELATION:
     return {"n": len(x), "pearson": None, "spearman": None}
-  return {"n": len(x), "pearson": _pearson(x, y), "spearman": _pearson(_ranks(x), _ranks(y))}
+  return {"n": len(x), "pearson": _statistic(scipy.stats.pearsonr, x, y),
+          "spearman": _statistic(scipy.stats.spearmanr, x, y)}
+
+
+def _mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+  """Mean and standard error (std / sqrt(n), ddof 1) of the known values; SE None below 2."""
+  known = np.asarray([v for v in values if _known(v)], float)
+  if not len(known):
+    return None, None
+  se = float(known.std(ddof=1) / np.sqrt(len(known))) if len(known) > 1 else None
+  return float(known.mean()), se
+
+
+def _common(values: Sequence):
+  """The value all members share, else their range as text (e.g. steps of runs cut short)."""
+  if len(set(values)) == 1:
+    return values[0]
+  known = [v for v in values if v is not None]
+  return f"{min(known)}–{max(known)}" if known else None
+
+
+def _group_name(names: Sequence[str]) -> str:
+  """The members' common name without a trailing seed tag ("swa4_seed0", "swa4_seed1" ->
+  "swa4"); the first member's name where they share nothing."""
+  prefix = os.path.commonprefix(list(names))
+  prefix = re.sub(r"([_\-. ]+(seed|s)?[_\-. =]*)?$", "", prefix) if prefix else prefix
+  return prefix or names[0]
+
+
+def _step_series(members: Sequence[dict]) -> list[tuple[int, dict]]:
+  """Per step recorded by every member: mean and SE of STEP_KEYS (one member: its
+  measurement standard error)."""
+  per_member = [dict(m["by_step"]) for m in members]
+  steps = sorted(set.intersection(*(set(p) for p in per_member)))
+  out = []
+  for s in steps:
+    point = {}
+    for key in STEP_KEYS:
+      values = [p[s][key] for p in per_member]
+      if len(members) == 1:
+        point[key], point[f"{key}_se"] = values[0], per_member[0][s].get(MEASUREMENT_SE[key])
+      else:
+        point[key], point[f"{key}_se"] = _mean_se(values)
+    out.append((s, point))
+  return out
+
+
+def _row(members: Sequence[dict]) -> dict[str, Any]:
+  """One table row from runs of one configuration: seed means ± SE of AGGREGATED and of the
+  extrapolation ratios; for one run its values ± their measurement standard errors."""
+  first = members[0]
+  n = len(members)
+  row = {k: first[k] for k in ("pattern", "num_layers", "d_model", "window", "swa_pos",
+                               "global_pos", "series", "train_seq_len")}
+  row.update(name=first["name"] if n == 1 else f"{_group_name([m['name'] for m in members])} "
+                                               f"({n} seeds)",
+             n_seeds=n, seeds=[m["seed"] for m in members],
+             members=[m["name"] for m in members], workdirs=[m["workdir"] for m in members],
+             **{k: _common([m[k] for m in members])
+                for k in ("eval_step", "step", "extrapolation_step")})
+  for key in AGGREGATED:
+    if n == 1:
+      se_key = MEASUREMENT_SE.get(key)
+      row[key], row[f"{key}_se"] = first[key], first.get(se_key) if se_key else None
+    else:
+      row[key], row[f"{key}_se"] = _mean_se([m[key] for m in members])
+  factors = sorted({k for m in members for k in m["ratio"]})
+  ratios = {k: _mean_se([m["ratio"].get(k) for m in members]) for k in factors}
+  row["ratio"] = {k: v[0] for k, v in ratios.items()}
+  row["ratio_se"] = {k: v[1] for k, v in ratios.items()}
+  row["by_step"] = _step_series(members)
+  return row
+
+
+def aggregate_seeds(runs: Sequence[dict]) -> list[dict]:
+  """Rows in order of first appearance: runs with equal `config_key` (configs equal up to
+  train.seed) become one row of seed means ± SE, the others one row each (`_row`)."""
+  groups: dict[str, list[dict]] = {}
+  for run in runs:
+    groups.setdefault(run["config_key"], []).append(run)
+  return [_row(members) for members in groups.values()]
 
 
 def correlations(runs: Sequence[dict]) -> dict[int, dict[str, dict]]:
   """Per factor k > 1: correlation of the extrapolation ratio with the run gap and logit gap
-  (each measured on the analysed checkpoint at the training length)."""
+  (each measured on the analysed checkpoint at the training length), one point per run or
+  row (`aggregate_seeds`: seed means)."""
   factors = sorted({k for r in runs for k in r["ratio"]})
   out = {}
   for k in factors:
@@ -131,51 +248,75 @@ def correlations(runs: Sequence[dict]) -> dict[int, dict[str, dict]]:
   return out
 
 
-def _cell(value, spec: str) -> str:
+def _cell(value, spec: str, se=None) -> str:
   if value is None:
     return "—"
-  return format(value, spec) if isinstance(value, float) else str(value)
+  text = format(value, spec) if isinstance(value, float) else str(value)
+  if se is None or not isinstance(value, float):
+    return text
+  return f"{text} ± {format(se, spec.lstrip('+'))}"
 
 
-# (column header, run key or function, format)
+# (column header, row key, format); float cells show "value ± <key>_se" where the row has one.
 COLUMNS = (
-    ("run", "name", ""), ("pattern", "pattern", ""), ("layers", "num_layers", ""),
-    ("d_model", "d_model", ""), ("window", "window", ""), ("SWA pos", "swa_pos", ""),
-    ("eval step", "eval_step", ""), ("final eval loss", "eval_loss", ".4f"),
-    ("recency step", "step", ""), ("gap", "gap", ".4f"), ("floor", "floor", ".4f"),
+    ("run", "name", ""), ("seeds", "seeds", ""), ("pattern", "pattern", ""),
+    ("layers", "num_layers", ""), ("d_model", "d_model", ""), ("window", "window", ""),
+    ("SWA pos", "swa_pos", ""), ("eval step", "eval_step", ""),
+    ("final eval loss", "eval_loss", ".4f"), ("recency step", "step", ""),
+    ("gap", "gap", ".4f"), ("floor", "floor", ".4f"), ("data gap", "data_gap", ".4f"),
     ("logit gap", "logit_gap", "+.4f"), ("alignment", "alignment", "+.4f"),
-    ("logit-gap sign flips", "logit_gap_sign_flips", ""),
+    ("alignment null", "alignment_null", ".3g"),  # 1/d_model: significant digits.
+    ("logit-gap sign flips", "logit_gap_sign_flips", ".1f"),
 )
 
 
-def table(runs: Sequence[dict]) -> str:
-  factors = sorted({k for r in runs for k in r["ratio"]})
+def _value_cell(row: dict, key: str, spec: str) -> str:
+  value = row[key]
+  if key == "seeds":
+    return ", ".join(map(str, value))
+  if key == "logit_gap_sign_flips" and row["n_seeds"] == 1:
+    return _cell(value, "")  # A count; a seed mean needs the decimal.
+  return _cell(value, spec, row.get(f"{key}_se"))
+
+
+def table(rows: Sequence[dict]) -> str:
+  factors = sorted({k for r in rows for k in r["ratio"]})
   header = [c[0] for c in COLUMNS] + ["extrap. step"] + [f"ratio {k}×" for k in factors]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  for r in runs:
-    cells = [_cell(r[key], spec) for _, key, spec in COLUMNS]
+  for r in rows:
+    cells = [_value_cell(r, key, spec) for _, key, spec in COLUMNS]
     cells += [_cell(r["extrapolation_step"], "")]
-    cells += [_cell(r["ratio"].get(k), ".4f") for k in factors]
+    cells += [_cell(r["ratio"].get(k), ".4f", r["ratio_se"].get(k)) for k in factors]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
-def markdown(runs: Sequence[dict], corr: dict) -> str:
+def markdown(rows: Sequence[dict], corr: dict) -> str:
+  workdirs = [w for r in rows for w in r["workdirs"]]
   parts = [
       "# Sweep comparison", "",
-      "Generated by `python launch/compare.py " + " ".join(r["workdir"] for r in runs) + "`.", "",
+      "Generated by `python launch/compare.py " + " ".join(workdirs) + "`.", "",
       "- final eval loss: the last eval record of metrics.jsonl.",
       "- gap, floor: mean over global layers at `pre_mixer_norm` (the normalised input global "
       "attention reads) at the last step of recency.jsonl; logit gap, alignment: mean over "
-      "global NoPE layers and heads; sign flips: sign changes of the logit gap over the "
-      "recorded steps after init.",
+      "global NoPE layers and heads; alignment null: the standard deviation of the alignment "
+      "of a random M (1/d_model); data gap: the gap of P(t_i = t_{i-d}) on the probe at step 0, "
+      "the recency of the data itself.",
+      f"- logit-gap sign flips: over the recorded steps after init, how often the logit gap "
+      f"changes sign by more than {SIGNIFICANT_SE} standard errors: only values with |logit gap| "
+      f"> {SIGNIFICANT_SE}·se count, and one flips when its sign differs from the last such "
+      f"value (values nearer zero are noise: they neither flip nor reset).",
+      "- ±: for a row of n seeds (runs whose configs differ only in train.seed) the mean over "
+      "seeds ± its standard error (std / sqrt(n), ddof 1); for a single run the value ± its "
+      "measurement standard error over probe documents, where recorded (gap, logit gap). "
+      "Correlations and figures use one point per row.",
       "- ratio k×: eval loss at context positions ≥ T (the training length) / at positions in "
       "[T/2, T), on rows of k × T (analysis/step_<extrap. step>/extrapolation.json).", "",
-      table(runs), "",
-      f"## Correlation with length extrapolation (across runs; Spearman ρ on ranks, Pearson r "
-      f"on values; needs ≥ {MIN_RUNS_FOR_CORRELATION} runs)", "",
+      table(rows), "",
+      f"## Correlation with length extrapolation (across rows; Spearman ρ on ranks, Pearson r "
+      f"on values; needs ≥ {MIN_RUNS_FOR_CORRELATION} rows)", "",
   ]
-  missing = [r["name"] for r in runs if r["extrapolation_step"] is None]
+  missing = [r["name"] for r in rows if r["extrapolation_step"] is None]
   if missing:
     parts.append(f"No extrapolation analysis for {', '.join(missing)}: run `python "
                  f"launch/analyze.py --workdir=DIR` on each first.")
@@ -190,10 +331,15 @@ def markdown(runs: Sequence[dict], corr: dict) -> str:
   return "\n".join(parts) + "\n"
 
 
+def _json_run(run: dict) -> dict:
+  return {k: v for k, v in run.items() if k != "config_key"}  # The whole config, repeated.
+
+
 def compare(workdirs: Sequence[str], out_dir: str | None = None,
             figures: bool = True) -> dict[str, Any]:
-  """Loads every run, writes compare.md, compare.json and figures to `out_dir` (default:
-  <common parent of the workdirs>/compare). Returns {"runs", "correlations", "markdown",
+  """Loads every run, aggregates seeds into rows, writes compare.md, compare.json and figures
+  to `out_dir` (default: <common parent of the workdirs>/compare). Returns {"runs" (one per
+  workdir), "rows" (the table's, `aggregate_seeds`), "correlations" (over rows), "markdown",
   "files"}."""
   if not workdirs:
     raise checkpoints.AnalysisError("compare needs at least one workdir")
@@ -201,26 +347,28 @@ def compare(workdirs: Sequence[str], out_dir: str | None = None,
   if len(set(names)) < len(names):
     names = [os.path.normpath(w) for w in workdirs]
   runs = [load_run(w, n) for w, n in zip(workdirs, names)]
-  corr = correlations(runs)
+  rows = aggregate_seeds(runs)
+  corr = correlations(rows)
   out_dir = out_dir or os.path.join(
       os.path.commonpath([os.path.abspath(w) for w in workdirs]), "compare")
   os.makedirs(out_dir, exist_ok=True)
-  text = markdown(runs, corr)
+  text = markdown(rows, corr)
   files = [os.path.join(out_dir, TABLE_FILE), os.path.join(out_dir, "compare.json")]
   with open(files[0], "w") as f:
     f.write(text)
   with open(files[1], "w") as f:
-    json.dump({"runs": runs, "correlations": {str(k): v for k, v in corr.items()}}, f)
+    json.dump({"runs": [_json_run(r) for r in runs], "rows": rows,
+               "correlations": {str(k): v for k, v in corr.items()}}, f)
   if figures:
     files.append(plots.metrics_vs_window(
-        runs, [("eval_loss", "final eval loss")], os.path.join(out_dir, "loss_vs_window.png"),
+        rows, [("eval_loss", "final eval loss")], os.path.join(out_dir, "loss_vs_window.png"),
         "Final eval loss vs window (solid: RoPE in SWA, dashed: NoPE in SWA)"))
     files.append(plots.metrics_vs_window(
-        runs, [("gap", "gap at global layers' input"), ("logit_gap", "logit gap (head mean)")],
+        rows, [("gap", "gap at global layers' input"), ("logit_gap", "logit gap (head mean)")],
         os.path.join(out_dir, "gap_vs_window.png"),
         "Recency vs window at the last recorded step"))
-    files.append(plots.metrics_vs_step(runs, os.path.join(out_dir, "gap_vs_step.png")))
+    files.append(plots.metrics_vs_step(rows, os.path.join(out_dir, "gap_vs_step.png")))
     if corr:
-      files.append(plots.extrapolation_vs_gap(runs, sorted(corr), corr,
+      files.append(plots.extrapolation_vs_gap(rows, sorted(corr), corr,
                                               os.path.join(out_dir, "extrapolation_vs_gap.png")))
-  return {"runs": runs, "correlations": corr, "markdown": text, "files": files}
+  return {"runs": runs, "rows": rows, "correlations": corr, "markdown": text, "files": files}

@@ -1,28 +1,51 @@
-"""The in-loop recency hook: at init and every checkpoint, measure every layer and boundary.
+"""The in-loop recency hook: at init and every `metrics.every_steps`, measure every layer and
+boundary of a fixed probe.
 
-One jitted forward pass over a fixed probe batch; at each block boundary it reduces the
-activations to a cosine profile right away (and, at global NoPE layers' normalised input, to
-logit profiles and alignments), so memory stays O(B·T·D) whatever the depth.
+The probe is `metrics.probe_batch_size` eval rows chosen to span as many documents as possible
+(`probe.py`). One jitted forward pass reduces each block boundary to per-document sums right away
+(and, at global NoPE layers' normalised input, to logit sums and alignments), so memory stays
+O(B·T·D) whatever the depth; means and standard errors over documents are formed on the host.
+Pairs count only inside one document and off padding, with the segment ids the model attends
+with. docs/analysis.md defines every field of a record.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import jax
 import numpy as np
 from absl import logging
 
+from hybrid_nope.analysis import probe as probe_lib
 from hybrid_nope.analysis import recency
-from hybrid_nope.model.transformer import BOUNDARIES, layer_kinds
+from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY, layer_kinds
 
 LAYER_TYPES = {"S": "swa", "G": "global"}
 RECORD_FILE = "recency.jsonl"
+PROBE_FILE = "recency_probe.json"
+DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE = -1, "data", "tokens"
+
+
+def _concat(batches) -> dict[str, np.ndarray]:
+  if isinstance(batches, dict):
+    batches = [batches]
+  return {k: np.concatenate([np.asarray(b[k]) for b in batches]) for k in batches[0]}
+
+
+def _floats(values) -> list:
+  return [float(v) for v in np.asarray(values, np.float64).ravel()]
 
 
 class RecencyHook:
 
-  def __init__(self, config, model_def, probe_batch: dict, writer, lags=None):
-    """`lags` defaults to 1, 2, 4, ... far_lag plus the window; others must include 1 and L."""
+  name = "recency"
+
+  def __init__(self, config, model_def, eval_batches, writer, lags=None, place=None):
+    """`eval_batches`: the eval rows (a list of batches, or one batch) the probe is chosen from;
+    `lags` defaults to 1, 2, 4, ... far_lag plus the window (others must include 1 and L);
+    `place` puts the probe on devices (default: as is)."""
     m, metrics = config.model, config.metrics
     self.model_def = model_def
     self.writer = writer
@@ -37,27 +60,47 @@ class RecencyHook:
     # Logit read-out is only meaningful where attention carries no position encoding.
     self.readout_layers = {i for i, k in enumerate(self.kinds)
                            if k == "G" and m.global_pos == "nope"}
-    size = metrics.probe_batch_size
-    if probe_batch["inputs"].shape[0] < size:
-      raise ValueError(f"config.metrics.probe_batch_size={size} is larger than the eval batch "
-                       f"({probe_batch['inputs'].shape[0]} sequences); lower it or raise "
-                       "eval.batch_size")
-    self.probe = {k: v[:size] for k, v in probe_batch.items()}
+    self.d_model = m.d_model
+    rows = _concat(eval_batches)
+    doc_ids_RT = probe_lib.document_ids(rows["segment_ids"], rows["positions"])
+    self.rows = probe_lib.choose_rows(doc_ids_RT, metrics.probe_batch_size)
+    self.doc_ids_BT = doc_ids_RT[self.rows]
+    clusters_BT, self.num_clusters = probe_lib.clusters(self.doc_ids_BT)
+    batch = {k: v[self.rows] for k, v in rows.items()}
+    batch["clusters"] = clusters_BT
+    self.probe = (place or (lambda tree: tree))(batch)
     self._measure = jax.jit(self._measure_fn)
+
+  @classmethod
+  def for_run(cls, run):
+    """The loop's hook factory (`train.hooks.RunContext` -> hook(step, params)); writes
+    recency_probe.json once."""
+    hook = cls(run.config, run.model_def, run.eval_batches, run.writer, place=run.replicate)
+    if run.writer is not None and run.writer.active:
+      path = os.path.join(run.writer.workdir, PROBE_FILE)
+      if not os.path.exists(path):
+        with open(path, "w") as f:
+          json.dump(hook.describe(), f)
+          f.write("\n")
+    return hook
+
+  def _sums(self, batch, fn, x, *args):
+    return fn(x, *args, self.lags, self.positions, batch["segment_ids"], batch["clusters"],
+              self.num_clusters)
 
   def _measure_fn(self, params, batch):
     model = self.model_def.bind(params)
-    out = {}
+    out = {"pairs": self._sums(batch, recency.match_sums, batch["inputs"])}
 
     def observe(layer, name, x_BTD):
-      out[f"{layer}/{name}/profile"] = recency.cosine_profile(x_BTD, self.lags, self.positions)
+      out[f"{layer}/{name}"] = self._sums(batch, recency.cosine_sums, x_BTD)[0]
       if name == "pre_mixer_norm" and layer in self.readout_layers:
         attn = model.blocks[layer].attn
         wq, wk = attn.wq_DNH[...], attn.wk_DKH[...]
-        out[f"{layer}/logit_profile"] = recency.logit_profile(x_BTD, wq, wk, self.lags,
-                                                              self.positions)
-        out[f"{layer}/alignment"] = recency.alignment(x_BTD, wq, wk, near=1, far=self.far,
-                                                      positions=self.positions)
+        out[f"{layer}/logit"] = self._sums(batch, recency.logit_sums, x_BTD, wq, wk)[0]
+        out[f"{layer}/alignment"] = recency.alignment(
+            x_BTD, wq, wk, near=1, far=self.far, positions=self.positions,
+            segment_ids=batch["segment_ids"])
       return x_BTD
 
     # The logits are unused, so XLA drops the output head from this computation.
@@ -65,29 +108,60 @@ class RecencyHook:
           observe=observe)
     return out
 
-  def records(self, step: int, params) -> list[dict]:
-    """Measures and returns the records (one per layer and boundary) without writing them."""
+  def describe(self) -> dict:
+    """What recency_probe.json holds: the probe's rows, documents, tokens and pairs per lag."""
+    p = self.probe
+    _, counts = jax.device_get(self._sums(p, recency.match_sums, p["inputs"]))
+    return {"rows": self.rows.tolist(), "documents": int(self.num_docs),
+            "tokens": int(np.sum(self.doc_ids_BT != probe_lib.NOT_A_DOCUMENT)),
+            "lags": list(self.lags), "pairs": np.asarray(counts).sum(-1).astype(int).tolist(),
+            "query_positions": None if self.positions is None else len(self.positions)}
+
+  @property
+  def num_docs(self) -> int:
+    return len(np.unique(self.doc_ids_BT[self.doc_ids_BT != probe_lib.NOT_A_DOCUMENT]))
+
+  def _record(self, step, layer, layer_type, module, sums, counts, **extra) -> dict:
+    profile, stderr, pairs = recency.mean_and_stderr(sums, counts)
+    floor, gap = recency.floor_and_gap(profile, self.lags, far=self.far)
+    return {"step": int(step), "layer": layer, "layer_type": layer_type, "module": module,
+            "lags": list(self.lags), "far_lag": self.far, "profile": _floats(profile),
+            "floor": float(floor),
+            "gap": float(gap), "pairs": pairs.tolist(), "stderr": _floats(stderr), **extra}
+
+  def _readout(self, out, layer, counts_LC) -> dict:
+    sums_LCN = np.asarray(out[f"{layer}/logit"], np.float64)
+    sums_NLC = np.moveaxis(sums_LCN, -1, 0)
+    logit_NL = recency.mean_and_stderr(sums_NLC, counts_LC[None])[0]
+    near, far = self.lags.index(1), self.lags.index(self.far)
+    gap_stderr = recency.difference_stderr(sums_NLC[:, near], counts_LC[near],
+                                           sums_NLC[:, far], counts_LC[far])
+    return {"logit_profile": [_floats(row) for row in logit_NL],
+            "logit_gap": _floats(logit_NL[:, near] - logit_NL[:, far]),
+            "logit_gap_stderr": _floats(gap_stderr),
+            "alignment": _floats(out[f"{layer}/alignment"]),
+            "alignment_null": _floats(recency.alignment_null(self.d_model, len(logit_NL)))}
+
+  def records(self, step: int, params, *, data_control: bool | None = None) -> list[dict]:
+    """Measures and returns the records without writing them: the data control (at step 0,
+    or when `data_control`), then one per layer and boundary, and the final norm."""
     out = jax.device_get(self._measure(params, self.probe))
+    counts_LC = np.asarray(out["pairs"][1], np.float64)
     records = []
+    if data_control if data_control is not None else step == 0:
+      records.append(self._record(step, DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE,
+                                  out["pairs"][0], counts_LC))
+    last = len(self.kinds) - 1
     for layer, kind in enumerate(self.kinds):
-      readout = {}
-      if layer in self.readout_layers:
-        logit = np.asarray(out[f"{layer}/logit_profile"])
-        i_near, i_far = self.lags.index(1), self.lags.index(self.far)
-        readout = {"logit_profile": logit.tolist(),
-                   "logit_gap": (logit[:, i_near] - logit[:, i_far]).tolist(),
-                   "alignment": np.asarray(out[f"{layer}/alignment"]).tolist()}
-      for name in BOUNDARIES:
-        profile = np.asarray(out[f"{layer}/{name}/profile"])
-        floor, gap = recency.floor_and_gap(profile, self.lags, far=self.far)
-        records.append({"step": int(step), "layer": layer, "layer_type": LAYER_TYPES[kind],
-                        "module": name, "lags": list(self.lags), "profile": profile.tolist(),
-                        "floor": float(floor), "gap": float(gap), **readout})
+      readout = self._readout(out, layer, counts_LC) if layer in self.readout_layers else {}
+      modules = BOUNDARIES + ((FINAL_BOUNDARY,) if layer == last else ())
+      for name in modules:
+        records.append(self._record(step, layer, LAYER_TYPES[kind], name,
+                                    out[f"{layer}/{name}"], counts_LC, **readout))
     return records
 
-  def __call__(self, step: int, params) -> float:
-    """Measures, writes recency.jsonl and TensorBoard, logs a line per layer; returns seconds."""
-    start = time.perf_counter()
+  def __call__(self, step: int, params) -> None:
+    """Measures, writes recency.jsonl and TensorBoard, logs a line per layer."""
     records = self.records(step, params)
     scalars = {}
     for r in records:
@@ -99,11 +173,15 @@ class RecencyHook:
       self.writer.write_record(RECORD_FILE, r)
     self.writer.write_scalars(step, scalars)
     for r in records:
-      if r["module"] == "residual_2":
+      if r["layer"] == DATA_LAYER:
+        logging.info("recency step %d | data control P(t_i = t_i-d): gap %.4f (%d documents)",
+                     step, r["gap"], self.num_docs)
+      elif r["module"] == "residual_2":
         extra = ""
         if "logit_gap" in r:
-          extra = (f" | logit gap {np.mean(r['logit_gap']):+.4f}"
-                   f" alignment {np.mean(r['alignment']):+.4f} (head means)")
+          se = np.sqrt(np.sum(np.square(r["logit_gap_stderr"]))) / len(r["logit_gap"])
+          extra = (f" | logit gap {np.mean(r['logit_gap']):+.4f} ± {se:.4f}"
+                   f" alignment {np.mean(r['alignment']):+.4f} (null ± "
+                   f"{r['alignment_null'][0]:.4f})")
         logging.info("recency step %d | layer %d %-6s | floor %.4f gap %.4f (block output)%s",
                      step, r["layer"], r["layer_type"], r["floor"], r["gap"], extra)
-    return time.perf_counter() - start

@@ -12,12 +12,18 @@ from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-from hybrid_nope.model.transformer import BOUNDARIES
+from hybrid_nope.analysis.hook import DATA_LAYER
+from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 
-BOUNDARY_LABELS = {"pre_mixer_norm": "norm", "mixer": "mixer", "residual_1": "+res",
-                   "pre_mlp_norm": "norm", "mlp": "mlp", "residual_2": "+res"}
+BOUNDARY_LABELS = {"input": "in", "pre_mixer_norm": "norm", "mixer": "mixer",
+                   "residual_1": "+res", "pre_mlp_norm": "norm", "mlp": "mlp",
+                   "residual_2": "+res", FINAL_BOUNDARY: "final norm"}
 INIT_STYLE = dict(color="0.55", linestyle="--", linewidth=1.2)
+DATA_STYLE = dict(color="k", linestyle=":", linewidth=0.9)
+DATA_LABEL = "data: P(t_i = t_{i-d})"
+NOISE_SE = 2  # Bands and significance marks are at ± this many standard errors.
 DPI = 110
 
 
@@ -37,7 +43,31 @@ def _grid(n: int, width: float = 3.4, height: float = 2.7, max_cols: int = 4):
 
 
 def _by(records: Sequence[dict], module: str) -> dict[int, dict]:
-  return {r["layer"]: r for r in records if r["module"] == module}
+  """Layer -> record at `module`; the data control (layer DATA_LAYER) is no layer."""
+  return {r["layer"]: r for r in records if r["module"] == module and r["layer"] != DATA_LAYER}
+
+
+def _data(analysis: dict) -> dict | None:
+  """The data control record P(t_i = t_{i-d}) of the analysis (the same probe at init and at
+  this step), None where it was not recorded."""
+  for key in ("records", "init_records"):
+    found = [r for r in analysis[key] if r["layer"] == DATA_LAYER]
+    if found:
+      return found[0]
+  return None
+
+
+def _nan(values) -> np.ndarray:
+  """JSON lists with None for unmeasured entries (profiles, standard errors, error bars) as
+  float arrays with NaN, which matplotlib leaves undrawn."""
+  return np.array([np.nan if v is None else v for v in values], float)
+
+
+def _se_at(r: dict, lag: int) -> float:
+  """The profile's standard error at `lag`, NaN where not recorded (no band is drawn)."""
+  se = r.get("stderr")
+  value = None if se is None else se[r["lags"].index(lag)]
+  return float("nan") if value is None else float(value)
 
 
 def _log2_lag_axis(ax, lags):
@@ -47,14 +77,23 @@ def _log2_lag_axis(ax, lags):
 
 
 def cosine_profiles(analysis: dict, path: str, module: str = "residual_2") -> str:
-  """f(d) per layer at `module` (default: the block's output), init dashed, this step solid."""
+  """f(d) per layer at `module` (default: the block's output): init dashed, this step solid
+  with a band of ± NOISE_SE standard errors, the data control P(t_i = t_{i-d}) dotted."""
   now, init = _by(analysis["records"], module), _by(analysis["init_records"], module)
+  data = _data(analysis)
   fig, axes = _grid(len(now))
   for ax, layer in zip(axes, sorted(now)):
     r = now[layer]
-    ax.plot(r["lags"], init[layer]["profile"], label="init", **INIT_STYLE)
-    ax.plot(r["lags"], r["profile"], color="C0" if r["layer_type"] == "swa" else "C3",
-            marker=".", label=f"step {analysis['step']}")
+    color = "C0" if r["layer_type"] == "swa" else "C3"
+    profile = _nan(r["profile"])
+    ax.plot(r["lags"], _nan(init[layer]["profile"]), label="init", **INIT_STYLE)
+    ax.plot(r["lags"], profile, color=color, marker=".", label=f"step {analysis['step']}")
+    if "stderr" in r:
+      band = NOISE_SE * _nan(r["stderr"])
+      ax.fill_between(r["lags"], profile - band, profile + band, color=color, alpha=0.2,
+                      linewidth=0, label=f"± {NOISE_SE} se")
+    if data is not None:
+      ax.plot(data["lags"], _nan(data["profile"]), label=DATA_LABEL, **DATA_STYLE)
     ax.axvline(analysis["far_lag"], color="0.8", linewidth=0.8)
     _log2_lag_axis(ax, r["lags"])
     ax.set_title(f"layer {layer} ({r['layer_type']}): gap {init[layer]['gap']:.3f} → "
@@ -63,26 +102,52 @@ def cosine_profiles(analysis: dict, path: str, module: str = "residual_2") -> st
     ax.set_ylabel(r"$f(d)=\cos(x_i, x_{i-d})$")
   axes[0].legend(fontsize=8)
   fig.suptitle(f"Cosine profile of each block's output ({module}), seq_len "
-               f"{analysis['seq_len']}; grey line: far lag L={analysis['far_lag']}")
+               f"{analysis['seq_len']}; grey line: far lag L={analysis['far_lag']}; shaded: "
+               f"± {NOISE_SE} standard errors over probe documents")
   return _save(fig, path)
 
 
-def floor_gap_by_boundary(analysis: dict, path: str) -> str:
-  """Floor and gap at every module boundary, in depth order, init vs this step."""
-  def series(records, key):
-    order = {(r["layer"], BOUNDARIES.index(r["module"])): r[key] for r in records}
-    return [order[k] for k in sorted(order)]
+def _depth(r: dict) -> int:
+  """x position of a record in depth order: the block boundaries of each layer in turn, the
+  final norm after the last layer's residual_2."""
+  if r["module"] == FINAL_BOUNDARY:
+    return (r["layer"] + 1) * len(BOUNDARIES)
+  return r["layer"] * len(BOUNDARIES) + BOUNDARIES.index(r["module"])
 
-  records = analysis["records"]
+
+def _floor_gap_se(r: dict, key: str, far_lag: int) -> float:
+  """Standard error of the floor f(L), or of the gap f(1) − f(L) (`report.summarize`'s
+  bound: the two errors added in quadrature)."""
+  if key == "floor":
+    return _se_at(r, far_lag)
+  return float(np.hypot(_se_at(r, 1), _se_at(r, far_lag)))
+
+
+def floor_gap_by_boundary(analysis: dict, path: str) -> str:
+  """Floor and gap at every module boundary in depth order (the final norm last), init vs this
+  step ± NOISE_SE standard errors, and the data control's floor and gap as a dotted line."""
+  def layered(records):
+    return sorted((r for r in records if r["layer"] != DATA_LAYER), key=_depth)
+
+  records, init = layered(analysis["records"]), layered(analysis["init_records"])
+  data = _data(analysis)
   num_layers = 1 + max(r["layer"] for r in records)
-  x = np.arange(num_layers * len(BOUNDARIES))
-  fig = Figure(layout="constrained", figsize=(min(16, max(8, 0.32 * len(x))), 6))
+  positions = [_depth(r) for r in records]
+  labels = {_depth(r): BOUNDARY_LABELS[r["module"]] for r in records}
+  fig = Figure(layout="constrained", figsize=(min(16, max(8, 0.32 * len(positions))), 6))
   axes = fig.subplots(2, 1, sharex=True)
   kinds = {r["layer"]: r["layer_type"] for r in records}
   for ax, key in zip(axes, ("floor", "gap")):
-    ax.plot(x, series(analysis["init_records"], key), marker=".", label="init", **INIT_STYLE)
-    ax.plot(x, series(records, key), marker="o", markersize=3, color="C0",
+    ax.plot([_depth(r) for r in init], [r[key] for r in init], marker=".", label="init",
+            **INIT_STYLE)
+    values = np.array([r[key] for r in records], float)
+    band = NOISE_SE * np.array([_floor_gap_se(r, key, analysis["far_lag"]) for r in records])
+    ax.plot(positions, values, marker="o", markersize=3, color="C0",
             label=f"step {analysis['step']}")
+    ax.fill_between(positions, values - band, values + band, color="C0", alpha=0.2,
+                    linewidth=0, label=f"± {NOISE_SE} se")
+    if data is not None:
+      ax.axhline(data[key], label=DATA_LABEL, **DATA_STYLE)
     for layer in range(num_layers):
       if kinds[layer] == "global":
         ax.axvspan(layer * len(BOUNDARIES) - 0.5, (layer + 1) * len(BOUNDARIES) - 0.5,
@@ -94,69 +159,119 @@ def floor_gap_by_boundary(analysis: dict, path: str) -> str:
         ax.text((layer + 0.5) * len(BOUNDARIES) - 0.5, 1.0, f"layer {layer} ({kinds[layer]})",
                 transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8)
   axes[0].legend(fontsize=8)
-  if len(x) <= 48:
-    axes[1].set_xticks(x, [BOUNDARY_LABELS[b] for _ in range(num_layers) for b in BOUNDARIES],
-                       rotation=90, fontsize=7)
+  if len(positions) <= 48:
+    axes[1].set_xticks(positions, [labels[x] for x in positions], rotation=90, fontsize=7)
   else:
-    axes[1].set_xticks(x[::len(BOUNDARIES)], [f"L{l}" for l in range(num_layers)], fontsize=7)
-  axes[1].set_xlabel("module boundary, by depth (shaded: global layers; each block is "
-                     "norm, mixer, +res, norm, mlp, +res)")
+    axes[1].set_xticks([l * len(BOUNDARIES) for l in range(num_layers)],
+                       [f"L{l}" for l in range(num_layers)], fontsize=7)
+  block = ", ".join(BOUNDARY_LABELS[b] for b in BOUNDARIES)
+  axes[1].set_xlabel(f"module boundary, by depth (shaded: global layers; each block is {block}; "
+                     f"then the {BOUNDARY_LABELS[FINAL_BOUNDARY]})")
   fig.suptitle(f"Floor f(L) and gap f(1) − f(L) through the network, seq_len "
-               f"{analysis['seq_len']}")
+               f"{analysis['seq_len']}; band: ± {NOISE_SE} standard errors over probe documents")
   return _save(fig, path)
 
 
 def _readout(records):
-  return {r["layer"]: r for r in records if r["module"] == "pre_mixer_norm" and "logit_gap" in r}
+  return {r["layer"]: r for r in records if r["module"] == "pre_mixer_norm" and "logit_gap" in r
+          and r["layer"] != DATA_LAYER}
+
+
+def _head_mean_se(r: dict) -> float | None:
+  """Standard error of the head-mean logit gap: the mean of the per-head standard errors (the
+  bound for fully correlated heads, as `report.summarize`), None where not recorded."""
+  se = r.get("logit_gap_stderr")
+  return None if se is None else float(np.mean(_nan(se)))
 
 
 def logit_profiles(analysis: dict, path: str) -> str:
-  """ℓ_h(d) per global NoPE layer, one line per head, and the init head mean dashed."""
+  """ℓ_h(d) per global NoPE layer, one thin line per head, the head mean thick with the noise
+  band ℓ(L) ± NOISE_SE standard errors of the logit gap (points of the mean profile outside
+  it differ from the far lag by more than noise), and the init head mean dashed."""
   now, init = _readout(analysis["records"]), _readout(analysis["init_records"])
   fig, axes = _grid(len(now))
   for ax, layer in zip(axes, sorted(now)):
     r = now[layer]
-    logit = np.asarray(r["logit_profile"])
+    logit = _nan_rows(r["logit_profile"])
     for h, row in enumerate(logit):
-      ax.plot(r["lags"], row, color=f"C{h % 10}", linewidth=1, label=f"head {h}")
-    ax.plot(r["lags"], np.mean(init[layer]["logit_profile"], 0), label="init (head mean)",
-            **INIT_STYLE)
+      ax.plot(r["lags"], row, color=f"C{h % 10}", linewidth=0.7, alpha=0.8, label=f"head {h}")
+    mean = logit.mean(0)
+    ax.plot(r["lags"], mean, color="k", linewidth=1.8, label="head mean")
+    se = _head_mean_se(r)
+    far = mean[r["lags"].index(analysis["far_lag"])]
+    if se is not None:
+      ax.axhspan(far - NOISE_SE * se, far + NOISE_SE * se, color="0.5", alpha=0.2, linewidth=0,
+                 label=f"ℓ(L) ± {NOISE_SE} se")
+    ax.plot(r["lags"], _nan_rows(init[layer]["logit_profile"]).mean(0),
+            label="init (head mean)", **INIT_STYLE)
     ax.axhline(0, color="0.7", linewidth=0.8)
     _log2_lag_axis(ax, r["lags"])
-    ax.set_title(f"layer {layer}: logit gap {np.mean(r['logit_gap']):+.3f} (head mean)",
-                 fontsize=9)
+    se_text = "" if se is None else f" ± {se:.3f}"
+    ax.set_title(f"layer {layer}: logit gap {np.mean(r['logit_gap']):+.3f}{se_text} "
+                 f"(head mean)", fontsize=9)
     ax.set_xlabel("lag d")
     ax.set_ylabel(r"$\ell(d)$ = mean $q_i \cdot k_{i-d}/\sqrt{H}$")
   axes[0].legend(fontsize=7, ncol=2)
   fig.suptitle(f"Logit profile of each global NoPE layer, step {analysis['step']}, seq_len "
-               f"{analysis['seq_len']}")
+               f"{analysis['seq_len']}; shaded: head-mean ℓ(L) ± {NOISE_SE} standard errors "
+               f"of the logit gap")
   return _save(fig, path)
 
 
+def _nan_rows(rows) -> np.ndarray:
+  return np.array([_nan(row) for row in rows], float)
+
+
+def _noise(records: dict, layers, key: str) -> np.ndarray | None:
+  """[layer, head] standard deviation of `key` under noise: the logit gap's standard error,
+  the alignment's null (that of a random M); None where a record lacks it."""
+  source = {"logit_gap": "logit_gap_stderr", "alignment": "alignment_null"}[key]
+  if any(source not in records[l] for l in layers):
+    return None
+  return np.array([_nan(records[l][source]) for l in layers])
+
+
 def logit_gap_alignment(analysis: dict, path: str) -> str:
-  """Heat maps [global layer x head] of the logit gap and the alignment, init vs this step."""
+  """Heat maps [global layer x head] of the logit gap and the alignment, init vs this step;
+  hatched cells are within NOISE_SE noise standard deviations of zero (logit gap: its standard
+  error; alignment: the null of a random M), i.e. not significant."""
   now, init = _readout(analysis["records"]), _readout(analysis["init_records"])
   layers = sorted(now)
   fig = Figure(layout="constrained", figsize=(10, 1.0 + 2 * max(1.6, 0.4 * len(layers))))
   axes = fig.subplots(2, 2)
   for row, key in enumerate(("logit_gap", "alignment")):
-    values = {name: np.array([recs[l][key] for l in layers])
+    values = {name: (np.array([_nan(recs[l][key]) for l in layers]), _noise(recs, layers, key))
               for name, recs in (("init", init), (f"step {analysis['step']}", now))}
-    scale = max(float(np.max(np.abs(v))) for v in values.values()) or 1.0
-    for col, (name, v) in enumerate(values.items()):
+    scale = max(float(np.nanmax(np.abs(v))) for v, _ in values.values()) or 1.0
+    for col, (name, (v, noise)) in enumerate(values.items()):
       ax = axes[row, col]
       im = ax.imshow(v, cmap="RdBu_r", vmin=-scale, vmax=scale, aspect="auto")
       ax.set_yticks(range(len(layers)), [f"layer {l}" for l in layers], fontsize=8)
       ax.set_xticks(range(v.shape[1]), range(v.shape[1]), fontsize=8)
       ax.set_xlabel("head")
-      ax.set_title(f"{key.replace('_', ' ')}, {name} (mean {v.mean():+.3f})", fontsize=9)
+      weak = np.zeros(v.shape, bool) if noise is None else ~(np.abs(v) > NOISE_SE * noise)
+      for i, j in zip(*np.nonzero(weak)):
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///",
+                               edgecolor="0.45", linewidth=0))
       if v.size <= 64:
         for (i, j), value in np.ndenumerate(v):
-          ax.text(j, i, f"{value:+.2g}", ha="center", va="center", fontsize=7)
+          ax.text(j, i, f"{value:+.2g}", ha="center", va="center", fontsize=7,
+                  color="0.55" if weak[i, j] else "k")
+      ax.set_title(f"{key.replace('_', ' ')}, {name} (mean {np.nanmean(v):+.3f}); "
+                   f"{_noise_text(key, noise)}", fontsize=8)
       fig.colorbar(im, ax=ax, fraction=0.046)
   fig.suptitle("Logit gap ℓ(1) − ℓ(L) and alignment cos(M_h, G_X(1) − G_X(L)) per global NoPE "
-               f"layer and head, seq_len {analysis['seq_len']}")
+               f"layer and head, seq_len {analysis['seq_len']}; hatched, grey: within "
+               f"{NOISE_SE} noise sd of 0")
   return _save(fig, path)
+
+
+def _noise_text(key: str, noise: np.ndarray | None) -> str:
+  if noise is None:
+    return "noise not recorded"
+  if key == "alignment":
+    return f"null ±{NOISE_SE * float(np.nanmax(noise)):.3g}"
+  return f"n.s.: |gap| ≤ {NOISE_SE} se"
 
 
 def _bucket_x(ev: dict) -> np.ndarray:
@@ -225,10 +340,15 @@ def _series_style(swa_pos: str | None):
           "marker": "s" if swa_pos == "nope" else "o"}
 
 
+ERROR_NOTE = ("error bars: ± 1 se, over seeds for rows of n seeds, of the measurement over "
+              "probe documents for single runs where recorded")
+
+
 def metrics_vs_window(runs: Sequence[dict], keys: Sequence[tuple[str, str]], path: str,
                       title: str) -> str:
-  """One panel per (key, label): the runs' value vs window, a line per series (size and
-  position encoding inside SWA); runs without SWA layers are horizontal dotted lines."""
+  """One panel per (key, label): the rows' value ± `<key>_se` vs window, a line per series
+  (size and position encoding inside SWA); rows without SWA layers are horizontal dotted
+  lines with a ± se band."""
   fig = Figure(layout="constrained", figsize=(5.2 * len(keys), 4))
   axes = np.atleast_1d(fig.subplots(1, len(keys)))
   for ax, (key, label) in zip(axes, keys):
@@ -239,51 +359,62 @@ def metrics_vs_window(runs: Sequence[dict], keys: Sequence[tuple[str, str]], pat
       windowed = sorted((r for r in members if r["window"] is not None and r[key] is not None),
                         key=lambda r: r["window"])
       if windowed:
-        ax.plot([r["window"] for r in windowed], [r[key] for r in windowed], color=f"C{i}",
-                label=name, **_series_style(windowed[0]["swa_pos"]))
+        ax.errorbar([r["window"] for r in windowed], [r[key] for r in windowed],
+                    yerr=_nan([r.get(f"{key}_se") for r in windowed]), color=f"C{i}",
+                    capsize=3, label=name, **_series_style(windowed[0]["swa_pos"]))
       for r in members:
         if r["window"] is None and r[key] is not None:
           ax.axhline(r[key], color="k", linestyle=":", label=f"{r['name']} ({name})")
+          se = r.get(f"{key}_se")
+          if se is not None:
+            ax.axhspan(r[key] - se, r[key] + se, color="k", alpha=0.08, linewidth=0)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("SWA window")
     ax.set_ylabel(label)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-  fig.suptitle(title)
+  fig.suptitle(f"{title}\n{ERROR_NOTE}", fontsize=10)
   return _save(fig, path)
 
 
 def metrics_vs_step(runs: Sequence[dict], path: str) -> str:
-  """Run gap and logit gap against training step, a line per run (from recency.jsonl)."""
+  """Run gap and logit gap ± se against training step, a line per row (from recency.jsonl;
+  rows of n seeds: the per-step seed mean ± its standard error)."""
   fig = Figure(layout="constrained", figsize=(11, 4))
   axes = fig.subplots(1, 2)
   for ax, key, label in zip(axes, ("gap", "logit_gap"),
                             ("gap at global layers' input", "logit gap (head mean)")):
     for i, run in enumerate(runs):
-      points = [(s, v[key]) for s, v in run["by_step"] if v[key] is not None]
+      points = [(s, v[key], v.get(f"{key}_se")) for s, v in run["by_step"] if v[key] is not None]
       if points:
-        ax.plot(*zip(*points), color=f"C{i % 10}", label=run["name"], marker=".",
-                **{k: v for k, v in _series_style(run["swa_pos"]).items() if k != "marker"})
+        steps, values, se = zip(*points)
+        ax.errorbar(steps, values, yerr=_nan(se), color=f"C{i % 10}", label=run["name"],
+                    marker=".", capsize=2,
+                    **{k: v for k, v in _series_style(run["swa_pos"]).items() if k != "marker"})
     ax.axhline(0, color="0.7", linewidth=0.8)
     ax.set_xlabel("training step")
     ax.set_ylabel(label)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-  fig.suptitle("Recency during training (solid: RoPE in SWA, dashed: NoPE in SWA)")
+  fig.suptitle(f"Recency during training (solid: RoPE in SWA, dashed: NoPE in SWA)\n"
+               f"{ERROR_NOTE}", fontsize=10)
   return _save(fig, path)
 
 
 def extrapolation_vs_gap(runs: Sequence[dict], factors: Sequence[int], correlations: dict,
                          path: str) -> str:
-  """Extrapolation loss ratio at each factor against the run gap, one point per run."""
+  """Extrapolation loss ratio at each factor against the run gap, one point per row, with
+  error bars where the row has standard errors."""
   fig = Figure(layout="constrained", figsize=(5.2 * len(factors), 4))
   axes = np.atleast_1d(fig.subplots(1, len(factors)))
   for ax, k in zip(axes, factors):
     for i, run in enumerate(runs):
       x, y = run.get("extrapolation_gap"), run.get("ratio", {}).get(k)
       if x is not None and y is not None:
-        ax.scatter([x], [y], color=f"C{i % 10}", label=run["name"],
-                   marker=_series_style(run["swa_pos"])["marker"])
+        ax.errorbar([x], [y], xerr=_nan([run.get("extrapolation_gap_se")]),
+                    yerr=_nan([run.get("ratio_se", {}).get(k)]), color=f"C{i % 10}",
+                    label=run["name"], marker=_series_style(run["swa_pos"])["marker"],
+                    linestyle="none", capsize=3)
     c = correlations.get(k, {}).get("gap", {})
     ax.set_title(f"{k}× training length: Spearman ρ {_fmt(c.get('spearman'), '+.2f')}, "
                  f"Pearson r {_fmt(c.get('pearson'), '+.2f')} (n={c.get('n', 0)})", fontsize=9)
@@ -292,5 +423,5 @@ def extrapolation_vs_gap(runs: Sequence[dict], factors: Sequence[int], correlati
     ax.set_ylabel("loss at positions ≥ T / at [T/2, T)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-  fig.suptitle("Length extrapolation against recency")
+  fig.suptitle(f"Length extrapolation against recency\n{ERROR_NOTE}", fontsize=10)
   return _save(fig, path)

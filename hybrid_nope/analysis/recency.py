@@ -1,19 +1,29 @@
 """Recency in the residual stream and its read-out by global NoPE layers (DESIGN.md, stages 1-3).
 
-f(d) = mean over batch and positions i >= d of cos(x_i, x_{i-d});  floor = f(L), gap = f(1) - f(L).
+f(d) = mean over counted pairs (i, i-d) of cos(x_i, x_{i-d});  floor = f(L), gap = f(1) - f(L).
 ℓ_h(d) = ⟨G_X(d), M_h⟩_F with G_X(d) = E[x_i x_{i-d}ᵀ] and M_h = W_Q,h W_K,hᵀ / sqrt(H), computed as
 the mean of q_i · k_{i-d} / sqrt(H) so no D x D matrix is formed per lag.
 
+A pair (i, i-d) of row b counts only where segment_ids[b, i] == segment_ids[b, i-d] != 0: both
+tokens lie in one document (attention never crosses documents) and neither is padding (segment
+0). `segment_ids=None` counts every pair. Means are over counted pairs; a lag with none is NaN.
+
 Every function takes `positions`: query positions i to average over (None = all); pairs with
 i < d are left out, so subsampling never changes what a lag means.
+
+The `*_sums` functions return per-cluster sums and counts (a cluster is a probe document), from
+which `mean_and_stderr` and `difference_stderr` give means and cluster-robust standard errors on
+the host: pairs of one document are correlated, documents are independent.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from hybrid_nope.data.packing import PADDING_SEGMENT
 
 
 def default_lags(far_lag: int, window: int | None = None) -> tuple[int, ...]:
@@ -35,18 +45,55 @@ def query_positions(seq_len: int, count: int | None) -> np.ndarray | None:
   return np.unique(np.linspace(0, seq_len - 1, count).round().astype(np.int32))
 
 
-def _pairs(x_BTD: jax.Array, y_BTD: jax.Array, lag: int, positions):
-  """(x_i, y_{i-lag}) for the chosen query positions i >= lag: both [B, P, D]."""
-  T = x_BTD.shape[1]
+def _query_index(T: int, lag: int, positions) -> np.ndarray:
+  """The query positions i >= lag (static numpy indices)."""
   if lag >= T:
     raise ValueError(f"lag {lag} must be < sequence length {T}")
   if positions is None:
-    return x_BTD[:, lag:], y_BTD[:, :T - lag]
+    return np.arange(lag, T)
   i = np.asarray(positions)
   i = i[i >= lag]
   if i.size == 0:
     raise ValueError(f"no query position >= lag {lag} among positions {positions!r}")
-  return x_BTD[:, i], y_BTD[:, i - lag]
+  return i
+
+
+def pair_weights(segment_ids_BT, shape_BT: tuple[int, int], lag: int, i: np.ndarray) -> jax.Array:
+  """float32 [B, P]: 1 where the pair (i, i - lag) counts, else 0."""
+  if segment_ids_BT is None:
+    return jnp.ones((shape_BT[0], len(i)), jnp.float32)
+  seg = jnp.asarray(segment_ids_BT)
+  query, key = seg[:, i], seg[:, i - lag]
+  return ((query == key) & (query != PADDING_SEGMENT)).astype(jnp.float32)
+
+
+def _lagged_sums(pair_value: Callable, x_BT, lags, positions, segment_ids_BT, clusters_BT,
+                 num_clusters: int | None):
+  """For each lag, Σ w · pair_value(x_i, x_{i-d}) and Σ w over counted pairs.
+
+  pair_value maps [B, P, ...] slices to [B, P, E]. Without clusters: sums [L, E], counts [L];
+  with `clusters_BT` (int [B, T] in [0, num_clusters); the query token's cluster is the pair's):
+  sums [L, C, E], counts [L, C].
+  """
+  B, T = x_BT.shape[:2]
+  sums, counts = [], []
+  for lag in lags:
+    i = _query_index(T, lag, positions)
+    w_BP = pair_weights(segment_ids_BT, (B, T), lag, i)
+    v_BPE = pair_value(x_BT[:, i], x_BT[:, i - lag]) * w_BP[..., None]
+    if clusters_BT is None:
+      sums.append(jnp.sum(v_BPE, axis=(0, 1)))
+      counts.append(jnp.sum(w_BP))
+    else:
+      ids = jnp.asarray(clusters_BT)[:, i].ravel()
+      sums.append(jax.ops.segment_sum(v_BPE.reshape(-1, v_BPE.shape[-1]), ids, num_clusters))
+      counts.append(jax.ops.segment_sum(w_BP.ravel(), ids, num_clusters))
+  return jnp.stack(sums), jnp.stack(counts)
+
+
+def _mean(sums, counts):
+  """sums / counts, NaN where nothing was counted (never a silent 0)."""
+  return jnp.where(counts > 0, sums / jnp.maximum(counts, 1), jnp.nan)
 
 
 def _unit(x_BTD: jax.Array) -> jax.Array:
@@ -54,14 +101,32 @@ def _unit(x_BTD: jax.Array) -> jax.Array:
   return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True), 1e-30))
 
 
-def cosine_profile(x_BTD: jax.Array, lags: Sequence[int], positions=None) -> jax.Array:
+def _dot(a, b):
+  return jnp.sum(a * b, axis=-1, keepdims=True)
+
+
+def cosine_sums(x_BTD, lags, positions=None, segment_ids=None, clusters_BT=None,
+                num_clusters=None):
+  """Σ cos(x_i, x_{i-d}) and pair counts per lag (and cluster): see `_lagged_sums`."""
+  sums, counts = _lagged_sums(_dot, _unit(x_BTD), lags, positions, segment_ids, clusters_BT,
+                              num_clusters)
+  return sums[..., 0], counts
+
+
+def cosine_profile(x_BTD: jax.Array, lags: Sequence[int], positions=None,
+                   segment_ids=None) -> jax.Array:
   """f(d) for each lag: [len(lags)]."""
-  u_BTD = _unit(x_BTD)
-  out = []
-  for lag in lags:
-    a, b = _pairs(u_BTD, u_BTD, lag, positions)
-    out.append(jnp.mean(jnp.sum(a * b, axis=-1)))
-  return jnp.stack(out)
+  sums, counts = cosine_sums(x_BTD, lags, positions, segment_ids)
+  return _mean(sums, counts)
+
+
+def match_sums(tokens_BT, lags, positions=None, segment_ids=None, clusters_BT=None,
+               num_clusters=None):
+  """Σ [t_i == t_{i-d}] and pair counts: the data's own recency, P(t_i = t_{i-d})."""
+  same = lambda a, b: (a == b).astype(jnp.float32)[..., None]
+  sums, counts = _lagged_sums(same, jnp.asarray(tokens_BT), lags, positions, segment_ids,
+                              clusters_BT, num_clusters)
+  return sums[..., 0], counts
 
 
 def floor_and_gap(profile, lags: Sequence[int], *, near: int = 1, far: int) -> tuple[float, float]:
@@ -83,39 +148,103 @@ def _queries_keys(x_BTD, wq_DNH, wk_DKH):
   return q_BTNH, k_BTNH
 
 
-def logit_profile(x_BTD: jax.Array, wq_DNH: jax.Array, wk_DKH: jax.Array,
-                  lags: Sequence[int], positions=None) -> jax.Array:
-  """ℓ_h(d) = mean q_i,h · k_{i-d},h / sqrt(H) for each head and lag: [N, len(lags)]."""
+def logit_sums(x_BTD, wq_DNH, wk_DKH, lags, positions=None, segment_ids=None,
+               clusters_BT=None, num_clusters=None):
+  """Σ q_i,h · k_{i-d},h / sqrt(H) and pair counts: sums [L, N] or [L, C, N]."""
   q_BTNH, k_BTNH = _queries_keys(x_BTD, wq_DNH, wk_DKH)
+  qk_BTNH2 = jnp.stack([q_BTNH, k_BTNH], axis=-1)  # One array, so queries and keys share a lag.
   scale = q_BTNH.shape[-1] ** -0.5
-  out = []
-  for lag in lags:
-    q, k = _pairs(q_BTNH, k_BTNH, lag, positions)
-    out.append(jnp.mean(jnp.sum(q * k, axis=-1), axis=(0, 1)) * scale)
-  return jnp.stack(out, axis=1)
+  logit = lambda a, b: jnp.sum(a[..., 0] * b[..., 1], axis=-1) * scale
+  return _lagged_sums(logit, qk_BTNH2, lags, positions, segment_ids, clusters_BT, num_clusters)
 
 
-def cross_moment(x_BTD: jax.Array, lag: int, positions=None) -> jax.Array:
-  """G_X(d) = mean over pairs of x_i x_{i-d}ᵀ: [D, D]. For tests and small D."""
-  a, b = _pairs(x_BTD.astype(jnp.float32), x_BTD.astype(jnp.float32), lag, positions)
-  return jnp.einsum("bpd,bpe->de", a, b) / (a.shape[0] * a.shape[1])
+def logit_profile(x_BTD: jax.Array, wq_DNH: jax.Array, wk_DKH: jax.Array,
+                  lags: Sequence[int], positions=None, segment_ids=None) -> jax.Array:
+  """ℓ_h(d) = mean q_i,h · k_{i-d},h / sqrt(H) for each head and lag: [N, len(lags)]."""
+  sums_LN, counts_L = logit_sums(x_BTD, wq_DNH, wk_DKH, lags, positions, segment_ids)
+  return _mean(sums_LN, counts_L[:, None]).T
+
+
+def cross_moment(x_BTD: jax.Array, lag: int, positions=None, segment_ids=None) -> jax.Array:
+  """G_X(d) = mean over counted pairs of x_i x_{i-d}ᵀ: [D, D]. For tests and small D."""
+  x = x_BTD.astype(jnp.float32)
+  B, T, D = x.shape
+  i = _query_index(T, lag, positions)
+  w_BP = pair_weights(segment_ids, (B, T), lag, i)
+  total = jnp.einsum("bp,bpd,bpe->de", w_BP, x[:, i], x[:, i - lag])
+  return _mean(total, jnp.sum(w_BP))
+
+
+def m_norms(wq_DNH: jax.Array, wk_DKH: jax.Array) -> jax.Array:
+  """‖M_h‖_F per head [N] from H x H Gram matrices: ‖W_q W_kᵀ‖_F² = tr((W_qᵀ W_q)(W_kᵀ W_k))."""
+  H = wq_DNH.shape[-1]
+  N, K = wq_DNH.shape[1], wk_DKH.shape[1]
+  wq = wq_DNH.astype(jnp.float32)
+  wk = jnp.repeat(wk_DKH.astype(jnp.float32), N // K, axis=1)
+  gram_q = jnp.einsum("dnh,dng->nhg", wq, wq)
+  gram_k = jnp.einsum("dnh,dng->nhg", wk, wk)
+  return jnp.sqrt(jnp.einsum("nhg,ngh->n", gram_q, gram_k)) * H**-0.5
 
 
 def alignment(x_BTD: jax.Array, wq_DNH: jax.Array, wk_DKH: jax.Array, near: int = 1,
-              far: int = 4096, positions=None) -> jax.Array:
+              far: int = 4096, positions=None, segment_ids=None) -> jax.Array:
   """Frobenius cosine of M_h and ΔG = G_X(near) − G_X(far), per head: [N].
 
   ⟨M_h, ΔG⟩ is the logit gap (no D x D work); ‖M_h‖ comes from H x H Gram matrices; ‖ΔG‖ needs
   one D x D matrix per layer, formed from the two lags only.
   """
-  gap_N = jnp.diff(logit_profile(x_BTD, wq_DNH, wk_DKH, (far, near), positions), axis=1)[:, 0]
-  H = wq_DNH.shape[-1]
-  N, K = wq_DNH.shape[1], wk_DKH.shape[1]
-  wq = wq_DNH.astype(jnp.float32)
-  wk = jnp.repeat(wk_DKH.astype(jnp.float32), N // K, axis=1)
-  # ‖W_q W_kᵀ‖_F² = tr((W_qᵀ W_q)(W_kᵀ W_k)), per head.
-  gram_q = jnp.einsum("dnh,dng->nhg", wq, wq)
-  gram_k = jnp.einsum("dnh,dng->nhg", wk, wk)
-  m_norm_N = jnp.sqrt(jnp.einsum("nhg,ngh->n", gram_q, gram_k)) * H**-0.5
-  delta_DD = cross_moment(x_BTD, near, positions) - cross_moment(x_BTD, far, positions)
-  return gap_N / (m_norm_N * jnp.linalg.norm(delta_DD))
+  gap_N = jnp.diff(logit_profile(x_BTD, wq_DNH, wk_DKH, (far, near), positions, segment_ids),
+                   axis=1)[:, 0]
+  delta_DD = (cross_moment(x_BTD, near, positions, segment_ids)
+              - cross_moment(x_BTD, far, positions, segment_ids))
+  return gap_N / (m_norms(wq_DNH, wk_DKH) * jnp.linalg.norm(delta_DD))
+
+
+def alignment_null(d_model: int, num_heads: int) -> np.ndarray:
+  """Standard deviation of the alignment of a random M against any fixed ΔG ≠ 0, per head [N].
+
+  For M' = U M Vᵀ with U, V independent Haar-random D x D rotations (a random M with M's shape
+  and singular values, i.e. its scale), ‖M'‖ = ‖M‖ and E[U_ai U_a'i'] = δ_aa' δ_ii' / D give
+  E⟨M', ΔG⟩ = 0 and E⟨M', ΔG⟩² = ‖M‖² ‖ΔG‖² / D² exactly, so the alignment has mean 0 and
+  standard deviation exactly 1/D, whatever ΔG and M are. Any rotation-invariant init (i.i.d.
+  Gaussian W_Q, W_K at any scale) is a mixture of such M', so the same holds for it.
+  tests/test_analysis_recency.py checks both by Monte Carlo against a real, anisotropic ΔG.
+  """
+  return np.full(num_heads, 1.0 / d_model)
+
+
+# ---- host-side statistics over per-cluster sums ----------------------------------------------
+
+def mean_and_stderr(sums_LC, counts_LC) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Per lag: mean over counted pairs, its standard error over clusters, and the pair count.
+
+  The mean is the ratio estimator m = Σ_c s_c / Σ_c n_c; its cluster-robust standard error is
+  sqrt(K/(K−1) Σ_c (s_c − m n_c)²) / Σ_c n_c over the K clusters with pairs (NaN if K < 2).
+  """
+  s, n = np.asarray(sums_LC, np.float64), np.asarray(counts_LC, np.float64)
+  total = n.sum(-1)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    mean = np.where(total > 0, s.sum(-1) / total, np.nan)
+    resid = np.where(n > 0, s - mean[..., None] * n, 0.0)
+    k = (n > 0).sum(-1)
+    var = np.where(k >= 2, k / np.maximum(k - 1, 1) * (resid**2).sum(-1), np.nan)
+    stderr = np.sqrt(var) / total
+  return mean, stderr, total.astype(np.int64)
+
+
+def difference_stderr(sums_a_C, counts_a_C, sums_b_C, counts_b_C) -> np.ndarray:
+  """Standard error over clusters of mean_a − mean_b (two ratio means on the same clusters).
+
+  Each cluster's influence is (s_a − m_a n_a)/N_a − (s_b − m_b n_b)/N_b; the clusters are
+  independent, so the variance is K/(K−1) Σ influence². Leading axes (e.g. heads) broadcast;
+  clusters are the last axis.
+  """
+  sa, na = np.asarray(sums_a_C, np.float64), np.asarray(counts_a_C, np.float64)
+  sb, nb = np.asarray(sums_b_C, np.float64), np.asarray(counts_b_C, np.float64)
+  Na, Nb = na.sum(-1, keepdims=True), nb.sum(-1, keepdims=True)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    ma, mb = sa.sum(-1, keepdims=True) / Na, sb.sum(-1, keepdims=True) / Nb
+    influence = (sa - ma * na) / Na - (sb - mb * nb) / Nb
+    k = ((na > 0) | (nb > 0)).sum(-1)
+    var = np.where(k >= 2, k / np.maximum(k - 1, 1) * (influence**2).sum(-1), np.nan)
+  return np.sqrt(var)

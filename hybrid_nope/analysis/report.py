@@ -35,7 +35,7 @@ import numpy as np
 import optax
 
 from hybrid_nope.analysis import checkpoints, plots, recency
-from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.analysis.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.train.state import ModelDef, init_model
 
@@ -52,16 +52,34 @@ def step_directory(workdir: str, step: int) -> str:
 # ---- summaries and positions (pure functions over records / arrays) --------------------------
 
 def summarize(records: Sequence[dict]) -> dict[str, float | None]:
-  """Run gap, floor, logit gap and alignment (see module docstring); None where undefined."""
+  """Run gap, floor, logit gap and alignment (see module docstring), their noise levels, and
+  the data control's gap; None where undefined.
+
+  gap_stderr: sqrt(stderr(f(1))² + stderr(f(L))²) averaged over the global layers (the two lags
+  share documents, and positively correlated errors make this an upper bound). logit_gap_stderr:
+  the mean of the per-head standard errors, the bound for fully correlated heads (they share the
+  probe), so a crossing of zero by more than twice it is not noise. alignment_null: the per-head
+  null standard deviation 1/D (`recency.alignment_null`).
+  """
   inputs = [r for r in records if r["layer_type"] == "global" and r["module"] == SUMMARY_MODULE]
   readout = [r for r in inputs if "logit_gap" in r]
+  data = [r for r in records if r["layer_type"] == DATA_LAYER_TYPE]
 
   def mean(values):
     return float(np.mean(values)) if len(values) else None
 
+  def gap_stderr(r):
+    se = r["stderr"]
+    return float(np.hypot(se[r["lags"].index(1)], se[r["lags"].index(r["far_lag"])]))
+
+  gap_se = [gap_stderr(r) for r in inputs]  # NaN where a lag has fewer than two documents
   return {"gap": mean([r["gap"] for r in inputs]), "floor": mean([r["floor"] for r in inputs]),
+          "gap_stderr": mean(gap_se),
           "logit_gap": mean([g for r in readout for g in r["logit_gap"]]),
-          "alignment": mean([a for r in readout for a in r["alignment"]])}
+          "logit_gap_stderr": mean([s for r in readout for s in r["logit_gap_stderr"]]),
+          "alignment": mean([a for r in readout for a in r["alignment"]]),
+          "alignment_null": mean([a for r in readout for a in r["alignment_null"]]),
+          "data_gap": mean([r["gap"] for r in data])}
 
 
 def context_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
@@ -91,14 +109,14 @@ def analysis_lags(seq_len: int, far_lag: int, window: int | None) -> tuple[int, 
 _HOOKS: dict = {}  # (model_def, config JSON, lags) -> hook: one compilation per model and length.
 
 
-def _hook(config, model_def: ModelDef, probe_batch: dict, lags) -> RecencyHook:
-  """The in-loop hook with a longer list of lags (floor, gap and alignment still at far_lag)."""
-  """A cached hook; the config (which fixes the eval data, hence the probe) is part of the key."""
+def _hook(config, model_def: ModelDef, eval_batches: Sequence[dict], lags) -> RecencyHook:
+  """The in-loop hook with a longer list of lags (floor, gap and alignment still at far_lag),
+  cached; the config (which fixes the eval data, hence the probe) is part of the key."""
   key = (model_def, config.to_json(sort_keys=True), tuple(lags))
   if key not in _HOOKS:
     if len(_HOOKS) >= 8:
       _HOOKS.pop(next(iter(_HOOKS)))
-    _HOOKS[key] = RecencyHook(config, model_def, probe_batch, writer=None, lags=lags)
+    _HOOKS[key] = RecencyHook(config, model_def, eval_batches, writer=None, lags=lags)
   return _HOOKS[key]
 
 
@@ -174,10 +192,10 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
   batches = pipeline.eval_batches(config)
   lags = analysis_lags(seq_len, config.metrics.far_lag,
                        config.model.window if "S" in config.model.pattern else None)
-  hook = _hook(config, model_def, batches[0], lags)
+  hook = _hook(config, model_def, batches, lags)
   result = {"seq_len": seq_len, "lags": list(lags),
-            "probe_sequences": int(config.metrics.probe_batch_size),
-            "records": hook.records(step, params)}
+            "probe_sequences": int(config.metrics.probe_batch_size), "probe": hook.describe(),
+            "records": hook.records(step, params, data_control=True)}
   if init_params is not None:
     result["init_records"] = hook.records(0, init_params)
   result["eval"] = evaluate_by_context(model_def, params, batches,

@@ -35,8 +35,11 @@ def compute_dtype(name: str):
   return DTYPES[name]
 
 
-# Module boundaries inside a block, in order; the recency hook records each of them.
-BOUNDARIES = ("pre_mixer_norm", "mixer", "residual_1", "pre_mlp_norm", "mlp", "residual_2")
+# Module boundaries of a block, in order ("input": the residual stream entering it, the embedding
+# at layer 0); the recency hook records each of them, and the final norm after the last block.
+BOUNDARIES = ("input", "pre_mixer_norm", "mixer", "residual_1", "pre_mlp_norm", "mlp",
+              "residual_2")
+FINAL_BOUNDARY = "final_norm"
 
 
 def _ignore(name, x):
@@ -45,7 +48,7 @@ def _ignore(name, x):
 
 
 class Block(nnx.Module):
-  """x + Attn(Norm(x)), then + MLP(Norm(.)): the six module boundaries the recency hook reads."""
+  """x + Attn(Norm(x)), then + MLP(Norm(.)): the BOUNDARIES the recency hook reads."""
 
   def __init__(self, kind: str, cfg, *, dtype, rngs: nnx.Rngs):
     self.kind = kind
@@ -61,6 +64,7 @@ class Block(nnx.Module):
 
   def __call__(self, x_BTD, positions_BT, segment_ids_BT, observe=None):
     observe = observe or _ignore
+    x_BTD = observe("input", x_BTD)
     h_BTD = observe("pre_mixer_norm", self.attn_norm(x_BTD))
     h_BTD = observe("mixer", self.attn(h_BTD, positions_BT=positions_BT,
                                        segment_ids_BT=segment_ids_BT))
@@ -87,7 +91,8 @@ class LanguageModel(nnx.Module):
 
   def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
                segment_ids_BT: jax.Array | None = None, observe=None) -> jax.Array:
-    """`observe(layer, boundary, x_BTD) -> x_BTD`, if given, sees every block's BOUNDARIES."""
+    """`observe(layer, boundary, x_BTD) -> x_BTD`, if given, sees every block's BOUNDARIES and
+    the last layer's FINAL_BOUNDARY."""
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
     x_BTD = self.embed(tokens_BT)
@@ -102,6 +107,8 @@ class LanguageModel(nnx.Module):
           x_BTD = block(x_BTD, positions_BT, segment_ids_BT)
         x_BTD = constrain(x_BTD, BTD)
     x_BTD = self.final_norm(x_BTD)
+    if observe is not None:
+      x_BTD = observe(len(self.blocks) - 1, FINAL_BOUNDARY, x_BTD)
     if self.tie_embeddings:
       logits_BTV = self.embed.attend(x_BTD)
     else:

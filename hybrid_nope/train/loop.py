@@ -1,17 +1,18 @@
-"""The training loop: init or resume, train, evaluate, log, measure recency, checkpoint."""
+"""The training loop: init or resume, train, evaluate, log, run the hooks it is handed, checkpoint."""
 from __future__ import annotations
 
 import logging as std_logging
 import time
+from typing import Sequence
 
 import jax
 import numpy as np
 from absl import logging
 
-from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.model import parameter_counts
 from hybrid_nope.train import flops, sharding
+from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.loss import unigram_entropy
 from hybrid_nope.train.metrics_writer import MetricsWriter
@@ -62,9 +63,11 @@ def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | Non
     writer.write(step, metrics)
 
 
-def _record_recency(hook, writer, step, params) -> None:
-  seconds = hook(step, params)
-  writer.write(step, {"recency_seconds": seconds})
+def _run_hooks(hooks, writer, step, params) -> None:
+  for hook in hooks:
+    start = time.perf_counter()
+    hook(step, params)
+    writer.write(step, {f"{hook_name(hook)}_seconds": time.perf_counter() - start})
 
 
 def _process_rows(batch: dict) -> dict:
@@ -74,8 +77,11 @@ def _process_rows(batch: dict) -> dict:
   return {k: v[p * size:(p + 1) * size] for k, v in batch.items()}
 
 
-def train(config, workdir: str) -> dict:
+def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   """Trains per `config`, resuming from the newest checkpoint in `workdir` if there is one.
+
+  `hooks`: factories `RunContext -> hook(step, params)` (`train/hooks.py`), run at step 0 of a
+  fresh run and every `metrics.every_steps` and at the last step (not on a preempted step).
 
   Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time, and
   whether the run stopped early for preemption.
@@ -127,12 +133,13 @@ def train(config, workdir: str) -> dict:
     eval_step = jax.jit(make_eval_step(model_def, buckets),
                         in_shardings=(state_shardings.params, batch_shardings),
                         out_shardings=replicated)
-    probe = jax.tree.map(
-        lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)),
-        eval_rows[0])
-    recency_hook = RecencyHook(config, model_def, probe, writer)
+    run = RunContext(config=config, model_def=model_def, eval_batches=eval_rows, writer=writer,
+                     replicate=lambda tree: jax.tree.map(
+                         lambda x: jax.make_array_from_process_local_data(replicated,
+                                                                          np.asarray(x)), tree))
+    active_hooks = [make(run) for make in hooks]
     if start == 0:
-      _record_recency(recency_hook, writer, 0, state.params)
+      _run_hooks(active_hooks, writer, 0, state.params)
 
   tokens_per_step = config.data.batch_size * config.data.seq_len
   flops_per_token = flops.flops_per_token(config.model, config.data.seq_len)
@@ -184,8 +191,8 @@ def train(config, workdir: str) -> dict:
         if save:
           ckpt.save(step, state, data_iter)
           last_saved = step
-          if not preempted:
-            _record_recency(recency_hook, writer, step, state.params)
+        if (step % config.metrics.every_steps == 0 or last) and not preempted:
+          _run_hooks(active_hooks, writer, step, state.params)
         if preempted:
           logging.warning("preempted: saved step %d; rerun the same command to resume", step)
           summary["preempted"] = True

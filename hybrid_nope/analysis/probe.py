@@ -1,0 +1,72 @@
+"""The recency probe: eval rows chosen to span as many documents as the eval set holds.
+
+Eval rows come in stream order (packed demo rows: a document may continue into the next row,
+its positions counting on; TextbookChapters: one chapter per row from position 0, padded with
+segment 0). A document therefore has one id across rows: a segment whose first token has
+position 0 starts a new document, any other segment continues the previous row's last one.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hybrid_nope.data.packing import PADDING_SEGMENT
+
+NOT_A_DOCUMENT = -1  # document id of padding tokens
+
+
+def document_ids(segment_ids_RT: np.ndarray, positions_RT: np.ndarray) -> np.ndarray:
+  """int64 [R, T]: a global document id per token (0, 1, ... in stream order), -1 on padding."""
+  seg, pos = np.asarray(segment_ids_RT), np.asarray(positions_RT)
+  if seg.shape != pos.shape or seg.ndim != 2:
+    raise ValueError(f"segment_ids {seg.shape} and positions {pos.shape} must be equal [R, T]")
+  out = np.full(seg.shape, NOT_A_DOCUMENT, np.int64)
+  next_id, last_id = 0, None
+  for r in range(seg.shape[0]):
+    starts = np.flatnonzero(np.diff(seg[r], prepend=seg[r, 0] - 1) != 0)
+    ends = np.append(starts[1:], seg.shape[1])
+    for a, b in zip(starts, ends):
+      if seg[r, a] == PADDING_SEGMENT:
+        continue
+      continues = a == 0 and pos[r, 0] > 0 and last_id is not None
+      if not continues:
+        last_id, next_id = next_id, next_id + 1
+      out[r, a:b] = last_id
+  return out
+
+
+def choose_rows(doc_ids_RT: np.ndarray, count: int) -> np.ndarray:
+  """`count` row indices (sorted) that together cover as many distinct documents as possible.
+
+  Greedy maximum coverage, deterministic: each pick is the row adding the most documents not
+  yet covered, ties broken by the most documents in the row, then the lowest index.
+  """
+  R = doc_ids_RT.shape[0]
+  if not 1 <= count <= R:
+    raise ValueError(f"config.metrics.probe_batch_size={count} must be in [1, {R}] (the eval "
+                     f"set has {R} rows: eval.batch_size x eval.num_batches)")
+  row_docs = [set(np.unique(row[row != NOT_A_DOCUMENT]).tolist()) for row in doc_ids_RT]
+  covered: set[int] = set()
+  chosen: list[int] = []
+  free = set(range(R))
+  for _ in range(count):
+    best = min(free, key=lambda r: (-len(row_docs[r] - covered), -len(row_docs[r]), r))
+    chosen.append(best)
+    free.remove(best)
+    covered |= row_docs[best]
+  return np.array(sorted(chosen), np.int64)
+
+
+def clusters(doc_ids_BT: np.ndarray) -> tuple[np.ndarray, int]:
+  """int32 [B, T] cluster ids 0..C-1, one per (row, document) piece, and C (padding gets 0;
+  its pairs never count).
+
+  Standard errors are over these pieces: a document's pairs inside a row are correlated and
+  are kept together, pieces in different rows are treated as independent. (Whole documents
+  would leave a probe of one long document with a single cluster and no error estimate.)
+  """
+  B = doc_ids_BT.shape[0]
+  piece = np.where(doc_ids_BT == NOT_A_DOCUMENT, -1,
+                   np.arange(B)[:, None] * (int(doc_ids_BT.max(initial=0)) + 1) + doc_ids_BT)
+  pieces = np.unique(piece[piece >= 0])
+  dense = np.searchsorted(pieces, np.where(piece < 0, pieces[0] if pieces.size else 0, piece))
+  return dense.astype(np.int32), max(int(pieces.size), 1)
