@@ -220,12 +220,23 @@ def test_real_run_table_matches_its_files(tmp_path_factory, tmp_path):
     evals = [json.loads(l) for l in f if "eval_loss" in l]
   assert float(row["final eval loss"]) == pytest.approx(evals[-1]["eval_loss"], abs=5e-5)
   with open(os.path.join(workdir, "recency.jsonl")) as f:
-    last = [r for r in map(json.loads, f) if r["step"] == 8]
+    records = [json.loads(l) for l in f]
+  last = [r for r in records if r["step"] == 8]
   inputs = [r for r in last if r["layer_type"] == "global" and r["module"] == "pre_mixer_norm"]
-  assert float(row["gap"]) == pytest.approx(np.mean([r["gap"] for r in inputs]), abs=5e-5)
-  assert float(row["logit gap"]) == pytest.approx(
-      np.mean([g for r in inputs for g in r["logit_gap"]]), abs=5e-5)
-  assert float(row["ratio 2×"]) == pytest.approx(
+  gap, gap_se = _value(row["gap"])
+  assert gap == pytest.approx(np.mean([r["gap"] for r in inputs]), abs=5e-5)
+  assert gap_se == pytest.approx(np.mean([np.hypot(r["stderr"][r["lags"].index(1)],
+                                                   r["stderr"][r["lags"].index(r["far_lag"])])
+                                          for r in inputs]), abs=5e-5)
+  logit, logit_se = _value(row["logit gap"])
+  assert logit == pytest.approx(np.mean([g for r in inputs for g in r["logit_gap"]]), abs=5e-5)
+  assert logit_se == pytest.approx(
+      np.mean([s for r in inputs for s in r["logit_gap_stderr"]]), abs=5e-5)
+  assert _value(row["alignment null"])[0] == pytest.approx(1 / 32, rel=2e-3)  # 1/d_model.
+  (data,) = [r for r in records if r["layer"] == DATA_LAYER]
+  assert data["step"] == 0
+  assert _value(row["data gap"])[0] == pytest.approx(data["gap"], abs=5e-5)
+  assert _value(row["ratio 2×"])[0] == pytest.approx(
       analysis["extrapolation"]["lengths"][1]["ratio"], abs=5e-5)
   assert "n/a" not in row and "(n = 1)" in result["markdown"]
 

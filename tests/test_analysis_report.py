@@ -148,7 +148,7 @@ def test_analysis_lags():
 def test_summarize_reads_global_inputs_only_with_noise_and_the_data_control():
   def rec(layer, kind, module, gap, se=(0.03, 0.04), **kw):
     return {"layer": layer, "layer_type": kind, "module": module, "gap": gap, "floor": 1 - gap,
-            "lags": [1, 8, 32], "far_lag": 8, "stderr": [se[0], 9.0, se[1]], **kw}
+            "lags": [1, 8, 32], "far_lag": 8, "stderr": [se[0], se[1], 9.0], **kw}
   head = dict(logit_gap_stderr=[0.5, 1.5], alignment_null=[0.125, 0.125])
   records = [rec(0, "swa", "pre_mixer_norm", 0.9), rec(1, "global", "mixer", 0.8),
              rec(1, "global", "pre_mixer_norm", 0.2, se=(0.3, 0.4), logit_gap=[1.0, 3.0],

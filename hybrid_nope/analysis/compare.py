@@ -106,8 +106,8 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
       "name": name or os.path.basename(os.path.normpath(workdir)),
       "workdir": os.path.abspath(workdir), "seed": int(seed),
       # Identical for runs that differ only in their seed (the key aggregate_seeds groups by).
-      "config_key": json.dumps(seedless, sort_keys=True), "pattern": m.pattern, "num_layers": m.num_layers,
-      "d_model": m.d_model, "window": int(m.window) if swa else None,
+      "config_key": json.dumps(seedless, sort_keys=True), "pattern": m.pattern,
+      "num_layers": m.num_layers, "d_model": m.d_model, "window": int(m.window) if swa else None,
       "swa_pos": m.swa_pos if swa else None, "global_pos": m.global_pos,
       "series": f"{size} {ENCODINGS.get(m.swa_pos, m.swa_pos)}-in-SWA" if swa
                 else f"{size} no SWA",
