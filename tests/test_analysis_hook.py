@@ -163,3 +163,42 @@ def test_custom_lags_must_include_one_and_the_far_lag():
     RecencyHook(config, model_def, batches, writer=None, lags=(2, 32))
   hook = RecencyHook(config, model_def, batches, writer=None, lags=(1, 3, 32, 48))
   assert hook.records(0, params)[0]["lags"] == [1, 3, 32, 48]
+
+
+def chapter_rows(num_rows, seq_len, vocab, seed=0):
+  """TextbookChapters-shaped eval rows: one chapter per row from position 0, padded."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(seq_len // 4, seq_len + 1, num_rows)
+  live = np.arange(seq_len)[None] < lengths[:, None]
+  tokens = np.where(live, rng.integers(0, vocab, (num_rows, seq_len)), 0).astype(np.int32)
+  return [{"inputs": tokens, "targets": tokens, "segment_ids": live.astype(np.int32),
+           "positions": np.where(live, np.arange(seq_len), 0).astype(np.int32),
+           "weights": live.astype(np.float32)}]
+
+
+def test_a_paper_config_writes_every_field():
+  """configs/swa256_350m.py's shapes at its seq_len 8192 and far lag 4096 (two layers, a small
+  vocabulary and two probe rows, for CPU memory), on padded chapter rows."""
+  from configs import swa256_350m
+  config = swa256_350m.get_config()
+  config.model.update(num_layers=2, vocab_size=512)
+  config.metrics.probe_batch_size = 2
+  model_def, params = init_model(config.model, seed=0)
+  batches = chapter_rows(4, config.data.seq_len, 512)
+  hook = RecencyHook(config, model_def, batches, writer=None)
+  records = hook.records(0, params)
+  assert hook.num_docs == 2 and records[0]["layer_type"] == "data"
+  pad_free = int(np.sum(hook.probe["segment_ids"]))
+  assert hook.describe()["tokens"] == pad_free
+  fields = {"step", "layer", "layer_type", "module", "lags", "far_lag", "profile", "floor", "gap",
+            "pairs", "stderr"}
+  readout = {"logit_profile", "logit_gap", "logit_gap_stderr", "alignment", "alignment_null"}
+  for r in records:
+    assert fields <= set(r) and r["far_lag"] == 4096
+    assert (readout <= set(r)) == (r["layer_type"] == "global")
+    # Padding never pairs: at lag d at most (live tokens - d) pairs per row.
+    assert all(p <= pad_free - 2 * d for p, d in zip(r["pairs"], r["lags"]))
+    assert np.isfinite(r["gap"])
+  glob = [r for r in records if r["layer_type"] == "global"][0]
+  assert glob["alignment_null"] == [1 / 1024] * 16
+  assert np.all(np.isfinite(glob["logit_gap_stderr"]))

@@ -77,6 +77,8 @@ def test_demo_runs_on_embedded_data_without_paths():
     ("model.attention_impl", "flash", "model.attention_impl"),
     ("data.source", "web", "data.source"),
     ("train.warmup_steps", 8, "train.warmup_steps"),
+    ("metrics.every_steps", 0, "metrics.every_steps"),
+    ("metrics.probe_batch_size", 5, "eval.batch_size x eval.num_batches = 4"),  # tiny: 2 x 2
 ])
 def test_bad_values_fail_naming_the_key(key, value, message):
   config = tiny_config(**{key.replace(".", "__"): value})
