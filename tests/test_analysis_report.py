@@ -172,3 +172,13 @@ def test_cli_reports_an_empty_workdir(tmp_path):
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith(
       f"analyze.py: workdir {tmp_path} is empty: expected config.json and checkpoints/")
+
+
+def test_summary_text_states_the_noise_levels_and_the_data_control(analyzed):
+  _, result = analyzed
+  a = result["analysis"]
+  text = report.summary_text(result)
+  now = a["summary"]["step"]
+  assert f"data control P(t_i = t_i-d) gap {now['data_gap']:.4f}" in text
+  assert f"a random M: ± {now['alignment_null']:.4f}" in text
+  assert f"probe {a['probe']['documents']} documents in {len(a['probe']['rows'])} rows" in text

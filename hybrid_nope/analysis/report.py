@@ -296,7 +296,12 @@ def summary_text(result: dict) -> str:
            f"eval loss {a['eval']['loss']:.4f}",
            f"  gap {fmt(init['gap'])} -> {fmt(now['gap'])}, floor {fmt(init['floor'])} -> "
            f"{fmt(now['floor'])}, logit gap {fmt(init['logit_gap'], '+.4f')} -> "
-           f"{fmt(now['logit_gap'], '+.4f')} (init -> step; global layers' input)"]
+           f"{fmt(now['logit_gap'], '+.4f')} ± {fmt(now['logit_gap_stderr'])} (init -> step; "
+           f"global layers' input)",
+           f"  alignment {fmt(now['alignment'], '+.4f')} (a random M: ± "
+           f"{fmt(now['alignment_null'])}); data control P(t_i = t_i-d) gap "
+           f"{fmt(now['data_gap'])}; probe {a['probe']['documents']} documents in "
+           f"{len(a['probe']['rows'])} rows"]
   for row in (result["extrapolation"] or {}).get("lengths", []):
     lines.append(f"  {row['factor']}x ({row['seq_len']}): loss {row['loss']:.4f}, positions "
                  f"[T/2, T) {fmt(row['loss_near'])}, >= T {fmt(row['loss_beyond'])}, ratio "
