@@ -57,7 +57,8 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
     assert ml_collections.ConfigDict(json.load(f)).model == tiny_config().model
   assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4, 8]
   assert summary["step"] == 8 and summary["eval_loss"] == evals[-1]["eval_loss"]
-  # Recency: init and every checkpoint, every layer and module boundary.
+  # Recency: init and every metrics.every_steps (= checkpoint.every_steps here), every layer and
+  # module boundary.
   with open(tmp_path / "recency.jsonl") as f:
     recency = [json.loads(line) for line in f]
   assert sorted({r["step"] for r in recency}) == [0, 4, 8]

@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import loop
 from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape
 from tests.helpers import MESH_TEST, REPO, run_8_devices, tiny_config
@@ -41,13 +42,18 @@ def test_bad_mesh_for_the_model_fails_before_compile(overrides, shape, key):
 
 
 def test_same_losses_on_every_mesh_and_shardings_follow_the_rules(tmp_path):
-  reference = loop.train(tiny_config(**MESH_TEST), str(tmp_path / "one_device"))
+  reference = loop.train(tiny_config(**MESH_TEST), str(tmp_path / "one_device"),
+                         hooks=[RecencyHook.for_run])
   with open(tmp_path / "one_device" / "metrics.jsonl") as f:
     want = [r["loss"] for r in map(json.loads, f) if "loss" in r]
   assert len(want) == 3 and reference["step"] == 3
+  with open(tmp_path / "one_device" / "recency.jsonl") as f:
+    want_profiles = [r["profile"] for r in map(json.loads, f)]
   out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path / "meshes"))
   for name, got in out["losses"].items():
     np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=name)
+  for name, got in out["recency"].items():  # The hook on a mesh measures what one device does.
+    np.testing.assert_allclose(got, want_profiles, rtol=1e-4, atol=1e-5, err_msg=name)
   # LOGICAL_RULES: embed -> fsdp, vocab/heads/mlp -> tensor, kv (head_dim) unsharded.
   assert out["specs"]["embedding_VD"] == ["tensor", "fsdp"]
   assert out["specs"]["wq_DNH"] == ["fsdp", "tensor", None]
@@ -61,7 +67,7 @@ def test_same_losses_on_every_mesh_and_shardings_follow_the_rules(tmp_path):
 def test_two_processes_match_one(tmp_path):
   import socket
   from tests.scripts.two_process import TWO_PROCESS
-  loop.train(tiny_config(**TWO_PROCESS), str(tmp_path / "one"))
+  loop.train(tiny_config(**TWO_PROCESS), str(tmp_path / "one"), hooks=[RecencyHook.for_run])
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
@@ -81,6 +87,9 @@ def test_two_processes_match_one(tmp_path):
       return [r["loss"] for r in map(json.loads, f) if "loss" in r]
 
   np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=2e-5)
+  profiles = lambda w: [r["profile"] for r in map(json.loads, open(w / "recency.jsonl"))]
+  np.testing.assert_allclose(profiles(tmp_path / "two"), profiles(tmp_path / "one"), rtol=1e-4,
+                             atol=1e-5)
   # Both processes wrote their data-iterator position into the shared checkpoint.
   data_files = sorted(p.name for p in (tmp_path / "two" / "checkpoints" / "3" / "data").iterdir()
                       if p.suffix == ".json")

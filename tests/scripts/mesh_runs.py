@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 
+from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.train import loop, sharding
 from hybrid_nope.train.checkpoint import Checkpointer
@@ -33,12 +34,19 @@ def losses(workdir):
     return [r["loss"] for r in map(json.loads, f) if "loss" in r]
 
 
+def recency_profiles(workdir):
+  """Every recency record's profile, in file order (the probe is replicated on the mesh)."""
+  with open(os.path.join(workdir, "recency.jsonl")) as f:
+    return [r["profile"] for r in map(json.loads, f)]
+
+
 def main(workdir):
   assert jax.device_count() == 8, jax.devices()
-  out = {"losses": {}, "specs": {}}
+  out = {"losses": {}, "specs": {}, "recency": {}}
   for name, mesh in MESHES.items():
-    loop.train(config_for(mesh), os.path.join(workdir, name))
+    loop.train(config_for(mesh), os.path.join(workdir, name), hooks=[RecencyHook.for_run])
     out["losses"][name] = losses(os.path.join(workdir, name))
+    out["recency"][name] = recency_profiles(os.path.join(workdir, name))
   remat_dir = os.path.join(workdir, REMAT_MESH + "_remat")
   loop.train(config_for(MESHES[REMAT_MESH], model__remat=True), remat_dir)
   out["losses"][REMAT_MESH + "_remat"] = losses(remat_dir)

@@ -8,6 +8,7 @@ import sys
 
 import jax
 
+from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import distributed, loop
 from tests.helpers import tiny_config
 
@@ -17,7 +18,7 @@ TWO_PROCESS = dict(mesh__data=-1, train__steps=3, checkpoint__every_steps=3, eva
 def main(workdir):
   distributed.initialize()
   assert jax.process_count() == 2, jax.process_count()
-  summary = loop.train(tiny_config(**TWO_PROCESS), workdir)
+  summary = loop.train(tiny_config(**TWO_PROCESS), workdir, hooks=[RecencyHook.for_run])
   print("RESULT " + json.dumps({"process": jax.process_index(), "summary": summary}))
 
 
