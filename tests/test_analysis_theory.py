@@ -1,5 +1,7 @@
 """The theory's predictions (DESIGN.md stages 1-3): checked by simulation, then against the
 demo-shaped model at init (layer 0's SWA mixer, layer 1's global NoPE read-out)."""
+import functools
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -86,7 +88,7 @@ def test_rmsnorm_keeps_the_unit_normalised_cross_moment_of_its_gained_input():
   expected = [np.trace(unit_cross_moment(x * gain, d)) for d in lags]
   np.testing.assert_allclose(profile, expected, atol=1e-5)
   unit_gain = np.asarray(recency.cosine_profile(jnp.asarray(x, jnp.float32), lags))
-  assert np.max(np.abs(profile - unit_gain)) > 0.01
+  assert np.max(np.abs(profile - unit_gain)) > 1e-3  # 100x the tolerance
   norm.scale_D[...] = jnp.ones(D)
   np.testing.assert_allclose(recency.cosine_profile(norm(jnp.asarray(x, jnp.float32)), lags),
                              unit_gain, atol=1e-5)
@@ -135,13 +137,17 @@ def test_wide_random_mlp_preserves_the_order_of_the_profile():
   x = moving_average(rng.standard_normal((B, T, D)), w)
   x = x / np.sqrt((x**2).mean(-1, keepdims=True))  # Unit RMS: pre-activations have unit variance.
   W = rng.standard_normal((D, F)) / np.sqrt(D)
-  lags = (1, 2, 4, 8, 16, 24, 32, 64)
+  lags = (1, 2, 4, 8, 16, 24, 28, 32, 64)
+  # Inside the window f_in falls by >= 1/32 per step, many SE (≈ 1/sqrt(D·B·T/w) ≈ 0.016, less
+  # for the difference of nearby lags); from d = w on it is 0 ± SE at every lag, so the order is
+  # asserted inside the window only.
+  inside = np.array(lags) < w
   f_in = np.asarray(recency.cosine_profile(jnp.asarray(x, jnp.float32), lags))
+  assert np.all(np.diff(f_in[inside]) < 0)
   for activation in ("relu", "gelu", "silu"):
     y = theory.ACTIVATIONS[activation](x @ W)
     f_out = np.asarray(recency.cosine_profile(jnp.asarray(y, jnp.float32), lags))
-    assert np.all(np.diff(f_in) <= 0) and np.all(np.diff(f_out) <= 1e-3)
-    assert np.argsort(-f_out, kind="stable").tolist() == np.argsort(-f_in, kind="stable").tolist()
+    assert np.all(np.diff(f_out[inside]) < 0)
     # And the values follow the kernel of the input cosine (width F finite: loose tolerance).
     np.testing.assert_allclose(f_out, theory.hermite_kernel(activation, f_in), atol=0.03)
 
@@ -314,9 +320,19 @@ def predicted_cosine_sums(a_BNTT, ybar_BTD, s_NN, lags):
   return np.stack(sums)
 
 
-def row_clusters(B, T):
-  """Rows are independent sequences: each is one cluster for the standard errors."""
-  return np.broadcast_to(np.arange(B)[:, None], (B, T)), B
+def row_cosine_sums(x_BTD, lags):
+  """recency.cosine_sums with one cluster per row (rows are independent sequences), jitted:
+  sums and counts [L, B] in float64."""
+  B, T = x_BTD.shape[:2]
+  clusters = np.broadcast_to(np.arange(B)[:, None], (B, T))
+  sums, counts = _cosine_sums(jnp.asarray(x_BTD, jnp.float32), clusters, lags=tuple(lags),
+                              num_clusters=B)
+  return np.asarray(sums, np.float64), np.asarray(counts, np.float64)
+
+
+@functools.partial(jax.jit, static_argnames=("lags", "num_clusters"))
+def _cosine_sums(x_BTD, clusters_BT, *, lags, num_clusters):
+  return recency.cosine_sums(x_BTD, lags, clusters_BT=clusters_BT, num_clusters=num_clusters)
 
 
 def test_layer0_replica_reproduces_the_mixer_and_the_theory_module(layer0):
@@ -327,8 +343,7 @@ def test_layer0_replica_reproduces_the_mixer_and_the_theory_module(layer0):
   B, T = 16, 256
   np.testing.assert_allclose(p["x"], p["h_VD"][p["tokens"]], atol=1e-5)
   _, _, a, y = layer0_replica(p, B, T)
-  scale = np.abs(p["y"]).max()
-  np.testing.assert_allclose(y, p["y"][:B, :T], atol=1e-4 * scale)
+  np.testing.assert_allclose(y, p["y"][:B, :T], atol=1e-4)  # |y| up to ≈ 4
   # One head, one row, the first 128 positions (causal: they depend on no later token).
   t, head = 128, 2
   a_TT, A = a[0, head, :t, :t], p["A_NDD"][head]
@@ -344,6 +359,41 @@ def test_layer0_replica_reproduces_the_mixer_and_the_theory_module(layer0):
                                                                                     rel=1e-9)
 
 
+def own_attention_comparison(p, B=16, T=256, lags=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128)):
+  """Measured f(d) at the layer-0 mixer, the prediction from the layer's own attention, the
+  tolerance and the alternatives (see the test below); the first B rows and T positions."""
+  q, logits, a, _ = layer0_replica(p, B, T)
+  y = p["y"][:B, :T]
+  sums, counts = row_cosine_sums(y, lags)
+  s_NN = np.einsum("nde,df,mfe->nm", p["A_NDD"], p["cov"], p["A_NDD"], optimize=True)
+  mean_only = np.broadcast_to(p["mu"] @ p["A_NDD"].sum(0), y.shape)
+
+  def predict(a_BNTT, tilt=True):
+    ybar = attended_mean(p, a_BNTT, q) if tilt else mean_only
+    pred_sums = predicted_cosine_sums(a_BNTT, ybar, s_NN, lags)
+    _, stderr, _ = recency.mean_and_stderr(sums - pred_sums, counts)
+    return pred_sums.sum(1) / counts.sum(1), stderr
+
+  predicted, stderr = predict(a)
+  independent, _ = predict(a, tilt=False)
+  # Bounds on what the prediction leaves out (the test's docstring).
+  P_NNDD = np.einsum("nde,df,mfg->nmeg", p["A_NDD"], p["cov"], p["A_NDD"], optimize=True)
+  gram_BTNN = np.einsum("bnij,bmij->binm", a, a)
+  tr_S = np.einsum("btnm,nm->bt", gram_BTNN, s_NN)
+  tr_S2 = np.einsum("xtab,xtcd,abcd->xt", gram_BTNN, gram_BTNN,
+                    np.einsum("abef,cdfe->abcd", P_NNDD, P_NNDD), optimize=True)
+  jensen = 0.2 * np.max(tr_S2 / tr_S**2)
+  tilt = 2 * np.mean(np.sum(a**2, -1)) * np.abs(predicted - independent)
+  alternatives = {
+      "independent": independent,
+      "uniform": predict(softmax_in_window(np.zeros_like(logits), p["window"]), tilt=False)[0],
+      "half window": predict(softmax_in_window(logits, p["window"] // 2))[0],
+      "double window": predict(softmax_in_window(logits, p["window"] * 2))[0]}
+  return dict(measured=sums.sum(1) / counts.sum(1), predicted=predicted, stderr=stderr,
+              jensen=jensen, tilt=tilt, tolerance=3 * stderr + jensen + tilt,
+              alternatives=alternatives)
+
+
 def test_layer0_swa_profile_follows_the_cross_moment_prediction_from_its_own_attention(layer0):
   """f(d) at the layer-0 mixer against G_Y = Σ_hh' A_h [Σ_u g_hh'(d, u) G_X(u)] A_h'ᵀ built from
   the layer's own attention probabilities a^h (the replica) and its input's cross-moments.
@@ -356,8 +406,8 @@ def test_layer0_swa_profile_follows_the_cross_moment_prediction_from_its_own_att
   At init the attention is not independent of the values: a^h_ij = softmax_j(x_j · b^h_ij), so
   the tokens one query attends are tilted together towards b̄^h_i and share a mean shift
   Cov b̄^h_i (`attended_mean`). That replaces |μ A|² by ȳ_i · ȳ_k. At the demo shape (logit std
-  ≈ 1, ≈ 29 effective keys, D = 128) it raises E|y_i|² by ≈ 12% and lowers f(1) by ≈ 0.06 ≈ 6
-  standard errors: the independence form alone is rejected (asserted below).
+  ≈ 1, ≈ 29 effective keys, D = 128) it raises E|y_i|² by ≈ 12% and lowers f(1) by ≈ 0.06, about
+  twice the tolerance: the independence form alone is rejected (asserted below).
 
   Approximation bounds, added to 3 standard errors of measured − predicted (over the independent
   rows):
@@ -370,46 +420,12 @@ def test_layer0_swa_profile_follows_the_cross_moment_prediction_from_its_own_att
   Power: the same tolerance rejects uniform attention, the window halved or doubled (attention
   recomputed from the same q, k), and the independence form.
   """
-  p = layer0
-  B, T = 16, 256
-  q, logits, a, _ = layer0_replica(p, B, T)
-  y = p["y"][:B, :T]
-  lags = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
-  clusters, C = row_clusters(B, T)
-  sums, counts = (np.asarray(v, np.float64) for v in recency.cosine_sums(
-      jnp.asarray(y, jnp.float32), lags, clusters_BT=clusters, num_clusters=C))
-  measured = sums.sum(1) / counts.sum(1)
-  s_NN = np.einsum("nde,df,mfe->nm", p["A_NDD"], p["cov"], p["A_NDD"], optimize=True)
-  mean_only = np.broadcast_to(p["mu"] @ p["A_NDD"].sum(0), y.shape)
-
-  def predict(a_BNTT, tilt=True):
-    ybar = attended_mean(p, a_BNTT, q) if tilt else mean_only
-    pred_sums = predicted_cosine_sums(a_BNTT, ybar, s_NN, lags)
-    _, stderr, _ = recency.mean_and_stderr(sums - pred_sums, counts)
-    return pred_sums.sum(1) / counts.sum(1), stderr
-
-  predicted, stderr = predict(a)
-  independent, _ = predict(a, tilt=False)
-  # Bounds on what the prediction leaves out (docstring).
-  P_NNDD = np.einsum("nde,df,mfg->nmeg", p["A_NDD"], p["cov"], p["A_NDD"], optimize=True)
-  gram_BTNN = np.einsum("bnij,bmij->binm", a, a)
-  tr_S = np.einsum("btnm,nm->bt", gram_BTNN, s_NN)
-  tr_S2 = np.einsum("xtab,xtcd,abcd->xt", gram_BTNN, gram_BTNN,
-                    np.einsum("abef,cdfe->abcd", P_NNDD, P_NNDD), optimize=True)
-  jensen = 0.2 * np.max(tr_S2 / tr_S**2)
-  tilt = 2 * np.mean(np.sum(a**2, -1)) * np.abs(predicted - independent)
-  tolerance = 3 * stderr + jensen + tilt
-  error = np.abs(measured - predicted)
-  assert np.all(error <= tolerance), (measured, predicted, stderr, jensen, tilt)
-  assert np.max(tolerance) < 0.05, tolerance  # a test that could tell
-
-  def rejected(alternative):
-    return np.any(np.abs(measured - alternative) > tolerance)
-
-  assert rejected(independent), (measured, independent, tolerance)
-  assert rejected(predict(softmax_in_window(np.zeros_like(logits), p["window"]), tilt=False)[0])
-  for window in (p["window"] // 2, p["window"] * 2):
-    assert rejected(predict(softmax_in_window(logits, window))[0]), window
+  r = own_attention_comparison(layer0)
+  error = np.abs(r["measured"] - r["predicted"])
+  assert np.all(error <= r["tolerance"]), r
+  assert np.max(r["tolerance"]) < 0.05, r["tolerance"]  # tight enough to tell the alternatives
+  for name, alternative in r["alternatives"].items():
+    assert np.any(np.abs(r["measured"] - alternative) > r["tolerance"]), (name, r)
 
 
 def uniform_swa_cosine_and_bias(m, S0, nu, w, d):
@@ -433,6 +449,27 @@ def uniform_swa_cosine_and_bias(m, S0, nu, w, d):
   return rho + (1 - rho) * c, rho, bias
 
 
+def zero_query_comparison(p, lags=(1, 2, 4, 8, 16, 24, 32, 48, 56, 64, 96, 128)):
+  """Measured f(d) at the layer-0 mixer with W_Q = 0, over full-window pairs, against the law
+  (see the test below)."""
+  y = p["y_uniform"]
+  B, T = y.shape[:2]
+  w = p["window"]
+  A = p["A_NDD"].sum(0)
+  nu, S0 = p["mu"] @ A, A.T @ p["cov"] @ A
+  # Pairs (i, i − d) whose earlier token has a full window, i − d >= w − 1: all pairs of the
+  # rows with their first w − 1 positions cut off.
+  measured, stderr, pairs = recency.mean_and_stderr(*row_cosine_sums(y[:, w - 1:], lags))
+  d = np.array(lags)
+  assert np.all(pairs == B * (T - (w - 1) - d))
+  predicted, rho, bias = uniform_swa_cosine_and_bias(nu @ nu, S0, nu, w, d)
+  return dict(lags=d, window=w, measured=np.array(measured), predicted=predicted, rho=rho,
+              bias=bias, stderr=stderr, tolerance=3 * stderr + np.abs(bias), alternatives={
+                  "no floor": theory.swa_cosine(d, w),
+                  "half window": uniform_swa_cosine_and_bias(nu @ nu, S0, nu, w // 2, d)[0],
+                  "double window": uniform_swa_cosine_and_bias(nu @ nu, S0, nu, 2 * w, d)[0]})
+
+
 def test_layer0_swa_with_zero_queries_follows_one_minus_d_over_w(layer0):
   """With W_Q = 0 every head attends uniformly inside the window, so the mixer output is
   y_i = (1/n_i) Σ_{i−w<j<=i} x_j A with A = Σ_h A_h: a moving average of i.i.d. values.
@@ -440,59 +477,27 @@ def test_layer0_swa_with_zero_queries_follows_one_minus_d_over_w(layer0):
   For pairs whose earlier token already has a full window (i − d >= w − 1) the ratio of
   expectations is exactly ρ + (1 − ρ) c_SWA(d), c_SWA(d) = [1 − d/w]_+ (theory.swa_cosine): the
   law holds for the mean-free part, and the input's mean component μ adds the floor
-  ρ = |μA|² / (|μA|² + tr(Aᵀ Cov A)/w) ≈ 0.1, computed from the table. The first w − 1 positions
+  ρ = |μA|² / (|μA|² + tr(Aᵀ Cov A)/w) ≈ 0.16, computed from the table. The first w − 1 positions
   average fewer keys (n_i = i + 1): a different, position-dependent overlap, so those pairs are
-  left out by the positions passed, not absorbed in the tolerance. Tolerance: 3 standard errors
-  over the independent rows + the derived second-order bias of a mean cosine against the ratio
-  (`uniform_swa_cosine_and_bias`, ≤ 0.003 here). Power: the same tolerance rejects the law with
-  the window halved or doubled and the law without the mean's floor.
+  left out (the rows lose their first w − 1 positions), not absorbed in the tolerance.
+  Tolerance: 3 standard errors over the independent rows + the derived second-order bias of a
+  mean cosine against the ratio (`uniform_swa_cosine_and_bias`, ≤ 0.004 here; it accounts for
+  the small-lag deviations, where the standard error is ≈ 1e-4). Power: the same tolerance
+  rejects the law with the window halved or doubled and the law without the mean's floor.
   """
-  p = layer0
-  y = jnp.asarray(p["y_uniform"], jnp.float32)
-  B, T = y.shape[:2]
-  w = p["window"]
-  A = p["A_NDD"].sum(0)
-  nu = p["mu"] @ A
-  S0 = A.T @ p["cov"] @ A
-  clusters, C = row_clusters(B, T)
-  lags = (1, 2, 4, 8, 16, 24, 32, 48, 56, 64, 96, 128)
-  measured, stderr = [], []
-  for d in lags:
-    full = np.arange(w - 1 + d, T)  # Query positions whose pair (i, i − d) has two full windows.
-    sums, counts = recency.cosine_sums(y, (d,), positions=full, clusters_BT=clusters,
-                                       num_clusters=C)
-    mean, se, pairs = recency.mean_and_stderr(sums, counts)
-    assert pairs[0] == B * len(full)
-    measured.append(mean[0])
-    stderr.append(se[0])
-  measured, stderr, d = np.array(measured), np.array(stderr), np.array(lags)
-  predicted, rho, bias = uniform_swa_cosine_and_bias(nu @ nu, S0, nu, w, d)
-  np.testing.assert_allclose(predicted, rho + (1 - rho) * theory.swa_cosine(d, w))
-  assert 0.05 < rho < 0.2, rho
-  assert np.max(np.abs(bias)) < 0.005, bias
-  tolerance = 3 * stderr + np.abs(bias)
-  assert np.all(np.abs(measured - predicted) <= tolerance), (measured, predicted, stderr, bias)
-
-  def rejected(alternative):
-    return np.any(np.abs(measured - alternative) > tolerance)
-
-  assert rejected(theory.swa_cosine(d, w))  # no floor
-  for window in (w // 2, 2 * w):
-    assert rejected(uniform_swa_cosine_and_bias(nu @ nu, S0, nu, window, d)[0]), window
+  r = zero_query_comparison(layer0)
+  d, w, rho = r["lags"], r["window"], r["rho"]
+  np.testing.assert_allclose(r["predicted"], rho + (1 - rho) * theory.swa_cosine(d, w))
+  assert 0.1 < rho < 0.35, rho  # ≈ w / (w + V) = 0.2 for a random table: no small effect
+  assert np.max(np.abs(r["bias"])) < 0.005, r["bias"]
+  assert np.all(np.abs(r["measured"] - r["predicted"]) <= r["tolerance"]), r
+  for name, alternative in r["alternatives"].items():
+    assert np.any(np.abs(r["measured"] - alternative) > r["tolerance"]), (name, r)
 
 
-def test_logit_gap_of_a_global_nope_layer_is_zero_in_expectation_at_init():
-  """E[M] = 0 under independent zero-mean W_Q, W_K: the logit gap ℓ(1) − ℓ(L) of layer 1 (global
-  NoPE), measured on the demo's own eval probe (the rows the recency hook picks, pairs inside one
-  document) from the layer's actual normalised input, averages to 0 over init seeds.
-
-  For a fixed x the gap is ⟨ΔG, M_h⟩ with ΔG = G_X(1) − G_X(L) of the probe, and E[M_h | x] = 0
-  because layer 1's W_Q and W_K are drawn independently of everything that makes x: so the gaps
-  of different seeds are independent with mean exactly 0 (heads of one seed are uncorrelated
-  too, but share x; the test averages them per seed). Power: the same estimator with W_K = W_Q
-  (M_h = W_Q,h W_Q,hᵀ / sqrt(H), positive semi-definite, aligned with the positive ΔG of text
-  and of layer 0's recency) must be many standard errors from 0.
-  """
+def logit_gaps(seeds, layer=1):
+  """Per init seed, layer `layer`'s logit gap ℓ(1) − ℓ(L) averaged over heads, as initialised and
+  with W_K = W_Q, on the demo's recency probe (the eval rows the hook picks): [seeds, 2]."""
   config = demo.get_config()
   rows = {k: np.concatenate([b[k] for b in pipeline.eval_batches(config)])
           for k in ("inputs", "positions", "segment_ids")}
@@ -500,7 +505,6 @@ def test_logit_gap_of_a_global_nope_layer_is_zero_in_expectation_at_init():
   chosen = probe.choose_rows(doc_ids, config.metrics.probe_batch_size)
   batch = {k: jnp.asarray(v[chosen]) for k, v in rows.items()}
   lags = (1, config.metrics.far_lag)
-  layer = 1
   model = LanguageModel(config.model, rngs=nnx.Rngs(0))
   assert model.kinds[layer] == "G" and model.blocks[layer].attn.position == "nope"
   graphdef = nnx.split(model)[0]
@@ -509,18 +513,34 @@ def test_logit_gap_of_a_global_nope_layer_is_zero_in_expectation_at_init():
   @jax.jit
   def gaps(state):
     x = x_of(state, batch["inputs"], batch["positions"], batch["segment_ids"])
-    x = x[f"{layer}/pre_mixer_norm"]
+    x = x[f"{layer}/pre_mixer_norm"]  # the layer's actual normalised input
     attn = nnx.merge(graphdef, state).blocks[layer].attn
     wq, wk = attn.wq_DNH[...], attn.wk_DKH[...]
     out = []
-    for wk_ in (wk, wq):  # as initialised, and W_K = W_Q
+    for wk_ in (wk, wq):
       profile = recency.logit_profile(x, wq, wk_, lags, segment_ids=batch["segment_ids"])
-      out.append(jnp.mean(profile[:, 0] - profile[:, 1]))  # mean over heads
+      out.append(jnp.mean(profile[:, 0] - profile[:, 1]))
     return jnp.stack(out)
 
-  seeds = 32
-  per_seed = np.array([np.asarray(gaps(nnx.state(LanguageModel(config.model, rngs=nnx.Rngs(s)))))
-                       for s in range(seeds)])
+  return np.array([np.asarray(gaps(nnx.state(LanguageModel(config.model, rngs=nnx.Rngs(s)))))
+                   for s in seeds])
+
+
+def test_logit_gap_of_a_global_nope_layer_is_zero_in_expectation_at_init():
+  """E[M] = 0 under independent zero-mean W_Q, W_K: the logit gap ℓ(1) − ℓ(L) of layer 1 (global
+  NoPE), measured on the demo's own eval probe (pairs inside one document) from the layer's
+  actual normalised input, averages to 0 over init seeds.
+
+  For a fixed x the gap is ⟨ΔG, M_h⟩ with ΔG = G_X(1) − G_X(L) of the probe, and E[M_h | x] = 0
+  because layer 1's W_Q and W_K are drawn independently of each other and of everything that
+  makes x: the per-seed gaps are independent with mean exactly 0 (heads of one seed share x, so
+  they are averaged per seed and the standard error is over seeds). Power: the same estimator
+  with W_K = W_Q (M_h = W_Q,h W_Q,hᵀ / sqrt(H), positive semi-definite: its gap is positive
+  wherever ΔG's symmetric part is, as the recency of text and of layer 0 makes it) is many
+  standard errors from 0.
+  """
+  seeds = 24
+  per_seed = logit_gaps(range(seeds))
   mean = per_seed.mean(0)
   stderr = per_seed.std(0, ddof=1) / np.sqrt(seeds)
   assert abs(mean[0]) < 3 * stderr[0], (mean, stderr)
