@@ -22,7 +22,7 @@ analyze: install
 	$(PY) launch/analyze.py --workdir=$(DEMO_WORKDIR)
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2  # two workers: the 2-core machines CI and users have
 
 clean:
 	rm -rf $(VENV) workdirs .pytest_cache
