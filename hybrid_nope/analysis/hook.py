@@ -165,10 +165,13 @@ class RecencyHook:
     records = self.records(step, params)
     scalars = {}
     for r in records:
-      tag = f"recency/L{r['layer']:02d}_{r['module']}"
+      tag = (f"recency/data_{r['module']}" if r["layer"] == DATA_LAYER
+             else f"recency/L{r['layer']:02d}_{r['module']}")
       scalars[f"{tag}/floor"], scalars[f"{tag}/gap"] = r["floor"], r["gap"]
       if r["module"] == "pre_mixer_norm" and "logit_gap" in r:
         scalars[f"recency/L{r['layer']:02d}/logit_gap"] = float(np.mean(r["logit_gap"]))
+        scalars[f"recency/L{r['layer']:02d}/logit_gap_stderr"] = float(
+            np.mean(r["logit_gap_stderr"]))
         scalars[f"recency/L{r['layer']:02d}/alignment"] = float(np.mean(r["alignment"]))
       self.writer.write_record(RECORD_FILE, r)
     self.writer.write_scalars(step, scalars)
@@ -179,8 +182,9 @@ class RecencyHook:
       elif r["module"] == "residual_2":
         extra = ""
         if "logit_gap" in r:
-          se = np.sqrt(np.sum(np.square(r["logit_gap_stderr"]))) / len(r["logit_gap"])
-          extra = (f" | logit gap {np.mean(r['logit_gap']):+.4f} ± {se:.4f}"
+          # ± the mean head standard error, as compare.py's tables (heads share the probe).
+          extra = (f" | logit gap {np.mean(r['logit_gap']):+.4f} ± "
+                   f"{np.mean(r['logit_gap_stderr']):.4f}"
                    f" alignment {np.mean(r['alignment']):+.4f} (null ± "
                    f"{r['alignment_null'][0]:.4f})")
         logging.info("recency step %d | layer %d %-6s | floor %.4f gap %.4f (block output)%s",
