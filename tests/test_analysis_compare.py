@@ -129,7 +129,7 @@ def test_table_values_are_the_files_numbers(sweep, tmp_path):
     gaps = spec.get("gaps", (0.05, 0.2, 0.3))
     logit = spec.get("logit_gaps", (0.0, 0.1, 0.2))[-1]
     logit_se = spec.get("logit_se", 0.01)
-    assert row["seeds"] == "0"
+    assert row["train.seed"] == "0"
     assert _value(row["final eval loss"]) == (pytest.approx(spec["losses"][1], abs=5e-5), None)
     assert row["eval step"] == "8" and row["recency step"] == "8"
     # Single seed: ± the measurement standard error over probe documents, where recorded.
@@ -323,7 +323,7 @@ def test_seeds_of_one_config_aggregate_into_one_row(tmp_path):
   assert dict(single["by_step"])[8]["gap_se"] == pytest.approx(0.002)
   # The table shows mean ± se, the figures were drawn, compare.json holds both levels.
   row = {r["run"]: r for r in _table_rows(result["markdown"])}["swa4 (3 seeds)"]
-  assert row["seeds"] == "0, 1, 2"
+  assert row["train.seed"] == "0, 1, 2"
   mean, se = expected["gap"]
   assert row["gap"] == f"{mean:.4f} ± {se:.4f}"
   mean, se = expected["logit_gap"]

@@ -259,7 +259,7 @@ def _cell(value, spec: str, se=None) -> str:
 
 # (column header, row key, format); float cells show "value ± <key>_se" where the row has one.
 COLUMNS = (
-    ("run", "name", ""), ("seeds", "seeds", ""), ("pattern", "pattern", ""),
+    ("run", "name", ""), ("train.seed", "seeds", ""), ("pattern", "pattern", ""),
     ("layers", "num_layers", ""), ("d_model", "d_model", ""), ("window", "window", ""),
     ("SWA pos", "swa_pos", ""), ("eval step", "eval_step", ""),
     ("final eval loss", "eval_loss", ".4f"), ("recency step", "step", ""),
