@@ -54,12 +54,21 @@ def _evaluate(eval_step, params, batches, bucket_size: int) -> dict:
 
 
 def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | None) -> None:
-  """Writes records in order; stops at the first non-finite loss, before anything is saved."""
+  """Writes records in order; stops at the first step whose loss or update is not finite, before
+  anything is saved. The train step refused that update, so every checkpoint is finite."""
   for step, metrics in records:
-    if not np.isfinite(metrics["loss"]):
+    metrics = dict(metrics)
+    update_finite = bool(metrics.pop("update_finite"))
+    if not (np.isfinite(metrics["loss"]) and update_finite):
+      what = (f"loss is {metrics['loss']}" if not np.isfinite(metrics["loss"]) else
+              f"the update is not finite (loss {metrics['loss']:.4g}, gradient norm "
+              f"{metrics['grad_norm']:.4g})")
+      kept = ("no checkpoint was saved yet" if last_saved is None else
+              f"the last checkpoint, step {last_saved}, has finite parameters and is kept")
       raise NonFiniteLossError(
-          f"loss is {metrics['loss']} at step {step}; stopping without saving. The last good "
-          f"checkpoint is step {last_saved} and is kept.")
+          f"{what} at step {step}; the update was refused and the run stops without saving: "
+          f"{kept}. Lower train.learning_rate or check the train.* config, then rerun the same "
+          "command to resume.")
     writer.write(step, metrics)
 
 
