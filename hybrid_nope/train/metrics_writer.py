@@ -5,6 +5,7 @@ import json
 import os
 
 import jax
+from absl import logging
 
 
 class MetricsWriter:
@@ -26,15 +27,42 @@ class MetricsWriter:
     path = os.path.join(self.workdir, name)
     if name not in self._truncated:
       self._truncated.add(name)
-      # Records after the restored checkpoint belong to a run that did not survive; drop them
-      # so the file describes one trajectory.
-      if os.path.exists(path):
-        with open(path) as f:
-          kept = [l for l in f if l.strip() and json.loads(l)["step"] <= self.resume_step]
-        with open(path, "w") as f:
-          f.writelines(kept)
+      self._drop_records_after_resume(path)
     with open(path, "a") as f:
       f.write(json.dumps(record) + "\n")
+
+  def _drop_records_after_resume(self, path: str) -> None:
+    """Records after the restored checkpoint belong to a run that did not survive; drop them so
+    the file describes one trajectory. The kept lines go to a new file that replaces the old one
+    atomically, so a kill at any instant leaves either file whole."""
+    if not os.path.exists(path):
+      if self.resume_step > 0:
+        logging.warning("%s is missing although the run resumes at step %d: its records up to "
+                        "that step are lost (TensorBoard keeps its own copy of the scalars)",
+                        path, self.resume_step)
+      return
+    with open(path) as f:
+      lines = f.readlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        if number == len(lines):  # A kill mid-write tears only the last line.
+          logging.warning("%s: dropped its torn last line %d (%r...)", path, number, line[:60])
+          continue
+        raise ValueError(f"{path} line {number} is not JSON ({e}); only a torn last line is "
+                         f"dropped by itself: fix or remove that line") from None
+      if record["step"] <= self.resume_step:
+        kept.append(json.dumps(record) + "\n")
+    staging = path + ".tmp"
+    with open(staging, "w") as f:
+      f.writelines(kept)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(staging, path)
 
   def write(self, step: int, metrics: dict) -> None:
     if not self.active:
