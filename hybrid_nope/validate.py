@@ -4,6 +4,7 @@ Each failure names the config key, the value, and what is allowed.
 """
 from __future__ import annotations
 
+import math
 import os
 
 from hybrid_nope.data.pipeline import ROW_SOURCES
@@ -79,7 +80,43 @@ def validate(config) -> None:
   t = config.train
   _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
            f"an integer in [0, train.steps={t.steps})")
-  _require(t.learning_rate > 0, "train.learning_rate", t.learning_rate, "a positive float")
-  _require(0 <= t.min_learning_rate_ratio <= 1, "train.min_learning_rate_ratio",
-           t.min_learning_rate_ratio, "a float in [0, 1]")
-  _require(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "a positive float")
+  for key, low, high, allowed in (
+      ("train.learning_rate", 0, None, "a finite float > 0"),
+      ("train.b1", 0, 1, "a float in [0, 1) (Adam's first-moment decay)"),
+      ("train.b2", 0, 1, "a float in [0, 1) (Adam's second-moment decay)"),
+      ("train.eps", 0, None, "a finite float > 0 (Adam's denominator floor)"),
+      ("train.grad_clip", 0, None, "a finite float > 0 (global gradient-norm clip)"),
+      ("model.norm_eps", 0, None, "a finite float > 0 (RMSNorm's variance floor)"),
+      ("model.rope_theta", 0, None, "a finite float > 0 (RoPE base)")):
+    _finite_in(config, key, low, high, allowed, low_open=key not in ("train.b1", "train.b2"))
+  _finite_in(config, "train.weight_decay", 0, None, "a finite float >= 0", low_open=False)
+  _finite_in(config, "train.min_learning_rate_ratio", 0, 1, "a float in [0, 1]",
+             low_open=False, high_open=False)
+  _finite_in(config, "train.peak_flops", 0, None, "a finite float >= 0 (0 = look up or measure)",
+             low_open=False)
+
+
+def _finite_in(config, key: str, low, high, allowed: str, *, low_open: bool = True,
+               high_open: bool = True) -> None:
+  """A real number (not bool), finite, within (low, high) with the given open ends."""
+  section, name = key.split(".")
+  value = config[section][name]
+  ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        and (value > low if low_open else value >= low)
+        and (high is None or (value < high if high_open else value <= high)))
+  _require(ok, key, value, allowed)
+
+
+def check_workdir(workdir: str) -> None:
+  """A local workdir must be a directory this process can create and write; checked before any
+  model is built so a bad --workdir fails in a line, not after the set-up."""
+  if not isinstance(workdir, str) or not workdir:
+    raise ConfigError(f"--workdir={workdir!r} is invalid: expected a directory path")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ConfigError(f"--workdir={workdir} is a file: expected a directory (new or existing)")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"--workdir={workdir} cannot be created: {e.strerror}") from None
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise ConfigError(f"--workdir={workdir} is not writable by this process")

@@ -9,6 +9,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
 from hybrid_nope.train import distributed, loop  # noqa: E402
+from hybrid_nope.validate import ConfigError  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
                                 lock_config=True)
@@ -19,7 +20,11 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   distributed.initialize()
-  summary = loop.train(flags.FLAGS.config, flags.FLAGS.workdir, hooks=[RecencyHook.for_run])
+  try:
+    summary = loop.train(flags.FLAGS.config, flags.FLAGS.workdir, hooks=[RecencyHook.for_run])
+  except ConfigError as e:  # One line naming the key and what is allowed; exit code 2.
+    print(f"train.py: {e}", file=sys.stderr)
+    sys.exit(2)
   logging.info("done: %s", summary)
 
 

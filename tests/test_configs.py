@@ -78,6 +78,16 @@ def test_demo_runs_on_embedded_data_without_paths():
     ("data.source", "web", "data.source"),
     ("train.warmup_steps", 8, "train.warmup_steps"),
     ("metrics.every_steps", 0, "metrics.every_steps"),
+    ("train.learning_rate", float("inf"), "train.learning_rate"),
+    ("train.b1", 1.5, "train.b1"),
+    ("train.b2", float("nan"), "train.b2"),
+    ("train.b2", 1.0, "train.b2"),
+    ("train.weight_decay", float("nan"), "train.weight_decay"),
+    ("train.weight_decay", -0.1, "train.weight_decay"),
+    ("train.eps", 0.0, "train.eps"),
+    ("train.grad_clip", float("inf"), "train.grad_clip"),
+    ("model.norm_eps", -1.0, "model.norm_eps"),
+    ("model.rope_theta", 0.0, "model.rope_theta"),
     ("metrics.probe_batch_size", 5, "eval.batch_size x eval.num_batches = 4"),  # tiny: 2 x 2
 ])
 def test_bad_values_fail_naming_the_key(key, value, message):
@@ -110,3 +120,26 @@ def test_small_sweep_experiments():
       assert (config.model.window, config.model.swa_pos) == (window, swa_pos)
   with pytest.raises(ValueError, match="experiment='swa'"):
     small.get_config("swa")
+
+
+@pytest.mark.parametrize("flag, workdir_kind, message", [
+    ("--config.train.learning_rate=inf", "new",
+     "train.py: config.train.learning_rate=inf is invalid: expected a finite float > 0"),
+    ("--config.train.b1=1.5", "new", "train.py: config.train.b1=1.5 is invalid: expected a float"),
+    ("", "file", "is a file: expected a directory"),
+])
+def test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2(tmp_path, flag,
+                                                                    workdir_kind, message):
+  import subprocess
+  import sys
+  from tests.helpers import REPO, tiny_flags
+  workdir = tmp_path / "run"
+  if workdir_kind == "file":
+    workdir.write_text("not a directory")
+  proc = subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
+                         f"--workdir={workdir}", *tiny_flags(), *([flag] if flag else [])],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith("train.py: ")
+  assert message in proc.stderr.strip().splitlines()[-1]
+  assert "Traceback" not in proc.stderr

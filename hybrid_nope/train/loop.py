@@ -20,7 +20,7 @@ from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.preemption import PreemptionWatcher
 from hybrid_nope.train.state import sharded_train_state
 from hybrid_nope.train.step import make_eval_step, make_train_step
-from hybrid_nope.validate import validate
+from hybrid_nope.validate import check_workdir, validate
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -96,6 +96,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   whether the run stopped early for preemption.
   """
   validate(config)
+  check_workdir(workdir)
   quiet_library_logs()
   mesh = sharding.make_mesh(config)
   logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), jax.device_count(),
