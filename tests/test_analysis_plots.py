@@ -96,13 +96,13 @@ def test_no_logit_figures_without_global_nope_layers(tmp_path):
 def figures(monkeypatch):
   """The Figure objects the plot functions save, by path (they still write the PNG)."""
   saved = {}
-  save = plots._save
+  save = plots.save_figure
 
   def capture(fig, path):
     saved[os.path.basename(path)] = fig
     return save(fig, path)
 
-  monkeypatch.setattr(plots, "_save", capture)
+  monkeypatch.setattr(plots, "save_figure", capture)
   return saved
 
 

@@ -1,6 +1,5 @@
 """The loop runs the hooks it is handed, at their cadence; the trainer imports no analysis."""
 import json
-import os
 import pathlib
 
 from hybrid_nope.train import loop

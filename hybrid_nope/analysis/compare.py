@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.stats
 
-from hybrid_nope.analysis import checkpoints, plots, report
+from hybrid_nope.analysis import checkpoints, report, sweep_plots
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
@@ -360,15 +360,15 @@ def compare(workdirs: Sequence[str], out_dir: str | None = None,
     json.dump({"runs": [_json_run(r) for r in runs], "rows": rows,
                "correlations": {str(k): v for k, v in corr.items()}}, f)
   if figures:
-    files.append(plots.metrics_vs_window(
+    files.append(sweep_plots.metrics_vs_window(
         rows, [("eval_loss", "final eval loss")], os.path.join(out_dir, "loss_vs_window.png"),
         "Final eval loss vs window (solid: RoPE in SWA, dashed: NoPE in SWA)"))
-    files.append(plots.metrics_vs_window(
+    files.append(sweep_plots.metrics_vs_window(
         rows, [("gap", "gap at global layers' input"), ("logit_gap", "logit gap (head mean)")],
         os.path.join(out_dir, "gap_vs_window.png"),
         "Recency vs window at the last recorded step"))
-    files.append(plots.metrics_vs_step(rows, os.path.join(out_dir, "gap_vs_step.png")))
+    files.append(sweep_plots.metrics_vs_step(rows, os.path.join(out_dir, "gap_vs_step.png")))
     if corr:
-      files.append(plots.extrapolation_vs_gap(rows, sorted(corr), corr,
-                                              os.path.join(out_dir, "extrapolation_vs_gap.png")))
+      files.append(sweep_plots.extrapolation_vs_gap(rows, sorted(corr), corr,
+                                                    os.path.join(out_dir, "extrapolation_vs_gap.png")))
   return {"runs": runs, "rows": rows, "correlations": corr, "markdown": text, "files": files}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import jax
 import numpy as np

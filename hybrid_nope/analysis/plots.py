@@ -1,4 +1,4 @@
-"""PNG figures of a run's analysis (`report.py`) and of a sweep (`compare.py`).
+"""PNG figures of a run's analysis (`report.py`); a sweep's are in `sweep_plots.py`.
 
 Figures are built with matplotlib's object API on the Agg canvas (no pyplot, no display, no
 global state); every function takes the plain dicts the JSON files hold and returns the path it
@@ -27,7 +27,7 @@ NOISE_SE = 2  # Bands and significance marks are at ± this many standard errors
 DPI = 110
 
 
-def _save(fig: Figure, path: str) -> str:
+def save_figure(fig: Figure, path: str) -> str:
   fig.savefig(path, dpi=DPI, bbox_inches="tight")
   return path
 
@@ -57,7 +57,7 @@ def _data(analysis: dict) -> dict | None:
   return None
 
 
-def _nan(values) -> np.ndarray:
+def nan_array(values) -> np.ndarray:
   """JSON lists with None for unmeasured entries (profiles, standard errors, error bars) as
   float arrays with NaN, which matplotlib leaves undrawn."""
   return np.array([np.nan if v is None else v for v in values], float)
@@ -85,15 +85,15 @@ def cosine_profiles(analysis: dict, path: str, module: str = "residual_2") -> st
   for ax, layer in zip(axes, sorted(now)):
     r = now[layer]
     color = "C0" if r["layer_type"] == "swa" else "C3"
-    profile = _nan(r["profile"])
-    ax.plot(r["lags"], _nan(init[layer]["profile"]), label="init", **INIT_STYLE)
+    profile = nan_array(r["profile"])
+    ax.plot(r["lags"], nan_array(init[layer]["profile"]), label="init", **INIT_STYLE)
     ax.plot(r["lags"], profile, color=color, marker=".", label=f"step {analysis['step']}")
     if "stderr" in r:
-      band = NOISE_SE * _nan(r["stderr"])
+      band = NOISE_SE * nan_array(r["stderr"])
       ax.fill_between(r["lags"], profile - band, profile + band, color=color, alpha=0.2,
                       linewidth=0, label=f"± {NOISE_SE} se")
     if data is not None:
-      ax.plot(data["lags"], _nan(data["profile"]), label=DATA_LABEL, **DATA_STYLE)
+      ax.plot(data["lags"], nan_array(data["profile"]), label=DATA_LABEL, **DATA_STYLE)
     ax.axvline(analysis["far_lag"], color="0.8", linewidth=0.8)
     _log2_lag_axis(ax, r["lags"])
     ax.set_title(f"layer {layer} ({r['layer_type']}): gap {init[layer]['gap']:.3f} → "
@@ -104,7 +104,7 @@ def cosine_profiles(analysis: dict, path: str, module: str = "residual_2") -> st
   fig.suptitle(f"Cosine profile of each block's output ({module}), seq_len "
                f"{analysis['seq_len']}; grey line: far lag L={analysis['far_lag']}; shaded: "
                f"± {NOISE_SE} standard errors over probe documents")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def _depth(r: dict) -> int:
@@ -169,7 +169,7 @@ def floor_gap_by_boundary(analysis: dict, path: str) -> str:
                      f"then the {BOUNDARY_LABELS[FINAL_BOUNDARY]})")
   fig.suptitle(f"Floor f(L) and gap f(1) − f(L) through the network, seq_len "
                f"{analysis['seq_len']}; band: ± {NOISE_SE} standard errors over probe documents")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def _readout(records):
@@ -181,7 +181,7 @@ def _head_mean_se(r: dict) -> float | None:
   """Standard error of the head-mean logit gap: the mean of the per-head standard errors (the
   bound for fully correlated heads, as `report.summarize`), None where not recorded."""
   se = r.get("logit_gap_stderr")
-  return None if se is None else float(np.mean(_nan(se)))
+  return None if se is None else float(np.mean(nan_array(se)))
 
 
 def logit_profiles(analysis: dict, path: str) -> str:
@@ -215,11 +215,11 @@ def logit_profiles(analysis: dict, path: str) -> str:
   fig.suptitle(f"Logit profile of each global NoPE layer, step {analysis['step']}, seq_len "
                f"{analysis['seq_len']}; shaded: head-mean ℓ(L) ± {NOISE_SE} standard errors "
                f"of the logit gap")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def _nan_rows(rows) -> np.ndarray:
-  return np.array([_nan(row) for row in rows], float)
+  return np.array([nan_array(row) for row in rows], float)
 
 
 def _noise(records: dict, layers, key: str) -> np.ndarray | None:
@@ -228,7 +228,7 @@ def _noise(records: dict, layers, key: str) -> np.ndarray | None:
   source = {"logit_gap": "logit_gap_stderr", "alignment": "alignment_null"}[key]
   if any(source not in records[l] for l in layers):
     return None
-  return np.array([_nan(records[l][source]) for l in layers])
+  return np.array([nan_array(records[l][source]) for l in layers])
 
 
 def logit_gap_alignment(analysis: dict, path: str) -> str:
@@ -240,7 +240,7 @@ def logit_gap_alignment(analysis: dict, path: str) -> str:
   fig = Figure(layout="constrained", figsize=(10, 1.0 + 2 * max(1.6, 0.4 * len(layers))))
   axes = fig.subplots(2, 2)
   for row, key in enumerate(("logit_gap", "alignment")):
-    values = {name: (np.array([_nan(recs[l][key]) for l in layers]), _noise(recs, layers, key))
+    values = {name: (np.array([nan_array(recs[l][key]) for l in layers]), _noise(recs, layers, key))
               for name, recs in (("init", init), (f"step {analysis['step']}", now))}
     scale = max(float(np.nanmax(np.abs(v))) for v, _ in values.values()) or 1.0
     for col, (name, (v, noise)) in enumerate(values.items()):
@@ -263,7 +263,7 @@ def logit_gap_alignment(analysis: dict, path: str) -> str:
   fig.suptitle("Logit gap ℓ(1) − ℓ(L) and alignment cos(M_h, G_X(1) − G_X(L)) per global NoPE "
                f"layer and head, seq_len {analysis['seq_len']}; hatched, grey: within "
                f"{NOISE_SE} noise sd of 0")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def _noise_text(key: str, noise: np.ndarray | None) -> str:
@@ -295,7 +295,7 @@ def loss_by_position(analysis: dict, path: str) -> str:
   ax.legend(fontsize=8)
   ax.set_title(f"Eval loss by context position: step {analysis['step']}, seq_len "
                f"{ev['seq_len']}, mean {ev['loss']:.4f}", fontsize=10)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def run_figures(analysis: dict, out_dir: str, suffix: str = "") -> list[str]:
@@ -310,7 +310,7 @@ def run_figures(analysis: dict, out_dir: str, suffix: str = "") -> list[str]:
   return files
 
 
-def _fmt(value, spec=".3f"):
+def fmt(value, spec=".3f"):
   return "—" if value is None else format(value, spec)
 
 
@@ -320,8 +320,8 @@ def extrapolation(ext: dict, path: str) -> str:
   ax = fig.subplots()
   for i, row in enumerate(ext["lengths"]):
     _plot_loss(ax, row, color=f"C{i}", markersize=3,
-               label=f"{row['factor']}× ({row['seq_len']}): ratio {_fmt(row['ratio'])}, "
-                     f"gap {_fmt(row['gap'])}, logit gap {_fmt(row['logit_gap'], '+.3f')}")
+               label=f"{row['factor']}× ({row['seq_len']}): ratio {fmt(row['ratio'])}, "
+                     f"gap {fmt(row['gap'])}, logit gap {fmt(row['logit_gap'], '+.3f')}")
   ax.axvline(ext["train_seq_len"], color="0.5", linestyle=":", label="training length")
   ax.set_xlabel("context position (bucket centre)")
   ax.set_ylabel("eval loss (nats/token)")
@@ -330,98 +330,4 @@ def extrapolation(ext: dict, path: str) -> str:
   ax.axvline(ext["train_seq_len"] / 2, color="0.8", linestyle=":")
   ax.set_title(f"Length extrapolation, step {ext['step']}: ratio = loss at context positions "
                f"≥ T / loss at [T/2, T), T = {ext['train_seq_len']}", fontsize=10)
-  return _save(fig, path)
-
-
-# ---- sweep figures (compare.py) ---------------------------------------------------------------
-
-def _series_style(swa_pos: str | None):
-  return {"linestyle": "--" if swa_pos == "nope" else "-",
-          "marker": "s" if swa_pos == "nope" else "o"}
-
-
-ERROR_NOTE = ("error bars: ± 1 se, over seeds for rows of n seeds, of the measurement over "
-              "probe documents for single runs where recorded")
-
-
-def metrics_vs_window(runs: Sequence[dict], keys: Sequence[tuple[str, str]], path: str,
-                      title: str) -> str:
-  """One panel per (key, label): the rows' value ± `<key>_se` vs window, a line per series
-  (size and position encoding inside SWA); rows without SWA layers are horizontal dotted
-  lines with a ± se band."""
-  fig = Figure(layout="constrained", figsize=(5.2 * len(keys), 4))
-  axes = np.atleast_1d(fig.subplots(1, len(keys)))
-  for ax, (key, label) in zip(axes, keys):
-    series: dict[str, list[dict]] = {}
-    for run in runs:
-      series.setdefault(run["series"], []).append(run)
-    for i, (name, members) in enumerate(sorted(series.items())):
-      windowed = sorted((r for r in members if r["window"] is not None and r[key] is not None),
-                        key=lambda r: r["window"])
-      if windowed:
-        ax.errorbar([r["window"] for r in windowed], [r[key] for r in windowed],
-                    yerr=_nan([r.get(f"{key}_se") for r in windowed]), color=f"C{i}",
-                    capsize=3, label=name, **_series_style(windowed[0]["swa_pos"]))
-      for r in members:
-        if r["window"] is None and r[key] is not None:
-          ax.axhline(r[key], color="k", linestyle=":", label=f"{r['name']} ({name})")
-          se = r.get(f"{key}_se")
-          if se is not None:
-            ax.axhspan(r[key] - se, r[key] + se, color="k", alpha=0.08, linewidth=0)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("SWA window")
-    ax.set_ylabel(label)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.suptitle(f"{title}\n{ERROR_NOTE}", fontsize=10)
-  return _save(fig, path)
-
-
-def metrics_vs_step(runs: Sequence[dict], path: str) -> str:
-  """Run gap and logit gap ± se against training step, a line per row (from recency.jsonl;
-  rows of n seeds: the per-step seed mean ± its standard error)."""
-  fig = Figure(layout="constrained", figsize=(11, 4))
-  axes = fig.subplots(1, 2)
-  for ax, key, label in zip(axes, ("gap", "logit_gap"),
-                            ("gap at global layers' input", "logit gap (head mean)")):
-    for i, run in enumerate(runs):
-      points = [(s, v[key], v.get(f"{key}_se")) for s, v in run["by_step"] if v[key] is not None]
-      if points:
-        steps, values, se = zip(*points)
-        ax.errorbar(steps, values, yerr=_nan(se), color=f"C{i % 10}", label=run["name"],
-                    marker=".", capsize=2,
-                    **{k: v for k, v in _series_style(run["swa_pos"]).items() if k != "marker"})
-    ax.axhline(0, color="0.7", linewidth=0.8)
-    ax.set_xlabel("training step")
-    ax.set_ylabel(label)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.suptitle(f"Recency during training (solid: RoPE in SWA, dashed: NoPE in SWA)\n"
-               f"{ERROR_NOTE}", fontsize=10)
-  return _save(fig, path)
-
-
-def extrapolation_vs_gap(runs: Sequence[dict], factors: Sequence[int], correlations: dict,
-                         path: str) -> str:
-  """Extrapolation loss ratio at each factor against the run gap, one point per row, with
-  error bars where the row has standard errors."""
-  fig = Figure(layout="constrained", figsize=(5.2 * len(factors), 4))
-  axes = np.atleast_1d(fig.subplots(1, len(factors)))
-  for ax, k in zip(axes, factors):
-    for i, run in enumerate(runs):
-      x, y = run.get("extrapolation_gap"), run.get("ratio", {}).get(k)
-      if x is not None and y is not None:
-        ax.errorbar([x], [y], xerr=_nan([run.get("extrapolation_gap_se")]),
-                    yerr=_nan([run.get("ratio_se", {}).get(k)]), color=f"C{i % 10}",
-                    label=run["name"], marker=_series_style(run["swa_pos"])["marker"],
-                    linestyle="none", capsize=3)
-    c = correlations.get(k, {}).get("gap", {})
-    ax.set_title(f"{k}× training length: Spearman ρ {_fmt(c.get('spearman'), '+.2f')}, "
-                 f"Pearson r {_fmt(c.get('pearson'), '+.2f')} (n={c.get('n', 0)})", fontsize=9)
-    ax.axhline(1, color="0.7", linewidth=0.8)
-    ax.set_xlabel("run gap at the training length")
-    ax.set_ylabel("loss at positions ≥ T / at [T/2, T)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.suptitle(f"Length extrapolation against recency\n{ERROR_NOTE}", fontsize=10)
-  return _save(fig, path)
+  return save_figure(fig, path)

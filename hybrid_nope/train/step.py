@@ -33,7 +33,7 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, sched
     keep = lambda new, old: jnp.where(finite, new, old)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "learning_rate": schedule(state.step), "update_finite": finite}
-    return state.replace(step=state.step + jnp.where(finite, 1, 0).astype(state.step.dtype),
+    return state.replace(step=state.step + finite.astype(state.step.dtype),
                          params=jax.tree.map(keep, params, state.params),
                          opt_state=jax.tree.map(keep, opt_state, state.opt_state)), metrics
 
