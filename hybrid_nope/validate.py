@@ -8,6 +8,7 @@ import math
 import os
 
 from hybrid_nope.data.pipeline import ROW_SOURCES
+from hybrid_nope.errors import UserError
 from hybrid_nope.kernels import IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.transformer import DTYPES, layer_kinds
@@ -15,7 +16,7 @@ from hybrid_nope.model.transformer import DTYPES, layer_kinds
 DATA_SOURCES = ("mds", "stdlib")  # Known to configs; ROW_SOURCES says which are implemented.
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
   pass
 
 

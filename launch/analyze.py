@@ -11,12 +11,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For configs/.
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from configs import base  # noqa: E402
+from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.analysis import report  # noqa: E402
-from hybrid_nope.analysis.checkpoints import AnalysisError  # noqa: E402
 from hybrid_nope.train.loop import quiet_library_logs  # noqa: E402  (orbax logs every file)
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
@@ -26,26 +26,23 @@ flags.DEFINE_list("lengths", [str(k) for k in report.DEFAULT_LENGTHS],
                   "Multiples of the training length scored for extrapolation; empty to skip.")
 flags.DEFINE_integer("rows_per_call", None,
                      "Eval rows per forward pass (memory at long lengths); default a batch.")
-config_flags.DEFINE_config_dict("config", base.get_config(),
-                                "Overrides of the run's config.json, e.g. --config.eval.path=.")
+cli.define_config_dict("config", base.get_config(),
+                       "Overrides of the run's config.json, e.g. --config.eval.path=.")
 flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
   del argv
   quiet_library_logs()
-  try:
-    result = report.analyze(
-        flags.FLAGS.workdir, step=flags.FLAGS.step, seq_len=flags.FLAGS.seq_len,
-        lengths=[int(k) for k in flags.FLAGS.lengths],
-        overrides=config_flags.get_override_values(flags.FLAGS["config"]),
-        rows_per_call=flags.FLAGS.rows_per_call)
-  except AnalysisError as e:
-    sys.exit(f"analyze.py: {e}")
+  result = report.analyze(
+      flags.FLAGS.workdir, step=flags.FLAGS.step, seq_len=flags.FLAGS.seq_len,
+      lengths=[int(k) for k in flags.FLAGS.lengths],
+      overrides=config_flags.get_override_values(flags.FLAGS["config"]),
+      rows_per_call=flags.FLAGS.rows_per_call)
   for path in result["files"]:
     logging.info("wrote %s", path)
   print(report.summary_text(result))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -9,23 +9,20 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
+from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.analysis import compare  # noqa: E402
-from hybrid_nope.analysis.checkpoints import AnalysisError  # noqa: E402
 
 flags.DEFINE_string("out", None, "Output directory; default <common parent>/compare.")
 
 
 def main(argv):
-  try:
-    result = compare.compare(argv[1:], out_dir=flags.FLAGS.out)
-  except AnalysisError as e:
-    sys.exit(f"compare.py: {e}")
+  result = compare.compare(argv[1:], out_dir=flags.FLAGS.out)
   for path in result["files"]:
     logging.info("wrote %s", path)
   print(result["markdown"])
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -15,6 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from hybrid_nope.cli import fail  # noqa: E402
 from hybrid_nope.cloud.tpu import Tpu, TpuArgError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +69,7 @@ def main(argv):
   try:
     cmds = commands(args, overrides)
   except TpuArgError as e:
-    sys.exit(f"error: {e}")
+    fail(str(e))
   for cmd in cmds:
     print(shlex.join(cmd) if args.dry_run else f"+ {shlex.join(cmd)}", flush=True)
     if not args.dry_run:

@@ -4,12 +4,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For configs/.
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
 from hybrid_nope.train import distributed, loop  # noqa: E402
-from hybrid_nope.validate import ConfigError  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
                                 lock_config=True)
@@ -20,13 +20,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   distributed.initialize()
-  try:
-    summary = loop.train(flags.FLAGS.config, flags.FLAGS.workdir, hooks=[RecencyHook.for_run])
-  except ConfigError as e:  # One line naming the key and what is allowed; exit code 2.
-    print(f"train.py: {e}", file=sys.stderr)
-    sys.exit(2)
+  summary = loop.train(flags.FLAGS.config, flags.FLAGS.workdir, hooks=[RecencyHook.for_run])
   logging.info("done: %s", summary)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -169,7 +169,7 @@ def test_cli_reports_an_empty_workdir(tmp_path):
   proc = subprocess.run([sys.executable, os.path.join(repo, "launch", "analyze.py"),
                          f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=repo,
                         timeout=120)
-  assert proc.returncode == 1
+  assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith(
       f"analyze.py: workdir {tmp_path} is empty: expected config.json and checkpoints/")
 

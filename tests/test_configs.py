@@ -126,7 +126,12 @@ def test_small_sweep_experiments():
     ("--config.train.learning_rate=inf", "new",
      "train.py: config.train.learning_rate=inf is invalid: expected a finite float > 0"),
     ("--config.train.b1=1.5", "new", "train.py: config.train.b1=1.5 is invalid: expected a float"),
+    ("--config.model.nonexistent=1", "new",
+     "train.py: --config.model.nonexistent: config.model has no key 'nonexistent'"),
+    ("--config.model.window.x=1", "new", "config.model.window is a value, not a section"),
+    ("--config.train.b2=abc", "new", "--config.train.b2=abc: could not convert string to float"),
     ("", "file", "is a file: expected a directory"),
+    ("", "under_a_file", "cannot be created"),
 ])
 def test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2(tmp_path, flag,
                                                                     workdir_kind, message):
@@ -136,6 +141,9 @@ def test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2(tmp_path, f
   workdir = tmp_path / "run"
   if workdir_kind == "file":
     workdir.write_text("not a directory")
+  if workdir_kind == "under_a_file":
+    (tmp_path / "file").write_text("not a directory")
+    workdir = tmp_path / "file" / "run"
   proc = subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
                          f"--workdir={workdir}", *tiny_flags(), *([flag] if flag else [])],
                         cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -143,3 +151,14 @@ def test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2(tmp_path, f
   assert proc.stderr.strip().splitlines()[-1].startswith("train.py: ")
   assert message in proc.stderr.strip().splitlines()[-1]
   assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_a_read_only_workdir_fails_before_set_up(tmp_path):
+  from hybrid_nope.validate import check_workdir
+  tmp_path.chmod(0o500)
+  try:
+    with pytest.raises(ConfigError, match="not writable"):
+      check_workdir(str(tmp_path))
+  finally:
+    tmp_path.chmod(0o700)

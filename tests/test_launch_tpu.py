@@ -82,4 +82,4 @@ def test_docs_show_the_current_dry_run_output(fake_gcloud):
 ])
 def test_bad_arguments_fail_with_a_message(fake_gcloud, args, message):
   proc, calls = fake_gcloud(*args, "--dry-run")
-  assert proc.returncode != 0 and message in proc.stderr and calls == []
+  assert proc.returncode == 2 and message in proc.stderr and calls == []

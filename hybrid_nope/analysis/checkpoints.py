@@ -17,6 +17,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from hybrid_nope.errors import UserError
 from hybrid_nope.model import LanguageModel
 from hybrid_nope.train.state import ModelDef, init_model
 
@@ -24,7 +25,7 @@ CONFIG_FILE = "config.json"
 STATE_ITEM = "state"
 
 
-class AnalysisError(ValueError):
+class AnalysisError(UserError):
   """A workdir, step, checkpoint or data path that analysis cannot use."""
 
 

@@ -7,6 +7,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from hybrid_nope.errors import UserError
+
 TPU_TYPE = re.compile(r"^v(\d+)([a-z]*)-(\d+)$")  # v4-32, v5p-64, v5litepod-16, v6e-8
 # Runtime images by generation (cloud.google.com/tpu/docs/runtimes); --runtime-version overrides.
 RUNTIMES = {"v4": "tpu-ubuntu2204-base", "v5p": "v2-alpha-tpuv5", "v5litepod": "v2-alpha-tpuv5-lite",
@@ -15,7 +17,7 @@ REMOTE_DIR = "~/hybrid_nope"
 LOG = "~/hybrid_nope_train.log"
 
 
-class TpuArgError(ValueError):
+class TpuArgError(UserError):
   pass
 
 

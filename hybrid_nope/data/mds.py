@@ -46,6 +46,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from hybrid_nope.errors import UserError
+
 INDEX_BASENAME = "index.json"
 
 # NDArray dtype / shape-dtype codes (streaming/base/format/mds/encodings.py, NDArray).
@@ -67,7 +69,7 @@ _REFUSED = {
 COMPRESSIONS = ("zstd", "gz", "bz2")  # streaming also has br and snappy; not supported here.
 
 
-class MDSFormatError(ValueError):
+class MDSFormatError(UserError):
   """A missing, malformed or inconsistent MDS file; the message names the file."""
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from absl import logging
 
 from hybrid_nope.data import pipeline
+from hybrid_nope.errors import RunStopped
 from hybrid_nope.model import parameter_counts
 from hybrid_nope.train import flops, sharding
 from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
@@ -23,7 +24,7 @@ from hybrid_nope.train.step import make_eval_step, make_train_step
 from hybrid_nope.validate import check_workdir, validate
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(RunStopped, FloatingPointError):
   pass
 
 

@@ -14,6 +14,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from hybrid_nope.errors import UserError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 LOGICAL_RULES = (
@@ -36,7 +38,7 @@ LOGICAL_RULES = (
 )
 
 
-class MeshError(ValueError):
+class MeshError(UserError):
   pass
 
 

@@ -1,0 +1,16 @@
+"""The error every launch script prints as one line: something the user passed is wrong."""
+
+USAGE_EXIT_CODE = 2  # What argparse and absl use for a bad command line.
+
+
+class UserError(ValueError):
+  """A bad config key or value, path, data file or checkpoint. The message names it and says
+  what was expected; `hybrid_nope.cli` prints it as one line and exits with USAGE_EXIT_CODE."""
+
+
+RUN_STOPPED_EXIT_CODE = 1
+
+
+class RunStopped(Exception):
+  """The run stopped itself for a reason its message states (e.g. a non-finite update); the
+  checkpoints it leaves are good. Printed as one line, exit code RUN_STOPPED_EXIT_CODE."""
