@@ -18,8 +18,13 @@ hybrid_nope.train.flops.flops_per_token for configs/swa256_350m.py at the same s
 from the dense bf16 datasheet numbers in hybrid_nope.train.flops.PEAK_FLOPS (H100 SXM
 989 TFLOP/s, TPU v5p 459 TFLOP/s). The target compares with 100% MFU, an upper bound on
 what a chip can consume: pipeline >= 10x that.
+
+Hash verification (data.verify_hashes): an uncompressed domain of --hash_tokens tokens is
+written with md5 and sha1 in index.json and opened three ways: unchecked, first open (every
+shard hashed), and again (stamped in the cache, not hashed); printed as seconds per GB.
 """
 import argparse
+import hashlib
 import os
 import shutil
 import sys
@@ -81,6 +86,50 @@ def write_synthetic(root, tokens_per_domain):
   return tuple(domains)
 
 
+def hash_verification_cost(root, num_tokens):
+  """Seconds per GB of shards to open an uncompressed domain, by how it is verified."""
+  path = os.path.join(root, "hashed")
+  rng = np.random.default_rng(1)
+  mds.write_mds(path, {"input_ids": "ndarray:uint32", "indices": "ndarray:uint32",
+                       "domain": "str"},
+                synthetic_samples(rng, 2000, True, num_tokens), hashes=("md5", "sha1"))
+  shard_bytes = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+                    if f.startswith("shard."))
+  gb = shard_bytes / 1e9
+  cache = os.path.join(root, "hash_cache")
+
+  def open_seconds(verify):
+    t = time.perf_counter()
+    mds.MDSDataset(path, cache_dir=cache, verify_hashes=verify).array_lengths("input_ids")
+    return time.perf_counter() - t
+
+  open_seconds(False)  # Page cache warm: the disk is not what is measured.
+  rows = [("verify_hashes=False", open_seconds(False)),
+          ("verify_hashes=True, first open (sha1 of every shard)", open_seconds(True)),
+          ("verify_hashes=True, stamped (later starts)", open_seconds(True))]
+  with open(os.path.join(path, sorted(f for f in os.listdir(path) if f.startswith("shard."))[0]),
+            "rb") as f:
+    sample = f.read()
+  print(f"\nhash verification: {shard_bytes / 1e6:.0f} MB of uncompressed shards "
+        f"({num_tokens / 1e6:.0f}M tokens), files in the page cache, 1 core\n")
+  print("| open | seconds | seconds per GB |")
+  print("|---|---|---|")
+  for name, seconds in rows:
+    print(f"| {name} | {seconds:.3f} | {seconds / gb:.2f} |")
+  print("\n| hashlib algorithm, one shard already in memory | seconds per GB |")
+  print("|---|---|")
+  for algo in ("sha1", "md5", "sha256"):
+    best = float("inf")
+    for _ in range(3):
+      t = time.perf_counter()
+      h, view = hashlib.new(algo), memoryview(sample)
+      for start in range(0, len(sample), 1 << 22):  # 4 MiB chunks, as the reader hashes
+        h.update(view[start:start + (1 << 22)])
+      h.hexdigest()
+      best = min(best, time.perf_counter() - t)
+    print(f"| {algo} | {best / (len(sample) / 1e9):.2f} |")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--data_path", default="", help="a ProLong directory (default: synthetic)")
@@ -91,6 +140,8 @@ def main():
   parser.add_argument("--warmup", type=int, default=10)
   parser.add_argument("--tokens_per_domain", type=int, default=4 * 10**6)
   parser.add_argument("--core", type=int, default=0, help="the CPU core to run on")
+  parser.add_argument("--hash_tokens", type=int, default=64 * 10**6,
+                      help="tokens in the domain timed for hash verification; 0 to skip")
   args = parser.parse_args()
   os.sched_setaffinity(0, {args.core})
 
@@ -107,7 +158,7 @@ def main():
     config = ml_collections.ConfigDict({
         "data": {"source": "mds", "path": path, "domains": domains, "seq_len": args.seq_len,
                  "batch_size": args.batch_size, "seed": 0, "document_masking": True,
-                 "cache_dir": os.path.join(tmp, "cache")},
+                 "cache_dir": os.path.join(tmp, "cache"), "verify_hashes": True},
         "model": {"vocab_size": VOCAB}})
     t = time.perf_counter()
     iterator = pipeline.train_iterator(config)
@@ -138,6 +189,8 @@ def main():
     worst = rate / (PEAK_FLOPS["H100"] / fpt)
     print(f"\ntarget >= 10x at 100% MFU on the faster chip: "
           f"{'met' if worst >= 10 else 'NOT met'} ({worst:.1f}x)")
+    if args.hash_tokens:
+      hash_verification_cost(tmp, args.hash_tokens)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

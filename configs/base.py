@@ -53,6 +53,8 @@ def get_config() -> ml_collections.ConfigDict:
       eval_fraction=0.05,      # stdlib only: held-out share of documents.
       document_masking=True,   # False: one sequence per packed sample (ProLong single_seq).
       cache_dir="",            # Where zstd MDS shards are decompressed; "" = ~/.cache/hybrid_nope.
+      verify_hashes=True,      # Check each MDS shard against index.json's hashes when first read.
+      allow_changed_data=False,  # True: resume even if the data differs from the checkpoint's.
   ))
 
   c.eval = ml_collections.ConfigDict(dict(
@@ -80,6 +82,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict(dict(
       every_steps=1000, keep=3,
       directory="",            # "" = WORKDIR/checkpoints; use gs://... on multi-host pods.
+      restore_step=0,          # 0 = resume from the newest; N = from kept step N (newer deleted).
   ))
   c.metrics = ml_collections.ConfigDict(dict(
       far_lag=4096,            # L: floor = f(L), gap = f(1) − f(L); must be < data.seq_len.

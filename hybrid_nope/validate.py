@@ -78,6 +78,13 @@ def validate(config) -> None:
              config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
   _require(d.source in ROW_SOURCES, "data.source", d.source,
            f"a source with a reader; implemented: {sorted(ROW_SOURCES)}")
+  for key in ("data.verify_hashes", "data.allow_changed_data"):
+    section, name = key.split(".")
+    _require(isinstance(config[section][name], bool), key, config[section][name], "True or False")
+  restore_step = config.checkpoint.restore_step
+  _require(isinstance(restore_step, int) and not isinstance(restore_step, bool)
+           and restore_step >= 0, "checkpoint.restore_step", restore_step,
+           "an integer >= 0 (0 = the newest checkpoint)")
   t = config.train
   _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
            f"an integer in [0, train.steps={t.steps})")

@@ -314,3 +314,62 @@ def test_array_lengths_with_dynamic_dtype(tmp_path):
   for i, a in enumerate(arrays):
     assert ds[i]["x"].dtype == a.dtype and ds[i]["s"] == "é" * i
     np.testing.assert_array_equal(ds[i]["x"], a)
+
+
+def flip_one_bit(path, offset_fraction=0.5):
+  data = bytearray(open(path, "rb").read())
+  data[int(len(data) * offset_fraction)] ^= 0x04
+  open(path, "wb").write(bytes(data))
+
+
+def written_with_hashes(tmp_path, hashes=("md5", "sha1")):
+  directory = tmp_path / "hashed"
+  mds.write_mds(str(directory), {"input_ids": "ndarray:int32"},
+                ({"input_ids": np.arange(i, i + 500, dtype=np.int32)} for i in range(40)),
+                hashes=hashes, size_limit=1 << 14)
+  return directory
+
+
+def test_an_uncompressed_shard_is_verified_against_its_hashes_when_first_opened(tmp_path):
+  directory = written_with_hashes(tmp_path)
+  shards = sorted(directory.glob("shard.*.mds"))
+  assert len(shards) >= 2
+  flip_one_bit(shards[1])
+  ds = mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"))
+  in_shard_1 = next(i for i in range(len(ds)) if ds.locate(i)[0] == 1)
+  ds[0]  # Shard 0 is intact.
+  with pytest.raises(mds.MDSFormatError,
+                     match=rf"{shards[1]} \(shards\[1\] of .*\) has sha1 [0-9a-f]+ but index.json"):
+    ds[in_shard_1]
+  # Trusted copies can skip it (data.verify_hashes=False): the flipped token is then read.
+  unchecked = mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"),
+                             verify_hashes=False)
+  assert unchecked[in_shard_1]["input_ids"].shape == (500,)
+
+
+def test_a_verified_shard_is_hashed_once_until_the_file_changes(tmp_path, monkeypatch):
+  directory = written_with_hashes(tmp_path, hashes=("md5",))
+  hashed = []
+  real_new = mds.hashlib.new
+  monkeypatch.setattr(mds.hashlib, "new", lambda algo, *a: hashed.append(algo) or real_new(algo, *a))
+  cache = str(tmp_path / "cache")
+  mds.MDSDataset(str(directory), cache_dir=cache).array_lengths("input_ids")
+  shards = len(list(directory.glob("shard.*.mds")))
+  assert hashed == ["md5"] * shards
+  mds.MDSDataset(str(directory), cache_dir=cache).array_lengths("input_ids")
+  assert len(hashed) == shards  # Stamped: not hashed again.
+  first = sorted(directory.glob("shard.*.mds"))[0]
+  flip_one_bit(first)
+  os.utime(first, ns=(os.stat(first).st_atime_ns, os.stat(first).st_mtime_ns + 10**9))
+  with pytest.raises(mds.MDSFormatError, match="md5"):
+    mds.MDSDataset(str(directory), cache_dir=cache)[0]
+
+
+def test_hashes_hashlib_lacks_fail_unless_verification_is_off(tmp_path):
+  directory = written_with_hashes(tmp_path, hashes=("md5",))
+  edit_index(directory, lambda index: [s["raw_data"].update(hashes={"xxh64": "0" * 16})
+                                       for s in index["shards"]])
+  with pytest.raises(mds.MDSFormatError, match="xxh64.*data.verify_hashes=False"):
+    mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"))[0]
+  assert len(mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"),
+                            verify_hashes=False)[0]["input_ids"]) == 500

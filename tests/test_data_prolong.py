@@ -34,7 +34,8 @@ def cache_dir(tmp_path_factory):
 def make_config(cache_dir, **overrides):
   config = ml_collections.ConfigDict({
       "data": {"source": "mds", "path": PROLONG, "domains": DOMAINS, "seq_len": T,
-               "batch_size": 8, "seed": 0, "document_masking": True, "cache_dir": cache_dir},
+               "batch_size": 8, "seed": 0, "document_masking": True, "cache_dir": cache_dir,
+               "verify_hashes": True},
       "model": {"vocab_size": 258},
   })
   for key, value in overrides.items():

@@ -16,8 +16,9 @@ import pytest
 
 from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import loop
-from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
 from hybrid_nope.train.step import make_train_step
+from hybrid_nope.validate import ConfigError
 from tests.helpers import tiny_config, tiny_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,14 +183,95 @@ def test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite(tmp_path, 
     loop.train(config, str(tmp_path))
   finite = saved_params_finite(tmp_path, config)
   assert all(finite.values()), finite
-  if "train__learning_rate" in bad:
-    # Before the guard, checkpoints of this run held non-finite leaves. Its finite checkpoints
-    # are still ~1e6-scale parameters whose gradients overflow, so no sane resume can train
-    # on from them (issue 13 stays open on that point).
-    assert finite
-    return
-  assert not finite  # The first update was refused: nothing was saved.
-  # Resuming with sane values trains from scratch to the end.
   sane = tiny_config(checkpoint__every_steps=1)
+  if "train__learning_rate" in bad:
+    # Step 1 ran at lr 0 (warm-up) and is a healthy checkpoint; step 2's lr of 5e5 left
+    # finite but ~5e5-scale parameters whose gradients overflow, so a sane run goes back to 1.
+    assert sorted(finite) == [1, 2]
+    with pytest.raises(loop.NonFiniteLossError, match="step 3"):
+      loop.train(sane, str(tmp_path))
+    sane.checkpoint.restore_step = 1
+  else:
+    assert not finite  # The first update was refused: nothing was saved.
   summary = loop.train(sane, str(tmp_path))
   assert summary["step"] == sane.train.steps and np.isfinite(summary["loss"])
+  assert all(saved_params_finite(tmp_path, sane).values())
+  assert sorted(losses_by_step(tmp_path)) == list(range(1, sane.train.steps + 1))
+
+
+def test_restore_step_must_be_a_kept_step(tmp_path):
+  loop.train(tiny_config(), str(tmp_path))
+  with pytest.raises(ConfigError, match=r"restore_step=3 .* \[4, 8\]"):
+    loop.train(tiny_config(checkpoint__restore_step=3), str(tmp_path))
+
+
+def sigterm_during_eval_of(step_to_interrupt):
+  """Wraps loop._evaluate so that the eval of the given step receives a SIGTERM, as a spot
+  preemption would deliver it."""
+  inner, calls = loop._evaluate, []
+
+  def evaluate(*args, **kwargs):
+    calls.append(None)
+    if len(calls) == step_to_interrupt:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return inner(*args, **kwargs)
+  return evaluate
+
+
+def test_the_preempted_steps_eval_and_recency_are_redone_on_resume(tmp_path, monkeypatch):
+  config = tiny_config(eval__every_steps=1, checkpoint__every_steps=1, metrics__every_steps=1,
+                       train__steps=9)
+  monkeypatch.setattr(loop, "_evaluate", sigterm_during_eval_of(6))
+  first = loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
+  assert first["preempted"] and first["step"] == 7
+  monkeypatch.undo()
+  loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
+  evals = [r["step"] for r in read_metrics(tmp_path) if "eval_loss" in r]
+  assert evals == list(range(1, 10))  # Step 7's eval ran on resume, before step 8.
+  assert recorded_steps(tmp_path) == set(range(0, 10))
+  with open(tmp_path / "recency.jsonl") as f:
+    per_step = [json.loads(line)["step"] for line in f]
+  assert per_step.count(7) == per_step.count(8)  # Redone whole, not appended twice.
+
+
+def test_a_hook_cut_short_is_redone_whole(tmp_path):
+  config = tiny_config()
+  loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
+  # As if killed while the step-8 hook wrote its records: some of them, no recency_seconds.
+  with open(tmp_path / "recency.jsonl") as f:
+    lines = f.readlines()
+  step8 = [l for l in lines if json.loads(l)["step"] == 8]
+  with open(tmp_path / "recency.jsonl", "w") as f:
+    f.writelines([l for l in lines if json.loads(l)["step"] != 8] + step8[:3])
+  records = [r for r in read_metrics(tmp_path) if not (r["step"] == 8 and "recency_seconds" in r)]
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
+  with open(tmp_path / "recency.jsonl") as f:
+    assert [l for l in f.readlines() if json.loads(l)["step"] == 8] == step8
+
+
+def test_a_resume_onto_other_data_stops_unless_allowed(tmp_path, caplog):
+  loop.train(tiny_config(train__steps=4), str(tmp_path))
+  other = dict(train__steps=8, data__eval_fraction=0.2)  # Another split of the corpus.
+  with pytest.raises(DataChangedError, match="train.rows: .*allow_changed_data=True"):
+    loop.train(tiny_config(**other), str(tmp_path))
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    summary = loop.train(tiny_config(data__allow_changed_data=True, **other), str(tmp_path))
+  assert summary["step"] == 8 and "resuming step 4 on other data" in caplog.text
+
+
+def test_a_corrupt_checkpoint_fails_in_one_line_on_the_command_line(tmp_path):
+  loop.train(tiny_config(), str(tmp_path))
+  state = os.path.join(tmp_path, "checkpoints", "8", "state")
+  biggest = max((os.path.join(d, f) for d, _, fs in os.walk(state) for f in fs),
+                key=os.path.getsize)
+  with open(biggest, "r+b") as f:
+    f.truncate(os.path.getsize(biggest) // 2)
+  proc = subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
+                         f"--workdir={tmp_path}", *tiny_flags(train__steps=12)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("train.py: checkpoint step 8 ") and "restore_step=4" in last, last
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

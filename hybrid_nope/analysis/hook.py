@@ -40,6 +40,7 @@ def _floats(values) -> list:
 class RecencyHook:
 
   name = "recency"
+  record_files = (RECORD_FILE,)  # Its records at a step are redone whole if it was cut short.
 
   def __init__(self, config, model_def, eval_batches, writer, lags=None, place=None):
     """`eval_batches`: the eval rows (a list of batches, or one batch) the probe is chosen from;

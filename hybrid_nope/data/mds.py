@@ -38,6 +38,7 @@ import decimal
 import gzip
 import hashlib
 import json
+import logging
 import mmap
 import os
 import threading
@@ -47,6 +48,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from hybrid_nope.errors import UserError
+
+_log = logging.getLogger(__name__)
 
 INDEX_BASENAME = "index.json"
 
@@ -365,9 +368,14 @@ class MDSDataset:
     cache_dir: where compressed shards are decompressed to (default `default_cache_dir()`);
       a shard whose decompressed file already sits next to it in `path` is used in place.
     max_open_shards: how many shard memory maps stay open (each holds a file descriptor).
+    verify_hashes: check an uncompressed shard against index.json's hashes the first time it is
+      opened (compressed shards are checked as they are decompressed). A verified shard leaves
+      a stamp in the cache keyed by its size and mtime, so it is hashed once per machine and
+      version of the file, not at every start.
   """
 
-  def __init__(self, path: str, *, cache_dir: str | None = None, max_open_shards: int = 64):
+  def __init__(self, path: str, *, cache_dir: str | None = None, max_open_shards: int = 64,
+               verify_hashes: bool = True):
     self.path = os.path.abspath(os.fspath(path))
     columns, self._shards, index_bytes = _load_index(self.path)
     self.columns = {c.name: c for c in columns}
@@ -377,6 +385,7 @@ class MDSDataset:
         cache_dir or default_cache_dir(),
         hashlib.sha256(os.path.realpath(self.path).encode() + b"\0" + index_bytes).hexdigest()[:20])
     self._max_open = max(1, int(max_open_shards))
+    self._verify_hashes = verify_hashes
     self._open: collections.OrderedDict[int, Any] = collections.OrderedDict()
     self._lock = threading.RLock()
     self._ends = np.cumsum([s.samples for s in self._shards], dtype=np.int64)
@@ -449,6 +458,36 @@ class MDSDataset:
       raise MDSFormatError(f"cannot decompress {zipped} ({shard.compression}): {e}") from e
     return target
 
+  def _verify(self, shard: _Shard, path: str) -> None:
+    """Hashes an uncompressed shard with one algorithm index.json lists (the first hashlib
+    has, sha1 and md5 first: they are the fastest); a stamp in the cache skips it next time."""
+    fastest = ("sha1", "md5")
+    usable = sorted((a for a in shard.raw_hashes if a in hashlib.algorithms_available),
+                    key=lambda a: (fastest.index(a) if a in fastest else len(fastest), a))
+    if not usable:
+      raise MDSFormatError(f"{path}: index.json lists hashes {sorted(shard.raw_hashes)}, none of "
+                           "which hashlib has; set data.verify_hashes=False to read it unchecked")
+    algo, stat = usable[0], os.stat(path)
+    key = f"{os.path.realpath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\0{algo}\0"
+    stamp = os.path.join(self._cache_root, "verified",
+                         hashlib.sha256((key + shard.raw_hashes[algo]).encode()).hexdigest())
+    if os.path.exists(stamp):
+      return
+    h = hashlib.new(algo)
+    with open(path, "rb") as f:
+      while chunk := f.read(1 << 22):
+        h.update(chunk)
+    if h.hexdigest() != shard.raw_hashes[algo]:
+      raise MDSFormatError(f"{path} (shards[{shard.number}] of {self._file(INDEX_BASENAME)}) has "
+                           f"{algo} {h.hexdigest()} but index.json says {shard.raw_hashes[algo]}:"
+                           " the shard is corrupt or from another write")
+    try:
+      os.makedirs(os.path.dirname(stamp), exist_ok=True)
+      with open(stamp, "w") as f:
+        f.write(key + "\n")
+    except OSError as e:  # A read-only cache only costs a hash at the next start.
+      _log.warning("cannot stamp %s as verified (%s); it is hashed again next time", path, e)
+
   def _open_shard(self, number: int):
     """The shard's memory map (LRU of open maps); validates its header the first time."""
     with self._lock:
@@ -459,6 +498,8 @@ class MDSDataset:
       shard = self._shards[number]
       if shard.path is None:
         shard.path = self._decompressed_path(shard)
+      elif self._verify_hashes and shard.raw_hashes:
+        self._verify(shard, shard.path)
       path = shard.path
       size = os.path.getsize(path)
       if size != shard.raw_bytes:

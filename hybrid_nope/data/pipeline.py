@@ -100,7 +100,8 @@ def _mds_rows(config, split: str):
     raise ValueError(f"config.data.cache_dir must be a path or '', got {cache_dir!r}")
   mixture = prolong.build_mixture(
       path, _config_value(config, "data.domains"), seq_len=seq_len, document_masking=masking,
-      vocab_size=vocab_size, seed=_seed(config), cache_dir=cache_dir or None)
+      vocab_size=vocab_size, seed=_seed(config), cache_dir=cache_dir or None,
+      verify_hashes=_config_value(config, "data.verify_hashes"))
   return grain.MapDataset.source(mixture)
 
 

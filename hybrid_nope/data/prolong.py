@@ -223,12 +223,12 @@ class DomainRows:
   """
 
   def __init__(self, path: str, *, seq_len: int, document_masking: bool, vocab_size: int,
-               cache_dir: str | None = None):
+               cache_dir: str | None = None, verify_hashes: bool = True):
     self.path = path
     self.seq_len = seq_len
     self.document_masking = bool(document_masking)
     self.vocab_size = vocab_size
-    self.ds = mds.MDSDataset(path, cache_dir=cache_dir)
+    self.ds = mds.MDSDataset(path, cache_dir=cache_dir, verify_hashes=verify_hashes)
     columns = self.ds.columns
     if "input_ids" not in columns or columns["input_ids"].kind != "ndarray":
       raise mds.MDSFormatError(f"{path}: expected an ndarray column 'input_ids' (ProLong "
@@ -333,7 +333,8 @@ class DomainRows:
 # ---- from the config --------------------------------------------------------------------------
 
 def build_mixture(data_path: str, domains, *, seq_len: int, document_masking: bool,
-                  vocab_size: int, seed: int, cache_dir: str | None = None) -> Mixture:
+                  vocab_size: int, seed: int, cache_dir: str | None = None,
+                  verify_hashes: bool = True) -> Mixture:
   """The Mixture of `domains` ("name@proportion") under `data_path`."""
   if not data_path or not os.path.isdir(data_path):
     raise FileNotFoundError(f"config.data.path={data_path!r} must be an existing directory "
@@ -349,7 +350,8 @@ def build_mixture(data_path: str, domains, *, seq_len: int, document_masking: bo
       raise FileNotFoundError(f"domain {spec.name!r} of config.data.domains has no directory "
                               f"{path} under config.data.path")
     rows.append(DomainRows(path, seq_len=seq_len, document_masking=document_masking,
-                           vocab_size=vocab_size, cache_dir=cache_dir))
+                           vocab_size=vocab_size, cache_dir=cache_dir,
+                           verify_hashes=verify_hashes))
   total = sum(s.weight for s in specs)
   for spec, domain in zip(specs, rows):
     share = spec.weight / total

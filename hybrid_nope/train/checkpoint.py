@@ -1,25 +1,92 @@
-"""Orbax checkpoints holding the train state and the data iterator's position."""
+"""Orbax checkpoints of the train state and the data position, verified when restored.
+
+DIR/checkpoints/<step>/ holds three items: "state" (TrainState), "data" (the grain iterator's
+state, {"next_index": batches this process has read}) and "meta" (JSON: a checksum of every
+state leaf and the fingerprint of the training data, `pipeline.data_fingerprint`). A restore
+checks all three: a corrupt or truncated state, a data position that is not the step, or other
+training data each fail in one line that says how to go on.
+"""
 from __future__ import annotations
 
 import os
+import re
 
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from absl import logging
+
+from hybrid_nope.errors import UserError
+
+ITEMS = ("state", "data", "meta")
+
+
+class CheckpointError(UserError):
+  """A checkpoint that cannot be restored as saved (corrupt, truncated, edited)."""
+
+
+class DataChangedError(UserError):
+  """A resume onto training data other than the data the checkpoint was trained on."""
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+  """A uint32 sum of the leaf's bits, each word weighted by an odd number from its position:
+  one flipped bit anywhere, or two values swapped, changes it."""
+  if x.dtype == jnp.bool_:
+    words = x.astype(jnp.uint32)
+  else:
+    words = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+    if x.dtype.itemsize == 8:  # x64: each word splits into two uint32 on a new last axis.
+      words = jax.lax.bitcast_convert_type(words, jnp.uint32)
+    words = words.astype(jnp.uint32)
+  weights = 2 * jax.lax.iota(jnp.uint32, words.size).reshape(words.shape) + 1
+  return jnp.sum(words * weights, dtype=jnp.uint32)
+
+
+def state_checksums(state) -> dict[str, jax.Array]:
+  """{leaf path: uint32 checksum} of a pytree (jittable; sharded leaves reduce globally)."""
+  return {jax.tree_util.keystr(path): _leaf_checksum(jnp.asarray(leaf))
+          for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]}
+
+
+def changed_data(saved: dict, current: dict) -> list[str]:
+  """'key: saved -> current' for each fingerprint entry that differs."""
+  return [f"{key}: {saved.get(key, '(absent)')!r} -> {current.get(key, '(absent)')!r}"
+          for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
+
+
+def _read_error(error: BaseException, where: str) -> str:
+  """The line that says what failed (tensorstore's status, e.g. OUT_OF_RANGE reading "w/0.0"),
+  from an exception chain whose outer messages hold pages of TensorStore spec."""
+  chain = []
+  while error is not None and len(chain) < 10:
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  for e in reversed(chain):  # The innermost cause is the most specific.
+    status = re.search(r"\b(OUT_OF_RANGE|DATA_LOSS|NOT_FOUND|INVALID_ARGUMENT|FAILED_PRECONDITION"
+                       r"|INTERNAL|UNKNOWN|UNAVAILABLE|PERMISSION_DENIED)\b: [^\n]{0,300}", str(e))
+    if status:
+      return status.group(0)
+  text = str(chain[0]).strip()
+  return f"{where}: {text.splitlines()[0][:200] if text else type(chain[0]).__name__}"
 
 
 class Checkpointer:
-  """Saves {"state": TrainState, "data": grain iterator state} under DIR/checkpoints/<step>."""
+  """Saves {"state", "data", "meta"} under DIR/checkpoints/<step> and verifies a restore."""
 
-  def __init__(self, workdir: str, *, keep: int, directory: str = ""):
+  def __init__(self, workdir: str, *, keep: int, directory: str = "", replicated=None):
     """`directory` (config checkpoint.directory) defaults to WORKDIR/checkpoints; a gs:// path
-    lets every host of a pod write its shards to shared storage."""
+    lets every host of a pod write its shards to shared storage. `replicated`: the mesh's
+    replicated sharding, where the state's checksums are gathered."""
     directory = directory or os.path.join(workdir, "checkpoints")
     self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-        item_names=("state", "data"))
+        item_names=ITEMS)
+    self._checksums = jax.jit(state_checksums, **(
+        {} if replicated is None else {"out_shardings": replicated}))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -27,25 +94,72 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def save(self, step: int, state, data_iterator) -> None:
+  def step_directory(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def checksums(self, state) -> dict[str, int]:
+    return {k: int(v) for k, v in jax.device_get(self._checksums(state)).items()}
+
+  def save(self, step: int, state, data_iterator, data_fingerprint: dict) -> None:
+    meta = {"checksums": self.checksums(state), "data": data_fingerprint}
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(data_iterator)))
+        data=grain.checkpoint.CheckpointSave(data_iterator),
+        meta=ocp.args.JsonSave(meta)))
 
-  def restore(self, step: int, abstract_state, data_iterator):
-    """Returns the restored state; `data_iterator` is moved to the saved position in place."""
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
-        data=grain.checkpoint.CheckpointRestore(data_iterator)))
-    return restored["state"]
+  def _how_to_go_on(self, step: int) -> str:
+    older = [s for s in self.all_steps() if s < step]
+    if not older:
+      return (f"no older checkpoint is kept: move {self.step_directory(step)} aside and rerun "
+              "to start afresh")
+    return (f"rerun with --config.checkpoint.restore_step={older[-1]} to resume from step "
+            f"{older[-1]}, the newest older one (this discards step {step} and later)")
+
+  def restore(self, step: int, abstract_state, data_iterator, *, data_fingerprint: dict,
+              allow_changed_data: bool):
+    """The restored state; `data_iterator` is moved to the saved position in place. Raises
+    CheckpointError (corrupt, truncated or edited) or DataChangedError (other data)."""
+    where = self.step_directory(step)
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state),
+          data=grain.checkpoint.CheckpointRestore(data_iterator),
+          meta=ocp.args.JsonRestore()))
+    except Exception as e:  # orbax and tensorstore raise many kinds; the cause is in the text.
+      raise CheckpointError(f"checkpoint step {step} cannot be read ({_read_error(e, where)}); "
+                            f"{self._how_to_go_on(step)}") from None
+    state, meta = restored["state"], restored["meta"]
+    bad = [k for k, v in self.checksums(state).items() if meta["checksums"].get(k) != v]
+    if bad:
+      raise CheckpointError(
+          f"checkpoint step {step} is corrupt: {len(bad)} leaves of {where}/state differ from "
+          f"the checksums saved with them (first: {bad[0]}); {self._how_to_go_on(step)}")
+    position = data_iterator.get_state().get("next_index")
+    if position != step:
+      raise CheckpointError(
+          f"checkpoint step {step} holds data position next_index={position} in {where}/data, "
+          f"but a run at step {step} has read exactly {step} batches per process: the file was "
+          f"edited or comes from another run; {self._how_to_go_on(step)}")
+    changes = changed_data(meta["data"], data_fingerprint)
+    if changes and not allow_changed_data:
+      raise DataChangedError(
+          f"the training data differs from what checkpoint step {step} was trained on ("
+          + "; ".join(changes) + "). Resume on the same data, or pass "
+          "--config.data.allow_changed_data=True to go on with this data")
+    if changes:
+      logging.warning("data.allow_changed_data: resuming step %d on other data: %s", step,
+                      "; ".join(changes))
+    return state
+
+  def discard_after(self, step: int) -> list[int]:
+    """Deletes every checkpoint newer than `step` (a resume from an older step rewrites them)."""
+    newer = [s for s in self.all_steps() if s > step]
+    for s in newer:
+      self.manager.delete(s)
+    return newer
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
     self.manager.close()
-
-
-def abstract(tree):
-  """Shapes, dtypes and shardings of a pytree, the target orbax restores into."""
-  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)

@@ -4,6 +4,10 @@ A hook factory takes the run's `RunContext` once, after the model and eval data 
 returns `hook(step, params) -> None`. The loop calls every hook at step 0 of a fresh run and
 every `metrics.every_steps` (and at the last step), times each and logs `<name>_seconds`; what a
 hook measures or writes is its own business, so the trainer imports no analysis code.
+
+A run resumed at a step whose hook did not finish (`<name>_seconds` is not on record, e.g. a
+preemption save skips the hooks) runs that hook again at that step, after removing the step's
+records from the files the hook lists in its optional `record_files`.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import numpy as np
 from absl import logging
 
 from hybrid_nope.data import pipeline
+from hybrid_nope.data.fingerprint import data_fingerprint
 from hybrid_nope.errors import RunStopped
 from hybrid_nope.model import parameter_counts
 from hybrid_nope.train import flops, sharding
@@ -21,7 +22,7 @@ from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.preemption import PreemptionWatcher
 from hybrid_nope.train.state import sharded_train_state
 from hybrid_nope.train.step import make_eval_step, make_train_step
-from hybrid_nope.validate import check_workdir, validate
+from hybrid_nope.validate import ConfigError, check_workdir, validate
 
 
 class NonFiniteLossError(RunStopped, FloatingPointError):
@@ -54,6 +55,19 @@ def _evaluate(eval_step, params, batches, bucket_size: int) -> dict:
           "eval_bucket_weights": weight_b.tolist()}
 
 
+def _evaluate_and_log(eval_step, params, batches, config, writer, step: int) -> float:
+  """Evaluates, writes the record and the TensorBoard scalars, logs; returns the eval loss."""
+  result = _evaluate(eval_step, params, batches, config.eval.bucket_size)
+  writer.write_record("metrics.jsonl", {"step": step, **result})
+  writer.write_scalars(step, {"eval_loss": result["eval_loss"], **{
+      f"eval_loss_by_position/{b * config.eval.bucket_size:06d}": l
+      for b, l in enumerate(result["eval_loss_by_position"]) if l is not None}})
+  logging.info("step %d | eval_loss %.4f | by %d positions: %s", step, result["eval_loss"],
+               config.eval.bucket_size, " ".join("-" if l is None else f"{l:.3f}"
+                                                 for l in result["eval_loss_by_position"]))
+  return result["eval_loss"]
+
+
 def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | None) -> None:
   """Writes records in order; stops at the first step whose loss or update is not finite, before
   anything is saved. The train step refused that update, so every checkpoint is finite."""
@@ -68,8 +82,8 @@ def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | Non
               f"the last checkpoint, step {last_saved}, has finite parameters and is kept")
       raise NonFiniteLossError(
           f"{what} at step {step}; the update was refused and the run stops without saving: "
-          f"{kept}. Lower train.learning_rate or check the train.* config, then rerun the same "
-          "command to resume.")
+          f"{kept}. Lower train.learning_rate or check the train.* config, then rerun to resume "
+          "(add --config.checkpoint.restore_step=N to resume from an older kept step N).")
     writer.write(step, metrics)
 
 
@@ -78,6 +92,42 @@ def _run_hooks(hooks, writer, step, params) -> None:
     start = time.perf_counter()
     hook(step, params)
     writer.write(step, {f"{hook_name(hook)}_seconds": time.perf_counter() - start})
+
+
+def _on_every_process(flags: list[bool]) -> list[bool]:
+  """Process 0's flags (it alone reads the records), so every process takes the same branch."""
+  if jax.process_count() == 1:
+    return flags
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return [bool(f) for f in multihost_utils.broadcast_one_to_all(np.array(flags, np.bool_))]
+
+
+def _unfinished_at(step: int, config, writer, hooks) -> tuple[bool, list]:
+  """What the schedule owed at the resumed `step` but is not on record (a preemption save skips
+  eval and the hooks; a kill can cut a hook short): (redo eval?, hooks to redo)."""
+  keys = writer.keys_at(step)
+  last = step == config.train.steps
+  eval_due = step > 0 and (step % config.eval.every_steps == 0 or last)
+  hooks_due = step == 0 or step % config.metrics.every_steps == 0 or last
+  flags = _on_every_process([eval_due and "eval_loss" not in keys] + [
+      hooks_due and f"{hook_name(h)}_seconds" not in keys for h in hooks])
+  return flags[0], [h for h, redo in zip(hooks, flags[1:]) if redo]
+
+
+def _restore_point(config, ckpt: Checkpointer) -> int | None:
+  """The step to resume from: the newest checkpoint, or checkpoint.restore_step (0 = newest),
+  whose newer checkpoints are then deleted (the resumed run writes those steps again)."""
+  requested, steps = config.checkpoint.restore_step, ckpt.all_steps()
+  if requested == 0:
+    return steps[-1] if steps else None
+  if requested not in steps:
+    raise ConfigError(f"config.checkpoint.restore_step={requested} is invalid: expected 0 "
+                      f"(the newest) or a kept step of {ckpt.directory}: {steps}")
+  discarded = ckpt.discard_after(requested)
+  if discarded:
+    logging.warning("checkpoint.restore_step=%d: deleted the newer checkpoints %s", requested,
+                    discarded)
+  return requested
 
 
 def _process_rows(batch: dict) -> dict:
@@ -119,12 +169,15 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
                                np.concatenate([b["weights"] for b in eval_rows])))
   eval_batches = [sharding.global_batch(_process_rows(b), mesh) for b in eval_rows]
 
-  ckpt = Checkpointer(workdir, keep=config.checkpoint.keep, directory=config.checkpoint.directory)
-  last_saved = ckpt.latest_step()
+  fingerprint = data_fingerprint(config, eval_rows)
+  ckpt = Checkpointer(workdir, keep=config.checkpoint.keep, directory=config.checkpoint.directory,
+                      replicated=sharding.replicated(mesh))
+  last_saved = _restore_point(config, ckpt)
   if last_saved is not None:
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           state, state_shardings)
-    state = ckpt.restore(last_saved, target, data_iter)
+    state = ckpt.restore(last_saved, target, data_iter, data_fingerprint=fingerprint,
+                         allow_changed_data=config.data.allow_changed_data)
     logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
   start = int(state.step)
   if start >= config.train.steps:
@@ -149,8 +202,14 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
                          lambda x: jax.make_array_from_process_local_data(replicated,
                                                                           np.asarray(x)), tree))
     active_hooks = [make(run) for make in hooks]
-    if start == 0:
-      _run_hooks(active_hooks, writer, 0, state.params)
+    redo_eval, redo_hooks = _unfinished_at(start, config, writer, active_hooks)
+    if redo_eval:
+      logging.info("step %d: its eval was not on record (preempted?); evaluating now", start)
+      _evaluate_and_log(eval_step, state.params, eval_batches, config, writer, start)
+    for hook in redo_hooks:
+      for name in getattr(hook, "record_files", ()):
+        writer.drop_step(name, start)
+    _run_hooks(redo_hooks, writer, start, state.params)
 
   tokens_per_step = config.data.batch_size * config.data.seq_len
   flops_per_token = flops.flops_per_token(config.model, config.data.seq_len)
@@ -189,18 +248,10 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
                        float(records[-1][1]["learning_rate"]))
           summary.update(step=step, loss=loss, tokens_per_second=tokens_per_second)
         if (step % config.eval.every_steps == 0 or last) and not preempted:
-          result = _evaluate(eval_step, state.params, eval_batches, config.eval.bucket_size)
-          writer.write_record("metrics.jsonl", {"step": step, **result})
-          writer.write_scalars(step, {"eval_loss": result["eval_loss"], **{
-              f"eval_loss_by_position/{b * config.eval.bucket_size:06d}": l
-              for b, l in enumerate(result["eval_loss_by_position"]) if l is not None}})
-          logging.info("step %d | eval_loss %.4f | by %d positions: %s", step,
-                       result["eval_loss"], config.eval.bucket_size,
-                       " ".join("-" if l is None else f"{l:.3f}"
-                                for l in result["eval_loss_by_position"]))
-          summary["eval_loss"] = result["eval_loss"]
+          summary["eval_loss"] = _evaluate_and_log(eval_step, state.params, eval_batches, config,
+                                                   writer, step)
         if save:
-          ckpt.save(step, state, data_iter)
+          ckpt.save(step, state, data_iter, fingerprint)
           last_saved = step
         if (step % config.metrics.every_steps == 0 or last) and not preempted:
           _run_hooks(active_hooks, writer, step, state.params)

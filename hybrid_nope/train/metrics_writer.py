@@ -31,10 +31,12 @@ class MetricsWriter:
     with open(path, "a") as f:
       f.write(json.dumps(record) + "\n")
 
-  def _drop_records_after_resume(self, path: str) -> None:
+  def _drop_records_after_resume(self, path: str, *, before: int | None = None) -> None:
     """Records after the restored checkpoint belong to a run that did not survive; drop them so
-    the file describes one trajectory. The kept lines go to a new file that replaces the old one
-    atomically, so a kill at any instant leaves either file whole."""
+    the file describes one trajectory (and, with `before`, also those from that step on). The
+    kept lines go to a new file that replaces the old one atomically, so a kill at any instant
+    leaves either file whole."""
+    keep_through = self.resume_step if before is None else min(self.resume_step, before - 1)
     if not os.path.exists(path):
       if self.resume_step > 0:
         logging.warning("%s is missing although the run resumes at step %d: its records up to "
@@ -55,7 +57,7 @@ class MetricsWriter:
           continue
         raise ValueError(f"{path} line {number} is not JSON ({e}); only a torn last line is "
                          f"dropped by itself: fix or remove that line") from None
-      if record["step"] <= self.resume_step:
+      if record["step"] <= keep_through:
         kept.append(json.dumps(record) + "\n")
     staging = path + ".tmp"
     with open(staging, "w") as f:
@@ -63,6 +65,29 @@ class MetricsWriter:
       f.flush()
       os.fsync(f.fileno())
     os.replace(staging, path)
+
+  def drop_step(self, name: str, step: int) -> None:
+    """Removes DIR/<name>'s records of `step` (the resume step), e.g. a hook's partial records
+    from a run killed while the hook wrote them, before the hook runs again."""
+    if self.active:
+      self._truncated.add(name)
+      self._drop_records_after_resume(os.path.join(self.workdir, name), before=step)
+
+  def keys_at(self, step: int) -> set[str]:
+    """The keys of every metrics.jsonl record at `step` (process 0; empty elsewhere)."""
+    path = os.path.join(self.workdir, "metrics.jsonl")
+    if not self.active or not os.path.exists(path):
+      return set()
+    keys = set()
+    with open(path) as f:
+      for line in f:
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError:  # A torn last line; _append drops it on the next write.
+          continue
+        if record["step"] == step:
+          keys.update(record)
+    return keys
 
   def write(self, step: int, metrics: dict) -> None:
     if not self.active:

@@ -68,14 +68,17 @@ def main(workdir):
   _, saved, _ = sharded_train_state(save_cfg.model, tx, 1, sharding.make_mesh(save_cfg))
   ckpt_dir = os.path.join(workdir, "cross_mesh")
   it = pipeline.train_iterator(save_cfg)
+  next(it)  # The saved data position is checked against the step: one batch read by step 1.
   ckpt = Checkpointer(ckpt_dir, keep=1)
-  ckpt.save(1, saved, it)
+  ckpt.save(1, saved, it, {"data": "this run's"})
   ckpt.wait()
   restore_mesh = sharding.make_mesh(restore_cfg)
   _, fresh, shardings = sharded_train_state(restore_cfg.model, tx, 2, restore_mesh)
   target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         fresh, shardings)
-  restored = Checkpointer(ckpt_dir, keep=1).restore(1, target, pipeline.train_iterator(save_cfg))
+  restored = Checkpointer(ckpt_dir, keep=1).restore(1, target, pipeline.train_iterator(save_cfg),
+                                                    data_fingerprint={"data": "this run's"},
+                                                    allow_changed_data=False)
   same = all(np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)))
   on_new_mesh = all(x.sharding.mesh.shape == restore_mesh.shape

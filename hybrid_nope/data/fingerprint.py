@@ -1,0 +1,57 @@
+"""What a checkpoint records of the data it was trained on, so a resume onto other data is seen.
+
+The fingerprint is a flat {name: value} of JSON scalars. A resume compares it entry by entry
+(`train.checkpoint.changed_data`): a different stdlib (another interpreter), a changed
+data.path, data.domains, seq_len, vocabulary, shuffle seed, a rewritten shard or another eval
+set each change an entry, and the message names it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from hybrid_nope.data import mds, pipeline, prolong
+
+
+def _sha1(*arrays: np.ndarray) -> str:
+  h = hashlib.sha1()
+  for a in arrays:
+    h.update(np.ascontiguousarray(a).tobytes())
+  return h.hexdigest()
+
+
+def _mds_domains(config) -> dict:
+  """Per domain read: the sha1 of its index.json (shard names, sizes, hashes, sample counts)
+  and its sample count."""
+  out = {"data.path": os.path.abspath(config.data.path)}
+  for spec in prolong.parse_domains(config.data.domains):
+    if spec.weight == 0:
+      continue
+    index = os.path.join(config.data.path, spec.name, mds.INDEX_BASENAME)
+    with open(index, "rb") as f:
+      raw = f.read()
+    out[f"domain.{spec.name}.weight"] = spec.weight
+    out[f"domain.{spec.name}.index_sha1"] = hashlib.sha1(raw).hexdigest()
+    out[f"domain.{spec.name}.samples"] = sum(int(s.get("samples", 0))
+                                             for s in json.loads(raw).get("shards", []))
+  return out
+
+
+def data_fingerprint(config, eval_batches: list[dict]) -> dict:
+  """The training data's identity under `config`, and the eval set's (`eval_batches`, as the
+  loop holds them). Costs one sha1 over the stdlib corpus (~0.2 s), index.json reads for mds."""
+  d = config.data
+  out = {"data.source": d.source, "data.seq_len": d.seq_len, "data.seed": d.seed,
+         "model.vocab_size": config.model.vocab_size,
+         "eval.rows_sha1": _sha1(*[b[k] for b in eval_batches for k in ("inputs", "segment_ids")])}
+  if d.source == "stdlib":
+    rows = pipeline.packed_rows(config, "train")
+    out.update({"data.eval_fraction": d.eval_fraction, "train.rows": len(rows["inputs"]),
+                "train.tokens_sha1": _sha1(rows["inputs"], rows["segment_ids"])})
+  else:
+    out.update({"data.document_masking": d.document_masking, "eval.path": config.eval.path,
+                **_mds_domains(config)})
+  return out

@@ -1,0 +1,153 @@
+"""Checkpoint checksums, data fingerprint comparison, and restores that refuse what they should."""
+import os
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from hybrid_nope.train.checkpoint import (CheckpointError, Checkpointer, DataChangedError,
+                                          changed_data, state_checksums)
+
+
+def checksum(x):
+  return int(jax.jit(state_checksums)({"x": x})["['x']"])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32, jnp.uint8])
+def test_one_flipped_bit_anywhere_changes_the_checksum(dtype):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.integers(0, 100, size=(7, 13)), dtype)
+  base = checksum(x)
+  width = 8 * jnp.dtype(dtype).itemsize
+  bits = np.asarray(jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{width}")))
+  for flat_index in rng.choice(x.size, 10, replace=False):
+    for bit in (0, width - 1, int(rng.integers(width))):
+      flipped = bits.copy().reshape(-1)
+      flipped[flat_index] ^= np.array(1 << bit, flipped.dtype)
+      y = jax.lax.bitcast_convert_type(jnp.asarray(flipped.reshape(bits.shape)), dtype)
+      assert checksum(y) != base, (flat_index, bit)
+
+
+def test_swapped_values_change_the_checksum_and_equal_trees_agree():
+  x = jnp.arange(12.0).reshape(3, 4)
+  assert checksum(x) == checksum(jnp.array(x))
+  assert checksum(x) != checksum(x[::-1])
+  tree = {"a": x, "b": {"c": jnp.ones(3, jnp.bool_), "step": jnp.int32(5)}}
+  sums = jax.jit(state_checksums)(tree)
+  assert set(sums) == {"['a']", "['b']['c']", "['b']['step']"}
+
+
+def test_changed_data_names_every_entry_that_differs():
+  saved = {"train.rows": 29375, "data.seq_len": 1024, "eval.rows_sha1": "ab"}
+  current = {"train.rows": 10723, "data.seq_len": 1024, "data.path": "/new"}
+  assert changed_data(saved, current) == [
+      "data.path: '(absent)' -> '/new'", "eval.rows_sha1: 'ab' -> '(absent)'",
+      "train.rows: 29375 -> 10723"]
+  assert changed_data(saved, dict(saved)) == []
+
+
+def _saved(tmp_path, step=3, fingerprint=None):
+  iterator = iter(grain.MapDataset.range(100).to_iter_dataset(
+      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+  for _ in range(step):
+    next(iterator)
+  # Random floats do not compress, so the stored chunk holds their bytes as they are.
+  w = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32)
+  state = {"w": jnp.asarray(w), "step": jnp.int32(step)}
+  ckpt = Checkpointer(str(tmp_path), keep=5)
+  ckpt.save(step, state, iterator, fingerprint or {"train.rows": 10})
+  ckpt.wait()
+  return ckpt, state
+
+
+def _fresh_iterator():
+  return iter(grain.MapDataset.range(100).to_iter_dataset(
+      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+
+
+def _restore(ckpt, state, step=3, fingerprint=None, allow=False):
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  it = _fresh_iterator()
+  restored = ckpt.restore(step, target, it, data_fingerprint=fingerprint or {"train.rows": 10},
+                          allow_changed_data=allow)
+  return restored, it
+
+
+def test_a_clean_checkpoint_restores_state_and_position(tmp_path):
+  ckpt, state = _saved(tmp_path)
+  restored, it = _restore(ckpt, state)
+  np.testing.assert_array_equal(restored["w"], state["w"])
+  assert next(it) == 3
+
+
+def _state_files(ckpt, step):
+  root = os.path.join(ckpt.step_directory(step), "state")
+  files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+  return max(files, key=os.path.getsize)  # The data file holding "w".
+
+
+def test_a_flipped_byte_in_the_state_fails_naming_the_step_and_how_to_go_on(tmp_path):
+  ckpt, state = _saved(tmp_path)
+  path = _state_files(ckpt, 3)
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0x01
+  open(path, "wb").write(bytes(data))
+  # orbax alone restores it without a word, with a value changed:
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  plain = ocp.CheckpointManager(ckpt.directory, item_names=("state",)).restore(
+      3, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+  assert not np.array_equal(plain["w"], state["w"])
+  with pytest.raises(CheckpointError, match=r"checkpoint step 3 is corrupt: 1 leaves .*\['w'\].*"
+                     "no older checkpoint is kept"):
+    _restore(ckpt, state)
+
+
+def test_a_truncated_state_file_fails_in_one_line_with_the_previous_step(tmp_path):
+  ckpt, state = _saved(tmp_path, step=2)
+  iterator = _fresh_iterator()
+  for _ in range(3):
+    next(iterator)
+  ckpt.save(3, state, iterator, {"train.rows": 10})
+  ckpt.wait()
+  path = _state_files(ckpt, 3)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+  with pytest.raises(CheckpointError) as info:
+    _restore(ckpt, state)
+  message = str(info.value)
+  assert "\n" not in message and message.startswith("checkpoint step 3 ")
+  assert "--config.checkpoint.restore_step=2" in message, message
+
+
+def test_an_edited_data_position_is_refused(tmp_path):
+  ckpt, state = _saved(tmp_path)
+  data_dir = os.path.join(ckpt.step_directory(3), "data")
+  [name] = [f for f in os.listdir(data_dir) if f.endswith(".json")]
+  with open(os.path.join(data_dir, name), "w") as f:
+    f.write('{"next_index": 1}')
+  with pytest.raises(CheckpointError, match="next_index=1 .* exactly 3 batches"):
+    _restore(ckpt, state)
+
+
+def test_other_data_is_refused_unless_allowed(tmp_path, caplog):
+  ckpt, state = _saved(tmp_path)
+  with pytest.raises(DataChangedError, match="train.rows: 10 -> 11.*allow_changed_data=True"):
+    _restore(ckpt, state, fingerprint={"train.rows": 11})
+  restored, _ = _restore(ckpt, state, fingerprint={"train.rows": 11}, allow=True)
+  np.testing.assert_array_equal(restored["w"], state["w"])
+  assert "train.rows: 10 -> 11" in caplog.text
+
+
+def test_discard_after_deletes_only_newer_steps(tmp_path):
+  ckpt, state = _saved(tmp_path, step=2)
+  for step in (3, 4):
+    iterator = _fresh_iterator()
+    for _ in range(step):
+      next(iterator)
+    ckpt.save(step, state, iterator, {})
+  ckpt.wait()
+  assert ckpt.discard_after(2) == [3, 4]
+  assert ckpt.all_steps() == [2]
