@@ -1,5 +1,6 @@
 """Checkpoint checksums, data fingerprint comparison, and restores that refuse what they should."""
 import os
+import shutil
 
 import grain
 import jax
@@ -151,3 +152,11 @@ def test_discard_after_deletes_only_newer_steps(tmp_path):
   ckpt.wait()
   assert ckpt.discard_after(2) == [3, 4]
   assert ckpt.all_steps() == [2]
+
+
+def test_a_checkpoint_without_meta_restores_with_a_warning(tmp_path, caplog):
+  ckpt, state = _saved(tmp_path)
+  shutil.rmtree(os.path.join(ckpt.step_directory(3), "meta"))  # As written before checksums.
+  restored, _ = _restore(ckpt, state, fingerprint={"anything": 1})
+  np.testing.assert_array_equal(restored["w"], state["w"])
+  assert "predates checksums" in caplog.text

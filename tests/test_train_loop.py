@@ -199,10 +199,16 @@ def test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite(tmp_path, 
   assert sorted(losses_by_step(tmp_path)) == list(range(1, sane.train.steps + 1))
 
 
-def test_restore_step_must_be_a_kept_step(tmp_path):
+def test_restore_step_must_be_a_kept_step_and_deletes_newer_ones_only_once_restored(tmp_path):
   loop.train(tiny_config(), str(tmp_path))
+  reference = losses_by_step(tmp_path)
   with pytest.raises(ConfigError, match=r"restore_step=3 .* \[4, 8\]"):
     loop.train(tiny_config(checkpoint__restore_step=3), str(tmp_path))
+  with pytest.raises(DataChangedError):
+    loop.train(tiny_config(checkpoint__restore_step=4, data__seed=1), str(tmp_path))
+  assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4, 8]
+  loop.train(tiny_config(checkpoint__restore_step=4), str(tmp_path))
+  assert losses_by_step(tmp_path) == reference  # Steps 5-8 trained again, identically.
 
 
 def sigterm_during_eval_of(step_to_interrupt):

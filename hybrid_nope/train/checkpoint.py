@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from hybrid_nope.errors import UserError
 
@@ -120,16 +121,22 @@ class Checkpointer:
     """The restored state; `data_iterator` is moved to the saved position in place. Raises
     CheckpointError (corrupt, truncated or edited) or DataChangedError (other data)."""
     where = self.step_directory(step)
+    has_meta = (epath.Path(where) / "meta").exists()
+    if not has_meta:
+      logging.warning("checkpoint step %d predates checksums and data fingerprints (%s has no "
+                      "meta/): restored without verifying its state or its data", step, where)
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state),
           data=grain.checkpoint.CheckpointRestore(data_iterator),
-          meta=ocp.args.JsonRestore()))
+          **({"meta": ocp.args.JsonRestore()} if has_meta else {})))
     except Exception as e:  # orbax and tensorstore raise many kinds; the cause is in the text.
       raise CheckpointError(f"checkpoint step {step} cannot be read ({_read_error(e, where)}); "
                             f"{self._how_to_go_on(step)}") from None
-    state, meta = restored["state"], restored["meta"]
-    bad = [k for k, v in self.checksums(state).items() if meta["checksums"].get(k) != v]
+    state = restored["state"]
+    meta = restored["meta"] if has_meta else {"checksums": None, "data": data_fingerprint}
+    bad = [] if meta["checksums"] is None else [
+        k for k, v in self.checksums(state).items() if meta["checksums"].get(k) != v]
     if bad:
       raise CheckpointError(
           f"checkpoint step {step} is corrupt: {len(bad)} leaves of {where}/state differ from "

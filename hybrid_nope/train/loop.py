@@ -115,18 +115,13 @@ def _unfinished_at(step: int, config, writer, hooks) -> tuple[bool, list]:
 
 
 def _restore_point(config, ckpt: Checkpointer) -> int | None:
-  """The step to resume from: the newest checkpoint, or checkpoint.restore_step (0 = newest),
-  whose newer checkpoints are then deleted (the resumed run writes those steps again)."""
+  """The step to resume from: the newest checkpoint, or checkpoint.restore_step (0 = newest)."""
   requested, steps = config.checkpoint.restore_step, ckpt.all_steps()
   if requested == 0:
     return steps[-1] if steps else None
   if requested not in steps:
     raise ConfigError(f"config.checkpoint.restore_step={requested} is invalid: expected 0 "
                       f"(the newest) or a kept step of {ckpt.directory}: {steps}")
-  discarded = ckpt.discard_after(requested)
-  if discarded:
-    logging.warning("checkpoint.restore_step=%d: deleted the newer checkpoints %s", requested,
-                    discarded)
   return requested
 
 
@@ -179,6 +174,10 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
     state = ckpt.restore(last_saved, target, data_iter, data_fingerprint=fingerprint,
                          allow_changed_data=config.data.allow_changed_data)
     logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
+    discarded = ckpt.discard_after(last_saved)  # Only after the restore held: they are rewritten.
+    if discarded:
+      logging.warning("checkpoint.restore_step=%d: deleted the newer checkpoints %s", last_saved,
+                      discarded)
   start = int(state.step)
   if start >= config.train.steps:
     logging.warning("%s already holds a run trained to step %d (train.steps=%d): nothing to "
