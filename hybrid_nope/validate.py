@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 
 from hybrid_nope.data.pipeline import ROW_SOURCES
 from hybrid_nope.errors import UserError
@@ -126,5 +127,9 @@ def check_workdir(workdir: str) -> None:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     raise ConfigError(f"--workdir={workdir} cannot be created: {e.strerror}") from None
-  if not os.access(workdir, os.W_OK | os.X_OK):
-    raise ConfigError(f"--workdir={workdir} is not writable by this process")
+  try:  # A real write: os.access says yes to root on a read-only mount.
+    fd, probe = tempfile.mkstemp(prefix=".write_check_", dir=workdir)
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as e:
+    raise ConfigError(f"--workdir={workdir} is not writable by this process: {e.strerror}") from None

@@ -153,6 +153,18 @@ def test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2(tmp_path, f
   assert "Traceback" not in proc.stderr
 
 
+def test_a_workdir_the_system_refuses_to_write_fails_before_set_up(tmp_path, monkeypatch):
+  import errno
+  import tempfile
+  from hybrid_nope.validate import check_workdir
+
+  def read_only_filesystem(*args, **kwargs):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+  monkeypatch.setattr(tempfile, "mkstemp", read_only_filesystem)
+  with pytest.raises(ConfigError, match="not writable by this process: Read-only file system"):
+    check_workdir(str(tmp_path))
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
 def test_a_read_only_workdir_fails_before_set_up(tmp_path):
   from hybrid_nope.validate import check_workdir
