@@ -79,8 +79,10 @@ def test_two_processes_match_one(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]
   outs = [p.communicate(timeout=300) for p in procs]
-  for p, (_, err) in zip(procs, outs):
+  for p, (out, err) in zip(procs, outs):
     assert p.returncode == 0, err[-4000:]
+    result = json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
+    assert result["resumed_at"] == 3
 
   def losses(workdir):
     with open(workdir / "metrics.jsonl") as f:

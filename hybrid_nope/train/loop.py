@@ -136,7 +136,8 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   """Trains per `config`, resuming from the newest checkpoint in `workdir` if there is one.
 
   `hooks`: factories `RunContext -> hook(step, params)` (`train/hooks.py`), run at step 0 of a
-  fresh run and every `metrics.every_steps` and at the last step (not on a preempted step).
+  fresh run and every `metrics.every_steps` and at the last step. A preempted step skips eval
+  and hooks; the resumed run redoes what its first step owed and is not on record.
 
   Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time, and
   whether the run stopped early for preemption.
