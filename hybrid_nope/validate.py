@@ -33,7 +33,9 @@ def _positive_int(config, key: str):
            "an integer >= 1")
 
 
-def validate(config) -> None:
+def validate(config, *, check_paths: bool = True) -> None:
+  """Raises ConfigError naming the first bad key. `check_paths=False` skips the checks that
+  data directories exist (launch/lower.py lowers a step without reading any data)."""
   m, d = config.model, config.data
   for key in ("model.num_layers", "model.d_model", "model.num_heads", "model.num_kv_heads",
               "model.head_dim", "model.mlp_dim", "model.vocab_size", "data.seq_len",
@@ -72,7 +74,7 @@ def validate(config) -> None:
            "metrics.query_positions", config.metrics.query_positions,
            "an integer >= 0 (0 = every position)")
   _require(d.source in DATA_SOURCES, "data.source", d.source, f"one of {DATA_SOURCES}")
-  if d.source == "mds":
+  if d.source == "mds" and check_paths:
     _require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
              "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
     _require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",

@@ -94,19 +94,41 @@ def test_rows_that_see_only_themselves_are_exact_and_finite(window):
 
 
 @on_cpu
-def test_auto_picks_xla_on_cpu_and_logs_it_once(monkeypatch, caplog):
-  monkeypatch.setattr(dispatch, "_LOGGED", set())
+def test_auto_is_xla_on_cpu_and_pallas_on_tpu_and_cuda():
   rng = np.random.default_rng()
   q, k, v = random_inputs(rng, 2, 64, 4, 2, 8)
-  with caplog.at_level(logging.INFO):
-    assert kernels.resolve("auto", q) == "xla"
-    for window in (7, None, 7):
-      out = kernels.attention(q, k, v, window=window, impl="auto")
-      assert rel_err(out, reference(q, k, v, window, None)) <= 1e-5
-  picks = [r for r in caplog.records if "picked 'xla'" in r.getMessage()]
-  assert len(picks) == 1
+  assert kernels.resolve("auto", q) == "xla"
+  for window in (7, None):
+    out = jax.jit(lambda q, k, v: kernels.attention(q, k, v, window=window, impl="auto"))(q, k, v)
+    assert rel_err(out, reference(q, k, v, window, None)) <= 1e-5
+  for platform in ("tpu", "cuda"):
+    with kernels.target_platform(platform):
+      assert kernels.resolve("auto", q) == "pallas"
+      assert "pallas" in kernels.available_impls(q)
+  with kernels.target_platform("tpu"):
+    with pytest.raises(ValueError, match="cuDNN runs on CUDA GPUs only"):
+      kernels.attention(q, k, v, impl="cudnn")
 
 
+@pytest.mark.parametrize("platform, target, kernel_names", [
+    ("tpu", "tpu_custom_call", ["splash_mha_fwd", "splash_mha_dkv", "splash_mha_dq"]),
+    ("cuda", "__gpu$xla.gpu.triton", ["swa_flash_fwd", "swa_flash_dq", "swa_flash_dkv"]),
+])
+@pytest.mark.parametrize("x64", [False, True])
+def test_one_function_lowers_to_each_platforms_kernel(platform, target, kernel_names, x64):
+  from jax import export
+  q, k, v = random_inputs(np.random.default_rng(0), 1, 256, 4, 2, 64)
+  seg = jnp.ones((1, 256), jnp.int32)
+  grad = jax.jit(jax.grad(lambda q, k, v: kernels.attention(
+      q, k, v, window=64, segment_ids=seg).sum(), argnums=(0, 1, 2)))
+  with jax.enable_x64(x64):
+    assert "custom_call" not in grad.lower(q, k, v).as_text()  # CPU: the xla path.
+    exported = export.export(grad, platforms=[platform], disabled_checks=[
+        export.DisabledSafetyCheck.custom_call(target)])(q, k, v)
+  text = exported.mlir_module()
+  assert f"custom_call @{target}" in text
+  for name in kernel_names:
+    assert name in text, name
 @on_cpu
 @pytest.mark.parametrize("impl", ["pallas", "cudnn"])
 def test_unavailable_impl_names_itself_and_the_alternatives(impl):

@@ -7,10 +7,11 @@ windows spanning several blocks and >= T, global attention, segment ids (where t
 skips other documents' key blocks), GQA 1, 2 and 4, and bfloat16. The full window grid runs
 on the "xla" implementation (test_kernels_attention.py).
 """
+import jax
 import jax.numpy as jnp
 import pytest
 
-from hybrid_nope.kernels import pallas_gpu, pallas_tpu
+from hybrid_nope.kernels import pallas_gpu, pallas_tpu, xla
 from test_kernels_attention import check_against_reference
 
 # (T, window, gqa, segments)
@@ -65,3 +66,13 @@ def test_tpu_splash_matches_reference(T, window, gqa, segments):
 
 def test_tpu_splash_bfloat16_close_to_reference():
   check_against_reference(tpu_kernel, 150, 16, 4, True, dtype=jnp.bfloat16, tol=2e-2)
+
+
+@pytest.mark.parametrize("kernel", ["gpu", "tpu", "xla"])
+def test_every_kernel_works_with_x64_on(kernel):
+  # x64 turns Python ints into int64 in index arithmetic: our Triton kernel divides by int32
+  # explicitly, and splash (whose index maps do not) is traced with x64 off.
+  fn = {"gpu": gpu_kernel(pallas_gpu.BlockSizes(16, 16)), "tpu": tpu_kernel,
+        "xla": xla.attention}[kernel]
+  with jax.enable_x64(True):
+    check_against_reference(fn, 100, 16, 2, True)

@@ -25,6 +25,8 @@ from hybrid_nope.data import stdlib_corpus
 from hybrid_nope.data.tokenizer import ByteTokenizer
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")
+BATCH_DTYPES = {"inputs": np.int32, "targets": np.int32, "segment_ids": np.int32,
+                "positions": np.int32, "weights": np.float32}
 _MISSING = object()
 
 

@@ -12,13 +12,21 @@ Implementations (`impl=`):
            (pallas_tpu.py). Both also run in interpret mode, which is how the CPU tests reach
            them (call the modules with interpret=True).
   "cudnn"  cuDNN flash attention on CUDA GPUs, bfloat16 / float16 (cudnn.py).
-  "auto"   the best available for the backend, dtype and features; logs its pick once.
+  "auto"   decided when the function is lowered (jax.lax.platform_dependent): splash attention
+           on TPU, our Triton kernel on CUDA, xla elsewhere. One jitted or exported step thus
+           carries the right kernel for each platform; cuDNN is only ever chosen explicitly.
+
+Availability is checked against the target platform: this machine's backend, or the one set
+by `target_platform(...)` (launch/lower.py exports for TPU or CUDA from a CPU machine).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+
 import jax
 import jax.numpy as jnp
-from absl import logging
 
 from hybrid_nope.kernels import cudnn, pallas_gpu, pallas_tpu, per_shard, xla
 
@@ -55,67 +63,78 @@ def _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl):
       raise ValueError(f"segment_ids dtype {segment_ids.dtype}: expected an integer dtype")
 
 
-def _unavailable_reason(impl: str, q_BTNH, segment_ids) -> str | None:
+_TARGET = contextvars.ContextVar("attention_target_platform", default=None)
+
+
+@contextlib.contextmanager
+def target_platform(platform: str):
+  """Check kernel availability against `platform` ("cpu", "tpu", "cuda") instead of this
+  machine's backend: how launch/lower.py exports a train step for hardware it does not have."""
+  token = _TARGET.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
+
+
+def _platform() -> str:
+  """The platform the traced function is meant for: the target, else the default backend
+  (a GPU backend is named by its runtime, cuda or rocm, as platform_dependent names it)."""
+  if _TARGET.get() is not None:
+    return _TARGET.get()
   backend = jax.default_backend()
-  if impl == "xla":
+  if backend == "gpu":
+    version = getattr(jax.devices()[0].client, "platform_version", "").lower()
+    return "rocm" if "rocm" in version else "cuda"
+  return backend
+
+
+def _unavailable_reason(impl: str, q_BTNH, segment_ids) -> str | None:
+  platform = _platform()
+  if impl in ("xla", "auto"):
     return None
   if impl == "pallas":
-    if backend == "gpu":
+    if platform == "cuda":
       return None if pallas_gpu.available() else "jax.experimental.pallas.triton is missing"
-    if backend == "tpu":
+    if platform == "tpu":
       return None if pallas_tpu.available() else "splash_attention is missing from jax"
-    return (f"Pallas kernels compile for GPU or TPU only; the backend is {backend!r} "
+    return (f"Pallas kernels compile for TPU and CUDA GPUs only; the platform is {platform!r} "
             "(tests run them with interpret=True on the kernel modules)")
   if impl == "cudnn":
+    if _TARGET.get() not in (None, "cuda"):
+      return f"cuDNN runs on CUDA GPUs only; the target platform is {_TARGET.get()!r}"
     return cudnn.unsupported_reason(q_BTNH, segment_ids)
   raise AssertionError(impl)
 
 
 def available_impls(q_BTNH, segment_ids=None) -> tuple[str, ...]:
-  """Concrete implementations that can run this case on the default backend."""
+  """Concrete implementations that can run this case on the target platform (`_platform`)."""
   return tuple(i for i in IMPLS[1:] if _unavailable_reason(i, q_BTNH, segment_ids) is None)
 
 
-def _pick(q_BTNH, segment_ids) -> tuple[str, str]:
-  """'auto': (impl, why)."""
-  backend = jax.default_backend()
-  available = available_impls(q_BTNH, segment_ids)
-  if backend == "gpu":
-    # cuDNN is NVIDIA's tuned kernel, but segment ids would cost it a dense T×T mask, which
-    # our Pallas kernel avoids (it skips other documents' key blocks instead).
-    if "cudnn" in available and segment_ids is None:
-      return "cudnn", "GPU, no segment ids, dtype and head_dim cuDNN supports"
-    if "pallas" in available:
-      return "pallas", "GPU Triton kernel (segment ids, or a case cuDNN does not take)"
-  if backend == "tpu" and "pallas" in available:
-    return "pallas", "TPU splash attention"
-  return "xla", f"the portable path on backend {backend!r}"
-
-
-_LOGGED: set[tuple[str, str]] = set()
+def _per_platform(impl: str) -> dict:
+  """platform -> kernel for jax.lax.platform_dependent, which keeps only the branch of the
+  platform a function is lowered for: one jitted or exported step carries XLA on CPU, splash
+  attention on TPU and our Triton kernel on CUDA. cuDNN is only ever an explicit choice."""
+  if impl == "xla":
+    return {"default": xla.attention}
+  if impl == "cudnn":
+    return {"default": cudnn.attention}
+  pallas = {**({"tpu": pallas_tpu.attention} if pallas_tpu.available() else {}),
+            **({"cuda": pallas_gpu.attention} if pallas_gpu.available() else {})}
+  return {**pallas, "default": xla.attention} if impl == "auto" else pallas
 
 
 def resolve(impl: str, q_BTNH, segment_ids=None) -> str:
-  """The concrete implementation `impl` means for this case; ValueError if unavailable."""
-  if impl == "auto":
-    impl, why = _pick(q_BTNH, segment_ids)
-    if (impl, why) not in _LOGGED:  # Once per distinct decision, not once per layer call.
-      _LOGGED.add((impl, why))
-      logging.info("kernels.attention impl='auto' picked %r: %s", impl, why)
-    return impl
+  """The concrete implementation `impl` means on the target platform; ValueError if
+  unavailable. ("auto" is xla on CPU and other platforms, pallas on TPU and CUDA.)"""
   reason = _unavailable_reason(impl, q_BTNH, segment_ids)
   if reason is not None:
     raise ValueError(f"impl={impl!r} is not available here: {reason}. Available: "
                      f"{available_impls(q_BTNH, segment_ids)}")
+  if impl == "auto":
+    return "pallas" if _platform() in _per_platform("auto") else "xla"
   return impl
-
-
-def _implementation(impl: str):
-  if impl == "xla":
-    return xla.attention
-  if impl == "cudnn":
-    return cudnn.attention
-  return pallas_tpu.attention if jax.default_backend() == "tpu" else pallas_gpu.attention
 
 
 def attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, *,
@@ -128,8 +147,18 @@ def attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, *,
   (per_shard.py).
   """
   _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl)
-  impl = resolve(impl, q_BTNH, segment_ids)
-  fn = _implementation(impl)
-  return per_shard.run(lambda q, k, v, seg: fn(q, k, v, window=window, segment_ids=seg),
+  resolve(impl, q_BTNH, segment_ids)
+  branches = _per_platform(impl)
+
+  def call(q, k, v, *seg):  # seg: () or (segment_ids,); platform_dependent takes arrays only.
+    def run(kernel):
+      return lambda q, k, v, *seg: kernel(q, k, v, window=window,
+                                          segment_ids=seg[0] if seg else None)
+    if len(branches) == 1:
+      return run(branches["default"])(q, k, v, *seg)
+    return jax.lax.platform_dependent(q, k, v, *seg, **{
+        platform: run(kernel) for platform, kernel in branches.items()})
+
+  return per_shard.run(lambda q, k, v, seg: call(q, k, v, *(() if seg is None else (seg,))),
                        q_BTNH, k_BTKH, v_BTKH, segment_ids, batch_axes=batch_axes,
                        head_axes=head_axes)

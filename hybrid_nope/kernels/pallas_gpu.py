@@ -79,9 +79,10 @@ def _forward_kernel(lo_ref, q_ref, k_ref, v_ref, *rest, block, window, scale, ha
     (o_ref, lse_ref), segq_ref, segk_ref = rest, None, None
   i = pl.program_id(2)
   q = q_ref[...]
-  qpos = i * block + jnp.arange(block)
+  qpos = i * block + jnp.arange(block, dtype=jnp.int32)
   seg_q = None if segq_ref is None else segq_ref[...]
-  first = lax.div(lo_ref[i], block)  # lax.div: Triton lowers it directly; bounds are >= 0.
+  # lax.div: Triton lowers it directly; bounds are >= 0. An int32 divisor, also under x64.
+  first = lax.div(lo_ref[i], jnp.int32(block))
   count = i + 1 - first
 
   def step(t, carry):  # Newest key block first: the diagonal makes every row's max finite.
@@ -91,7 +92,7 @@ def _forward_kernel(lo_ref, q_ref, k_ref, v_ref, *rest, block, window, scale, ha
     v = v_ref[pl.ds(start, block), :]
     seg_k = None if segk_ref is None else segk_ref[pl.ds(start, block)]
     s = _dot(q, k, _NT) * scale
-    s = jnp.where(_mask(qpos, start + jnp.arange(block), window, seg_q, seg_k), s, MASKED)
+    s = jnp.where(_mask(qpos, start + jnp.arange(block, dtype=jnp.int32), window, seg_q, seg_k), s, MASKED)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     correction = jnp.exp2(m - m_new)
     p = jnp.exp2(s - m_new[:, None])
@@ -115,9 +116,9 @@ def _dq_kernel(lo_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, b
   i = pl.program_id(2)
   q, do = q_ref[...], do_ref[...]
   lse, delta = lse_ref[...], delta_ref[...]
-  qpos = i * block + jnp.arange(block)
+  qpos = i * block + jnp.arange(block, dtype=jnp.int32)
   seg_q = None if segq_ref is None else segq_ref[...]
-  first = lax.div(lo_ref[i], block)
+  first = lax.div(lo_ref[i], jnp.int32(block))
 
   def step(j, dq):
     start = j * block
@@ -125,7 +126,7 @@ def _dq_kernel(lo_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, b
     v = v_ref[pl.ds(start, block), :]
     seg_k = None if segk_ref is None else segk_ref[pl.ds(start, block)]
     s = _dot(q, k, _NT) * scale
-    s = jnp.where(_mask(qpos, start + jnp.arange(block), window, seg_q, seg_k), s, MASKED)
+    s = jnp.where(_mask(qpos, start + jnp.arange(block, dtype=jnp.int32), window, seg_q, seg_k), s, MASKED)
     p = jnp.exp2(s - lse[:, None])
     ds = p * (_dot(do, v, _NT) - delta[:, None])
     return dq + _dot(ds.astype(k.dtype), k, (((1,), (0,)), ((), ())))
@@ -142,9 +143,9 @@ def _dkv_kernel(hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, 
     (dk_ref, dv_ref), segq_ref, segk_ref = rest, None, None
   j = pl.program_id(2)
   k, v = k_ref[...], v_ref[...]
-  kpos = j * block + jnp.arange(block)
+  kpos = j * block + jnp.arange(block, dtype=jnp.int32)
   seg_k = None if segk_ref is None else segk_ref[...]
-  last = lax.div(hi_ref[j], block)
+  last = lax.div(hi_ref[j], jnp.int32(block))
 
   def step_for(g):  # The G query heads sharing this kv head all add into its dk, dv.
     def step(i, carry):
@@ -156,7 +157,7 @@ def _dkv_kernel(hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, 
       delta = delta_ref[g, pl.ds(start, block)]
       seg_q = None if segq_ref is None else segq_ref[pl.ds(start, block)]
       s = _dot(q, k, _NT) * scale
-      s = jnp.where(_mask(start + jnp.arange(block), kpos, window, seg_q, seg_k), s, MASKED)
+      s = jnp.where(_mask(start + jnp.arange(block, dtype=jnp.int32), kpos, window, seg_q, seg_k), s, MASKED)
       p = jnp.exp2(s - lse[:, None])
       dv = dv + _dot(p.astype(do.dtype), do, _TN)
       ds = p * (_dot(do, v, _NT) - delta[:, None])

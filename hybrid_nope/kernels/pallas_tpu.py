@@ -75,11 +75,33 @@ def attention(q_BTNH, k_BTKH, v_BTKH, *, window=None, segment_ids=None,
   pad = lambda x: jnp.pad(x, ((0, 0), (0, Tp - T), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
   q = pad(q_BTNH * jnp.asarray(H**-0.5, q_BTNH.dtype))
   k, v = pad(k_BTKH), pad(v_BTKH)
-  kernel = _kernel(Tp, N, window, sizes, interpret)
   if segment_ids is None:
-    out = jax.vmap(kernel)(q, k, v)
+    out = _without_x64(lambda q, k, v: jax.vmap(_kernel(Tp, N, window, sizes, interpret))(
+        q, k, v))(q, k, v)
   else:
-    seg = blocking.pad_segments(segment_ids, Tp)
-    out = jax.vmap(lambda q, k, v, s: kernel(q, k, v, splash.SegmentIds(q=s, kv=s)))(
-        q, k, v, seg)
+    seg = blocking.pad_segments(segment_ids, Tp).astype(jnp.int32)
+    out = _without_x64(lambda q, k, v, s: jax.vmap(
+        lambda q, k, v, s: _kernel(Tp, N, window, sizes, interpret)(
+            q, k, v, splash.SegmentIds(q=s, kv=s)))(q, k, v, s))(q, k, v, seg)
   return out.transpose(0, 2, 1, 3)[:, :T]
+
+
+def _without_x64(fn):
+  """fn, with its forward and backward traced under jax_enable_x64=False: splash's index maps
+  divide int32 program ids by Python ints, which x64 makes int64 (a lax.div dtype error).
+  Every input and output here is 32-bit or narrower, so nothing changes but the tracing."""
+  @jax.custom_vjp
+  def wrapped(*args):
+    with jax.enable_x64(False):
+      return fn(*args)
+
+  def forward(*args):
+    with jax.enable_x64(False):
+      return jax.vjp(fn, *args)
+
+  def backward(vjp, cotangent):
+    with jax.enable_x64(False):
+      return vjp(cotangent)
+
+  wrapped.defvjp(forward, backward)
+  return wrapped

@@ -48,6 +48,20 @@ def init_train_state(model_cfg, tx: optax.GradientTransformation, seed: int):
 def sharded_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, mesh):
   """(model_def, state, shardings): the state initialised directly in its shards, so no host
   or device ever holds the whole model; values equal init_train_state's."""
+  model_def, _, shardings, init = _abstract(model_cfg, tx, seed, mesh)
+  return model_def, jax.jit(init, out_shardings=shardings)(), shardings
+
+
+def abstract_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, mesh):
+  """(model_def, state, shardings) with the state as ShapeDtypeStructs carrying their
+  shardings: what jax.export lowers a train step for, without allocating anything."""
+  model_def, abstract_state, shardings, _ = _abstract(model_cfg, tx, seed, mesh)
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       abstract_state, shardings)
+  return model_def, state, shardings
+
+
+def _abstract(model_cfg, tx, seed, mesh):
   abstract_model = nnx.eval_shape(lambda: LanguageModel(model_cfg, rngs=nnx.Rngs(params=seed)))
   model_def = ModelDef(nnx.split(abstract_model)[0])
   param_shardings = sharding.param_shardings(sharding.logical_param_specs(abstract_model), mesh)
@@ -62,5 +76,4 @@ def sharded_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, 
       # Optimizer moments shard like their parameters; counters are replicated.
       opt_state=optax.tree_map_params(tx, lambda _, s: s, abstract_state.opt_state,
                                       param_shardings, transform_non_params=lambda _: replicated))
-  state = jax.jit(init, out_shardings=shardings)()
-  return model_def, state, shardings
+  return model_def, abstract_state, shardings, init

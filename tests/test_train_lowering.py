@@ -1,0 +1,53 @@
+"""launch/lower.py: the full train step lowers for TPU and CUDA on this CPU-only machine, on one
+device and on an 8-way fsdp x tensor mesh, and carries each platform's attention kernels."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hybrid_nope.train.lowering import kernels_in
+from tests.helpers import REPO
+
+SLICE_350M = ["--config=configs/swa256_350m.py", "--config.model.num_layers=2",
+              "--config.data.seq_len=8192"]
+DEMO = ["--config=configs/demo.py"]
+MESH_8 = ["--devices=8", "--config.mesh.data=1", "--config.mesh.fsdp=2", "--config.mesh.tensor=4"]
+EXPECTED = {"tpu": ("tpu_custom_call", ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv")),
+            "cuda": ("__gpu$xla.gpu.triton", ("swa_flash_fwd", "swa_flash_dq", "swa_flash_dkv"))}
+
+
+@pytest.mark.parametrize("mesh", ["one_device", "fsdp2_tensor4"])
+@pytest.mark.parametrize("config", ["demo", "350m_slice"])
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_the_train_step_lowers_with_the_platforms_kernels(platform, config, mesh):
+  args = [*(DEMO if config == "demo" else SLICE_350M), *(MESH_8 if mesh != "one_device" else [])]
+  if config == "demo" and mesh != "one_device":  # Tensor 4 splits kv heads and the vocabulary.
+    args += ["--config.model.num_kv_heads=4", "--config.model.vocab_size=260"]
+  proc = subprocess.run([sys.executable, "launch/lower.py", f"--platform={platform}", *args],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  result = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+  assert result["devices"] == (8 if mesh != "one_device" else 1)
+  if mesh != "one_device":
+    assert result["mesh"] == {"data": 1, "fsdp": 2, "tensor": 4}
+  call, names = EXPECTED[platform]
+  assert set(result["custom_calls"]) == {call}
+  for name in names:  # Forward and both backward kernels, so the step really is a train step.
+    assert any(k.startswith(name) for k in result["kernels"]), (name, result["kernels"])
+  assert "attention kernels: " in proc.stdout and result["module_text_bytes"] > 0
+
+
+def test_the_cpu_lowering_has_no_custom_calls():
+  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=cpu", *DEMO], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert "custom calls: none" in proc.stdout
+
+
+def test_kernels_in_counts_calls_and_kernel_names():
+  text = ('%0 = stablehlo.custom_call @tpu_custom_call(%a) {kernel_name = "splash_mha_fwd_x"}\n'
+          '%1 = stablehlo.custom_call @tpu_custom_call(%b) {kernel_name = "splash_mha_dq_y"}\n'
+          'func.func private @name = "other"')
+  assert kernels_in(text) == {"custom_calls": {"tpu_custom_call": 2},
+                              "kernels": {"splash_mha_fwd_x": 1, "splash_mha_dq_y": 1}}
