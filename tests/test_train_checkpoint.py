@@ -1,6 +1,6 @@
 """Checkpoint checksums, data fingerprint comparison, and restores that refuse what they should."""
+import json
 import os
-import shutil
 
 import grain
 import jax
@@ -125,12 +125,39 @@ def test_a_truncated_state_file_fails_in_one_line_with_the_previous_step(tmp_pat
 
 def test_an_edited_data_position_is_refused(tmp_path):
   ckpt, state = _saved(tmp_path)
-  data_dir = os.path.join(ckpt.step_directory(3), "data")
-  [name] = [f for f in os.listdir(data_dir) if f.endswith(".json")]
-  with open(os.path.join(data_dir, name), "w") as f:
-    f.write('{"next_index": 1}')
-  with pytest.raises(CheckpointError, match="next_index=1 .* exactly 3 batches"):
+  path = os.path.join(ckpt.step_directory(3), "meta", "metadata")
+  with open(path) as f:
+    meta = json.load(f)
+  assert meta["data_position"] == {"next_index": 3}
+  meta["data_position"]["next_index"] = 1
+  with open(path, "w") as f:
+    json.dump(meta, f)
+  with pytest.raises(CheckpointError, match="next_index=1 .*/meta, but .* exactly 3 batches"):
     _restore(ckpt, state)
+
+
+def test_the_data_position_is_one_global_number_any_process_count_resumes_from(tmp_path):
+  from hybrid_nope.data import pipeline
+  from tests.helpers import take, tiny_config
+  config = tiny_config(data__batch_size=4)
+  state = {"w": jnp.zeros(3)}
+  for saved_on, resumed_on in ((2, 1), (1, 2)):
+    ckpt = Checkpointer(str(tmp_path / f"{saved_on}_to_{resumed_on}"), keep=2)
+    saver = pipeline.train_iterator(config, process_index=0, process_count=saved_on)
+    take(saver, 3)
+    ckpt.save(3, state, saver, {})
+    ckpt.wait()
+    resumed = [pipeline.train_iterator(config, process_index=p, process_count=resumed_on)
+               for p in range(resumed_on)]
+    for iterator in resumed:
+      target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+      ckpt.restore(3, target, iterator, data_fingerprint={}, allow_changed_data=False)
+    uninterrupted = take(pipeline.train_iterator(config), 5)[3:]
+    for k in range(2):  # Global batches 3 and 4: process p holds rows p, p + count, ...
+      got = [next(it) for it in resumed]
+      for key in got[0]:
+        rows = np.stack([b[key] for b in got], axis=1).reshape(uninterrupted[k][key].shape)
+        np.testing.assert_array_equal(rows, uninterrupted[k][key])
 
 
 def test_other_data_is_refused_unless_allowed(tmp_path, caplog):
@@ -155,8 +182,17 @@ def test_discard_after_deletes_only_newer_steps(tmp_path):
 
 
 def test_a_checkpoint_without_meta_restores_with_a_warning(tmp_path, caplog):
-  ckpt, state = _saved(tmp_path)
-  shutil.rmtree(os.path.join(ckpt.step_directory(3), "meta"))  # As written before checksums.
-  restored, _ = _restore(ckpt, state, fingerprint={"anything": 1})
+  # As written before "meta" existed: the state and the per-process grain item "data".
+  iterator = _fresh_iterator()
+  for _ in range(3):
+    next(iterator)
+  state = {"w": jnp.arange(4.0)}
+  manager = ocp.CheckpointManager(str(tmp_path / "checkpoints"), item_names=("state", "data"))
+  manager.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                          data=grain.checkpoint.CheckpointSave(iterator)))
+  manager.wait_until_finished()
+  restored, it = _restore(Checkpointer(str(tmp_path), keep=5), state,
+                          fingerprint={"anything": 1})
   np.testing.assert_array_equal(restored["w"], state["w"])
+  assert next(it) == 3
   assert "predates checksums" in caplog.text

@@ -1,10 +1,12 @@
 """Orbax checkpoints of the train state and the data position, verified when restored.
 
-DIR/checkpoints/<step>/ holds three items: "state" (TrainState), "data" (the grain iterator's
-state, {"next_index": batches this process has read}) and "meta" (JSON: a checksum of every
-state leaf and the fingerprint of the training data, `pipeline.data_fingerprint`). A restore
-checks all three: a corrupt or truncated state, a data position that is not the step, or other
-training data each fail in one line that says how to go on.
+DIR/checkpoints/<step>/ holds "state" (TrainState) and "meta" (JSON: a checksum of every state
+leaf, the data position and the fingerprint of the training data, `data/fingerprint.py`). The
+data position is one global number, the next batch index: every process reads one batch per
+step and global batch k does not depend on the process count (`pipeline.train_dataset`), so a
+run saved on 8 hosts resumes on 4. A restore checks all of it: a corrupt or truncated state, a
+data position that is not the step, or other training data each fail in one line that says how
+to go on. (Checkpoints from before "meta" hold the per-process grain item "data" instead.)
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from etils import epath
 
 from hybrid_nope.errors import UserError
 
-ITEMS = ("state", "data", "meta")
+ITEMS = ("state", "data", "meta")  # "data": only in checkpoints written before "meta".
 
 
 class CheckpointError(UserError):
@@ -102,11 +104,10 @@ class Checkpointer:
     return {k: int(v) for k, v in jax.device_get(self._checksums(state)).items()}
 
   def save(self, step: int, state, data_iterator, data_fingerprint: dict) -> None:
-    meta = {"checksums": self.checksums(state), "data": data_fingerprint}
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(data_iterator),
-        meta=ocp.args.JsonSave(meta)))
+    meta = {"checksums": self.checksums(state), "data": data_fingerprint,
+            "data_position": data_iterator.get_state()}
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave(meta)))
 
   def _how_to_go_on(self, step: int) -> str:
     older = [s for s in self.all_steps() if s < step]
@@ -125,16 +126,18 @@ class Checkpointer:
     if not has_meta:
       logging.warning("checkpoint step %d predates checksums and data fingerprints (%s has no "
                       "meta/): restored without verifying its state or its data", step, where)
+    items = ({"meta": ocp.args.JsonRestore()} if has_meta else
+             {"data": grain.checkpoint.CheckpointRestore(data_iterator)})
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state),
-          data=grain.checkpoint.CheckpointRestore(data_iterator),
-          **({"meta": ocp.args.JsonRestore()} if has_meta else {})))
+          state=ocp.args.StandardRestore(abstract_state), **items))
     except Exception as e:  # orbax and tensorstore raise many kinds; the cause is in the text.
       raise CheckpointError(f"checkpoint step {step} cannot be read ({_read_error(e, where)}); "
                             f"{self._how_to_go_on(step)}") from None
     state = restored["state"]
     meta = restored["meta"] if has_meta else {"checksums": None, "data": data_fingerprint}
+    if has_meta:
+      data_iterator.set_state(meta["data_position"])
     bad = [] if meta["checksums"] is None else [
         k for k, v in self.checksums(state).items() if meta["checksums"].get(k) != v]
     if bad:
@@ -144,9 +147,9 @@ class Checkpointer:
     position = data_iterator.get_state().get("next_index")
     if position != step:
       raise CheckpointError(
-          f"checkpoint step {step} holds data position next_index={position} in {where}/data, "
-          f"but a run at step {step} has read exactly {step} batches per process: the file was "
-          f"edited or comes from another run; {self._how_to_go_on(step)}")
+          f"checkpoint step {step} holds data position next_index={position} in {where}/"
+          f"{'meta' if has_meta else 'data'}, but a run at step {step} has read exactly {step} "
+          f"batches: the file was edited or comes from another run; {self._how_to_go_on(step)}")
     changes = changed_data(meta["data"], data_fingerprint)
     if changes and not allow_changed_data:
       raise DataChangedError(
