@@ -81,6 +81,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict(dict(
       every_steps=1000, keep=3,
+      every_minutes=0.0,       # Also save when this many minutes passed since the last save
+                               # (spot TPUs); 0 = off.
       directory="",            # "" = WORKDIR/checkpoints; use gs://... on multi-host pods.
       restore_step=0,          # 0 = resume from the newest; N = from kept step N (newer deleted).
   ))

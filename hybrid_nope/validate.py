@@ -105,6 +105,8 @@ def validate(config, *, check_paths: bool = True) -> None:
              low_open=False, high_open=False)
   _finite_in(config, "train.peak_flops", 0, None, "a finite float >= 0 (0 = look up or measure)",
              low_open=False)
+  _finite_in(config, "checkpoint.every_minutes", 0, None, "a finite float >= 0 (0 = off)",
+             low_open=False)
 
 
 def _finite_in(config, key: str, low, high, allowed: str, *, low_open: bool = True,

@@ -281,3 +281,23 @@ def test_a_corrupt_checkpoint_fails_in_one_line_on_the_command_line(tmp_path):
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("train.py: checkpoint step 8 ") and "restore_step=4" in last, last
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_checkpoint_every_minutes_saves_on_a_fake_clock(tmp_path, monkeypatch):
+  now = [0.0]
+
+  def clock():  # Each reading is 40 s after the last: a save is due every second step.
+    now[0] += 40.0
+    return now[0]
+  monkeypatch.setattr(loop, "_clock", clock)
+  config = tiny_config(checkpoint__every_steps=100, checkpoint__every_minutes=1.0,
+                       eval__every_steps=100, train__steps=8)
+  loop.train(config, str(tmp_path))
+  # Read at the start, at each step and after each save: 80 s after a save at every 2nd step.
+  assert Checkpointer(str(tmp_path), keep=100).all_steps() == [2, 4, 6, 8]
+
+
+def test_checkpoint_every_minutes_off_saves_by_steps_only(tmp_path, monkeypatch):
+  monkeypatch.setattr(loop, "_clock", lambda: float("inf"))  # Would be due at every step.
+  loop.train(tiny_config(checkpoint__every_minutes=0.0), str(tmp_path))
+  assert Checkpointer(str(tmp_path), keep=100).all_steps() == [4, 8]

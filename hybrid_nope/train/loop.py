@@ -25,6 +25,9 @@ from hybrid_nope.train.step import make_eval_step, make_train_step
 from hybrid_nope.validate import ConfigError, check_workdir, validate
 
 
+_clock = time.monotonic  # For checkpoint.every_minutes; tests substitute a fake clock.
+
+
 class NonFiniteLossError(RunStopped, FloatingPointError):
   pass
 
@@ -92,6 +95,14 @@ def _run_hooks(hooks, writer, step, params) -> None:
     start = time.perf_counter()
     hook(step, params)
     writer.write(step, {f"{hook_name(hook)}_seconds": time.perf_counter() - start})
+
+
+def _minutes_due(every_minutes: float, saved_at: float) -> bool:
+  """Whether checkpoint.every_minutes (0 = off) have passed since the last save; process 0's
+  clock decides for all, since processes that disagree on a save would deadlock in it."""
+  if not every_minutes:
+    return False
+  return _on_every_process([_clock() - saved_at >= 60 * every_minutes])[0]
 
 
 def _on_every_process(flags: list[bool]) -> list[bool]:
@@ -218,6 +229,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   logging.info("MFU against %.1f GFLOP/s (%s)", peak / 1e9, peak_source)
 
   watcher = PreemptionWatcher()
+  saved_at = _clock()
   pending: list[tuple[int, dict]] = []
   summary = {"step": start, "loss": float("nan"), "eval_loss": float("nan"),
              "tokens_per_second": float("nan"), "preempted": False}
@@ -231,7 +243,8 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
         pending.append((step, metrics))
         preempted = watcher.should_stop(step, ckpt.manager)
         last = step == config.train.steps or preempted
-        save = step % config.checkpoint.every_steps == 0 or last
+        save = (step % config.checkpoint.every_steps == 0 or last
+                or _minutes_due(config.checkpoint.every_minutes, saved_at))
         # Losses are fetched only at log and save steps so the host runs ahead of the devices.
         if step % config.train.log_every_steps == 0 or save:
           records = [(s, jax.device_get(m)) for s, m in pending]
@@ -252,7 +265,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
                                                    writer, step)
         if save:
           ckpt.save(step, state, data_iter, fingerprint)
-          last_saved = step
+          last_saved, saved_at = step, _clock()
         if (step % config.metrics.every_steps == 0 or last) and not preempted:
           _run_hooks(active_hooks, writer, step, state.params)
         if preempted:
