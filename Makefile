@@ -4,16 +4,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
-.PHONY: demo test analyze install clean
+.PHONY: demo test analyze install install-gpu install-tpu clean
 
-$(VENV)/.installed: requirements.lock setup.py
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.lock
-	$(PY) -m pip install --quiet --no-deps -e .
+CUDA ?= 13  # CUDA major version of the GPU jax build; current H100/H200 drivers run CUDA 13.
+
+$(VENV)/.installed: requirements.lock setup.py launch/install.sh
+	PYTHON=$(PYTHON) bash launch/install.sh cpu
 	touch $@
 
 install: $(VENV)/.installed
+
+# The lock plus the CUDA (or TPU) build of the locked jax version; `make test` stays on CPU.
+install-gpu: $(VENV)/.installed
+	PYTHON=$(PYTHON) bash launch/install.sh cuda$(strip $(CUDA))
+
+install-tpu: $(VENV)/.installed
+	PYTHON=$(PYTHON) bash launch/install.sh tpu
 
 demo: install
 	$(PY) launch/train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)

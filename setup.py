@@ -13,5 +13,7 @@ setup(
         "tensorflow-datasets", "tensorboardX", "numpy", "zstandard", "tokenizers", "pyarrow",
         "matplotlib",
     ],
-    extras_require={"test": ["pytest", "pytest-xdist"]},
+    # The accelerator builds of jax (make install-gpu / install-tpu pin them to the lock's jax).
+    extras_require={"test": ["pytest", "pytest-xdist"], "cuda": ["jax[cuda13]"],
+                    "cuda12": ["jax[cuda12]"], "tpu": ["jax[tpu]"]},
 )

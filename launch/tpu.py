@@ -41,7 +41,6 @@ def parse(argv):
 
 
 def commands(args, overrides):
-  import jax  # Only for its version: the workers install the TPU build of the same one.
   tpu = Tpu(args.name, args.zone, args.tpu_type, args.runtime_version, args.spot, args.queued)
   if args.config and not os.path.exists(os.path.join(REPO, args.config)):
     raise TpuArgError(f"--config={args.config}: no such file in the repo")
@@ -51,7 +50,7 @@ def commands(args, overrides):
 
   def setup():
     return [["git", "-C", REPO, "archive", "--format=tar.gz", f"--output={tarball}", "HEAD"],
-            *tpu.copy(tarball), tpu.install(jax.__version__)]
+            *tpu.copy(tarball), tpu.install()]
 
   def run():
     return [tpu.run(args.config, args.workdir, overrides)]

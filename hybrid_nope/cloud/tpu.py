@@ -75,13 +75,10 @@ class Tpu:
                   f"tar -xzf ~/{tarball.rsplit('/', 1)[-1]} -C {REMOTE_DIR}"),
     ]
 
-  def install(self, jax_version: str) -> list[str]:
-    """The pinned lock, with the TPU build of the same jax version (and gcsfs, through which
-    orbax and grain reach gs:// checkpoint directories)."""
-    return self._ssh(
-        f"cd {REMOTE_DIR} && python3 -m venv .venv && .venv/bin/pip install -q -r requirements.lock"
-        f" 'jax[tpu]=={jax_version}' gcsfs -f https://storage.googleapis.com/jax-releases/"
-        "libtpu_releases.html && .venv/bin/pip install -q --no-deps -e .")
+  def install(self) -> list[str]:
+    """What `make install-tpu` runs: the pinned lock with the TPU build of the locked jax
+    version (and gcsfs for gs:// checkpoints), from launch/install.sh."""
+    return self._ssh(f"cd {REMOTE_DIR} && bash launch/install.sh tpu")
 
   def run(self, config: str, workdir: str, overrides: tuple[str, ...] = ()) -> list[str]:
     args = " ".join(shlex.quote(a) for a in (f"--config={config}", f"--workdir={workdir}",

@@ -1,0 +1,35 @@
+"""The install paths: make targets and launch/install.sh (one place, also run on TPU workers)."""
+import subprocess
+
+import jax
+import pytest
+
+from hybrid_nope.cloud.tpu import Tpu
+from tests.helpers import REPO
+
+
+@pytest.mark.parametrize("args, target", [(["install-gpu"], "cuda13"),
+                                          (["install-gpu", "CUDA=12"], "cuda12"),
+                                          (["install-tpu"], "tpu")])
+def test_make_targets_run_install_sh_for_their_hardware(args, target):
+  # -W: as if the CPU venv were stale, so make prints every command it would run.
+  proc = subprocess.run(["make", "-n", "-W", "launch/install.sh", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert any(l.endswith("bash launch/install.sh cpu") for l in lines), lines
+  assert lines[-1].endswith(f"bash launch/install.sh {target}"), lines
+
+
+def test_tpu_workers_run_what_make_install_tpu_runs():
+  [command] = Tpu("n", "z", "v5p-8").install()[-1:]
+  assert command.endswith("--command=cd ~/hybrid_nope && bash launch/install.sh tpu")
+
+
+def test_install_sh_pins_the_jax_this_venv_runs_and_refuses_unknown_targets():
+  version = subprocess.run(["sed", "-n", "s/^jax==//p", "requirements.lock"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
+  assert version == jax.__version__
+  proc = subprocess.run(["bash", "launch/install.sh", "cuda11"], cwd=REPO, capture_output=True,
+                        text=True, timeout=60)
+  assert proc.returncode == 2 and "expected cpu, tpu, cuda12 or cuda13" in proc.stderr
