@@ -9,6 +9,7 @@ import os
 import tempfile
 
 from hybrid_nope.data.pipeline import ROW_SOURCES
+from hybrid_nope import storage
 from hybrid_nope.errors import UserError
 from hybrid_nope.kernels import IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
@@ -120,11 +121,31 @@ def _finite_in(config, key: str, low, high, allowed: str, *, low_open: bool = Tr
   _require(ok, key, value, allowed)
 
 
-def check_workdir(workdir: str) -> None:
-  """A local workdir must be a directory this process can create and write; checked before any
-  model is built so a bad --workdir fails in a line, not after the set-up."""
+ORBAX_URL_SCHEMES = ("gs://",)  # Where orbax writes checkpoints itself (besides local paths).
+
+
+def check_workdir(workdir: str, checkpoint_directory: str = "") -> None:
+  """The workdir must be a directory (local, file:// or another fsspec URL such as gs://) this
+  process can create and write; checked before any model is built so a bad --workdir fails in a
+  line, not after the set-up. Checkpoints go to WORKDIR/checkpoints unless
+  checkpoint.directory is set, which orbax must be able to write."""
   if not isinstance(workdir, str) or not workdir:
     raise ConfigError(f"--workdir={workdir!r} is invalid: expected a directory path")
+  local = storage.local_path(workdir)
+  if (local is None and not checkpoint_directory
+      and not workdir.startswith(ORBAX_URL_SCHEMES)):
+    raise ConfigError(f"--workdir={workdir}: orbax cannot write checkpoints under this URL "
+                      f"scheme; set --config.checkpoint.directory to a local path or gs://")
+  if local is None:
+    try:
+      storage.makedirs(workdir)
+      probe = storage.join(workdir, ".write_check")
+      storage.write_text(probe, "")
+      storage.open_file(probe).close()
+    except Exception as e:  # fsspec backends raise their own kinds.
+      raise ConfigError(f"--workdir={workdir} is not writable by this process: {e}") from None
+    return
+  workdir = local
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ConfigError(f"--workdir={workdir} is a file: expected a directory (new or existing)")
   try:

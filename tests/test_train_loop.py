@@ -301,3 +301,38 @@ def test_checkpoint_every_minutes_off_saves_by_steps_only(tmp_path, monkeypatch)
   monkeypatch.setattr(loop, "_clock", lambda: float("inf"))  # Would be due at every step.
   loop.train(tiny_config(checkpoint__every_minutes=0.0), str(tmp_path))
   assert Checkpointer(str(tmp_path), keep=100).all_steps() == [4, 8]
+
+
+def test_a_url_workdir_gets_every_record_and_analysis_reads_it(tmp_path):
+  import uuid
+  from hybrid_nope import storage
+  from hybrid_nope.analysis import report
+  url = f"memory://runs/{uuid.uuid4().hex}"
+  config = tiny_config(checkpoint__directory=str(tmp_path / "checkpoints"))
+  loop.train(config, url, hooks=[RecencyHook.for_run])
+  metrics = [json.loads(l) for l in storage.read_text(storage.join(url, "metrics.jsonl")).splitlines()]
+  assert sorted({r["step"] for r in metrics if "loss" in r}) == list(range(1, 9))
+  assert [r["step"] for r in metrics if "eval_loss" in r] == [4, 8]
+  recency = storage.read_text(storage.join(url, "recency.jsonl")).splitlines()
+  assert {json.loads(l)["step"] for l in recency} == {0, 4, 8}
+  for name in ("config.json", "recency_probe.json"):
+    assert storage.exists(storage.join(url, name)), name
+  assert storage.listdir(storage.join(url, "tensorboard"))
+  result = report.analyze(url, lengths=(), figures=True)
+  assert result["step"] == 8 and all(storage.exists(f) for f in result["files"])
+  assert all(f.startswith(url) for f in result["files"])
+
+
+def test_a_url_workdir_needs_a_checkpoint_directory_orbax_can_write(tmp_path):
+  with pytest.raises(ConfigError, match="set --config.checkpoint.directory"):
+    loop.train(tiny_config(), "memory://runs/no_checkpoints")
+
+
+def test_a_file_url_workdir_on_the_command_line(tmp_path):
+  proc = subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
+                         f"--workdir=file://{tmp_path}", *tiny_flags(train__steps=4)],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert sorted(losses_by_step(tmp_path)) == [1, 2, 3, 4]
+  assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4]
+  assert recorded_steps(tmp_path) == {0, 4}

@@ -79,3 +79,28 @@ def test_a_missing_file_on_resume_is_a_warning(tmp_path, caplog):
   writer.close()
   assert "metrics.jsonl is missing although the run resumes at step 7" in caplog.text
   assert steps_in(tmp_path / "metrics.jsonl") == [8]
+
+
+def test_a_url_workdir_gets_whole_files_at_each_flush_and_resumes_from_them():
+  import uuid
+  from hybrid_nope import storage
+  url = f"memory://runs/{uuid.uuid4().hex}"
+  writer = MetricsWriter(url)
+  for step in range(1, 6):
+    writer.write(step, {"loss": 1.0 / step})
+  writer.write_record("recency.jsonl", {"step": 4, "gap": 0.1})
+  assert not storage.exists(storage.join(url, "metrics.jsonl"))  # Nothing before a flush.
+  writer.flush()
+  assert steps_in_text(storage.read_text(storage.join(url, "metrics.jsonl"))) == [1, 2, 3, 4, 5]
+  writer.close()
+  assert any(name.startswith("events.out.tfevents")
+             for name in storage.listdir(storage.join(url, "tensorboard")))
+  resumed = MetricsWriter(url, resume_step=3)
+  resumed.write(4, {"loss": 0.3})
+  resumed.close()
+  assert steps_in_text(storage.read_text(storage.join(url, "metrics.jsonl"))) == [1, 2, 3, 4]
+  assert storage.read_text(storage.join(url, "recency.jsonl")).count("\n") == 1  # Untouched.
+
+
+def steps_in_text(text):
+  return [json.loads(line)["step"] for line in text.splitlines()]

@@ -17,6 +17,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from hybrid_nope import storage
 from hybrid_nope.errors import UserError
 from hybrid_nope.model import LanguageModel
 from hybrid_nope.train.state import ModelDef, init_model
@@ -47,11 +48,11 @@ class DataPathError(AnalysisError):
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's config from WORKDIR/config.json (written by the training loop at start)."""
-  if not os.path.isdir(workdir):
+  if not storage.isdir(workdir):
     raise WorkdirError(f"workdir {workdir} does not exist")
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    if not os.listdir(workdir):
+  path = storage.join(workdir, CONFIG_FILE)
+  if not storage.exists(path):
+    if not storage.listdir(workdir):
       raise WorkdirError(f"workdir {workdir} is empty: expected {CONFIG_FILE} and checkpoints/ "
                          f"from `python launch/train.py --config=configs/NAME.py "
                          f"--workdir={workdir}`")
@@ -60,11 +61,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
         f"launch/train.py writes there at start. For a run trained before it did, write it "
         f"yourself, e.g. python -c \"from configs import demo; open('{path}', 'w')"
         f".write(demo.get_config().to_json_best_effort())\"")
-  with open(path) as f:
-    try:
-      return ml_collections.ConfigDict(json.load(f))
-    except json.JSONDecodeError as e:
-      raise WorkdirError(f"{path} is not valid JSON: {e}") from None
+  try:
+    return ml_collections.ConfigDict(json.loads(storage.read_text(path)))
+  except json.JSONDecodeError as e:
+    raise WorkdirError(f"{path} is not valid JSON: {e}") from None
 
 
 def apply_overrides(config: ml_collections.ConfigDict,
@@ -87,9 +87,10 @@ def apply_overrides(config: ml_collections.ConfigDict,
 
 def checkpoint_directory(workdir: str, config) -> str:
   """config.checkpoint.directory if set (e.g. gs://...), else WORKDIR/checkpoints."""
-  directory = config.get("checkpoint", {}).get("directory", "") or os.path.join(workdir,
-                                                                               "checkpoints")
-  return directory if "://" in directory else os.path.abspath(directory)
+  directory = (config.get("checkpoint", {}).get("directory", "")
+               or storage.join(workdir, "checkpoints"))
+  directory = storage.local_path(directory) or directory  # file:// is a local path to orbax.
+  return directory if storage.is_url(directory) else os.path.abspath(directory)
 
 
 def _manager(directory: str) -> ocp.CheckpointManager:

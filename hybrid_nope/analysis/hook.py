@@ -11,12 +11,12 @@ with. docs/analysis.md defines every field of a record.
 from __future__ import annotations
 
 import json
-import os
 
 import jax
 import numpy as np
 from absl import logging
 
+from hybrid_nope import storage
 from hybrid_nope.analysis import probe as probe_lib
 from hybrid_nope.analysis import recency
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY, layer_kinds
@@ -77,11 +77,9 @@ class RecencyHook:
     recency_probe.json once."""
     hook = cls(run.config, run.model_def, run.eval_batches, run.writer, place=run.replicate)
     if run.writer is not None and run.writer.active:
-      path = os.path.join(run.writer.workdir, PROBE_FILE)
-      if not os.path.exists(path):
-        with open(path, "w") as f:
-          json.dump(hook.describe(), f)
-          f.write("\n")
+      path = storage.join(run.writer.workdir, PROBE_FILE)
+      if not storage.exists(path):
+        storage.write_text(path, json.dumps(hook.describe()) + "\n")
     return hook
 
   def _sums(self, batch, fn, x, *args):

@@ -6,14 +6,15 @@ wrote.
 """
 from __future__ import annotations
 
+import io
 import math
-import os
 from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from hybrid_nope import storage
 from hybrid_nope.analysis.hook import DATA_LAYER
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 
@@ -28,7 +29,10 @@ DPI = 110
 
 
 def save_figure(fig: Figure, path: str) -> str:
-  fig.savefig(path, dpi=DPI, bbox_inches="tight")
+  """Writes the PNG to a local path or a URL (hybrid_nope.storage)."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+  storage.write_bytes(path, buffer.getvalue())
   return path
 
 
@@ -300,13 +304,13 @@ def loss_by_position(analysis: dict, path: str) -> str:
 
 def run_figures(analysis: dict, out_dir: str, suffix: str = "") -> list[str]:
   """Every figure of one analysis; the logit figures only where there are global NoPE layers."""
-  files = [cosine_profiles(analysis, os.path.join(out_dir, f"profiles{suffix}.png")),
-           floor_gap_by_boundary(analysis, os.path.join(out_dir, f"floor_gap{suffix}.png"))]
+  files = [cosine_profiles(analysis, storage.join(out_dir, f"profiles{suffix}.png")),
+           floor_gap_by_boundary(analysis, storage.join(out_dir, f"floor_gap{suffix}.png"))]
   if _readout(analysis["records"]):
-    files += [logit_profiles(analysis, os.path.join(out_dir, f"logit_profiles{suffix}.png")),
+    files += [logit_profiles(analysis, storage.join(out_dir, f"logit_profiles{suffix}.png")),
               logit_gap_alignment(analysis,
-                                  os.path.join(out_dir, f"logit_gap_alignment{suffix}.png"))]
-  files.append(loss_by_position(analysis, os.path.join(out_dir, f"loss_by_position{suffix}.png")))
+                                  storage.join(out_dir, f"logit_gap_alignment{suffix}.png"))]
+  files.append(loss_by_position(analysis, storage.join(out_dir, f"loss_by_position{suffix}.png")))
   return files
 
 

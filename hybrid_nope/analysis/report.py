@@ -34,6 +34,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from hybrid_nope import storage
 from hybrid_nope.analysis import checkpoints, plots, recency
 from hybrid_nope.analysis.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data import pipeline
@@ -46,7 +47,7 @@ SUMMARY_MODULE = "pre_mixer_norm"  # Where the run gap is read: global attention
 
 
 def step_directory(workdir: str, step: int) -> str:
-  return os.path.join(workdir, ANALYSIS_DIR, f"step_{step}")
+  return storage.join(workdir, ANALYSIS_DIR, f"step_{step}")
 
 
 # ---- summaries and positions (pure functions over records / arrays) --------------------------
@@ -220,9 +221,7 @@ def check_data(config) -> None:
 
 
 def _write_json(path: str, obj) -> str:
-  with open(path, "w") as f:
-    json.dump(obj, f)
-    f.write("\n")
+  storage.write_text(path, json.dumps(obj) + "\n")
   return path
 
 
@@ -256,14 +255,15 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
                                jax.tree.leaves(params)[0].sharding)
 
   out_dir = out_dir or step_directory(workdir, step)
-  os.makedirs(out_dir, exist_ok=True)
+  storage.makedirs(out_dir)
   main = measure(config, seq_len, model_def, params, step=step, init_params=init_params,
                  train_seq_len=train_T, rows_per_call=rows_per_call)
-  analysis = {"workdir": os.path.abspath(workdir), "step": step, "train_seq_len": train_T,
+  where = workdir if storage.is_url(workdir) else os.path.abspath(workdir)
+  analysis = {"workdir": where, "step": step, "train_seq_len": train_T,
               "far_lag": int(config.metrics.far_lag),
               "summary": {"init": summarize(main["init_records"]),
                           "step": summarize(main["records"])}, **main}
-  files = [_write_json(os.path.join(out_dir, f"analysis_T{seq_len}.json"), analysis)]
+  files = [_write_json(storage.join(out_dir, f"analysis_T{seq_len}.json"), analysis)]
   if figures:
     files += plots.run_figures(analysis, out_dir, suffix=f"_T{seq_len}")
 
@@ -275,11 +275,11 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
           config, k * train_T, model_def, params, step=step, train_seq_len=train_T,
           rows_per_call=rows_per_call)
       rows.append({"factor": k, **at["eval"], **summarize(at["records"])})
-    extrapolation = {"workdir": os.path.abspath(workdir), "step": step,
+    extrapolation = {"workdir": where, "step": step,
                      "train_seq_len": train_T, "lengths": rows}
-    files.append(_write_json(os.path.join(out_dir, EXTRAPOLATION_FILE), extrapolation))
+    files.append(_write_json(storage.join(out_dir, EXTRAPOLATION_FILE), extrapolation))
     if figures:
-      files.append(plots.extrapolation(extrapolation, os.path.join(out_dir, "extrapolation.png")))
+      files.append(plots.extrapolation(extrapolation, storage.join(out_dir, "extrapolation.png")))
   return {"step": step, "out_dir": out_dir, "files": files, "analysis": analysis,
           "extrapolation": extrapolation}
 

@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from hybrid_nope import storage
 from hybrid_nope.errors import UserError
 
 ITEMS = ("state", "data", "meta")  # "data": only in checkpoints written before "meta".
@@ -82,8 +83,9 @@ class Checkpointer:
     """`directory` (config checkpoint.directory) defaults to WORKDIR/checkpoints; a gs:// path
     lets every host of a pod write its shards to shared storage. `replicated`: the mesh's
     replicated sharding, where the state's checksums are gathered."""
-    directory = directory or os.path.join(workdir, "checkpoints")
-    self.directory = directory if "://" in directory else os.path.abspath(directory)
+    directory = directory or storage.join(workdir, "checkpoints")
+    directory = storage.local_path(directory) or directory  # file:// is a local path to orbax.
+    self.directory = directory if storage.is_url(directory) else os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),

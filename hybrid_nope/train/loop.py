@@ -154,7 +154,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   whether the run stopped early for preemption.
   """
   validate(config)
-  check_workdir(workdir)
+  check_workdir(workdir, config.checkpoint.directory)
   quiet_library_logs()
   mesh = sharding.make_mesh(config)
   logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), jax.device_count(),
@@ -256,6 +256,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
           t_last, step_last = now, step
           loss = float(records[-1][1]["loss"])
           writer.write(step, {"tokens_per_second": tokens_per_second, "mfu": mfu})
+          writer.flush()
           logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | lr %.2e", step,
                        config.train.steps, loss, tokens_per_second, 100 * mfu,
                        float(records[-1][1]["learning_rate"]))
@@ -268,6 +269,8 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
           last_saved, saved_at = step, _clock()
         if (step % config.metrics.every_steps == 0 or last) and not preempted:
           _run_hooks(active_hooks, writer, step, state.params)
+        if save:
+          writer.flush()  # On a URL workdir, every record up to the checkpoint is on storage.
         if preempted:
           logging.warning("preempted: saved step %d; rerun the same command to resume", step)
           summary["preempted"] = True

@@ -1,11 +1,22 @@
-"""Metrics to JSONL files in the workdir and to TensorBoard; only process 0 writes."""
+"""Metrics to JSONL files in the workdir and to TensorBoard; only process 0 writes.
+
+The workdir is a local path or a URL (`hybrid_nope.storage`: gs://, file://, memory://). A local
+file is appended line by line, so it can be followed live. An object store cannot append, so
+there the lines are kept in memory and each changed file is uploaded whole at `flush()`: the
+loop flushes at every log step and checkpoint, so everything up to the last checkpoint is on
+storage, and what a kill loses is what a resume would drop anyway. TensorBoard events are
+written locally and uploaded under DIR/tensorboard/ at the same flushes.
+"""
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import jax
 from absl import logging
+
+from hybrid_nope import storage
 
 
 class MetricsWriter:
@@ -16,35 +27,38 @@ class MetricsWriter:
     self.active = jax.process_index() == 0
     self.workdir = workdir
     self.resume_step = resume_step
-    self._truncated: set[str] = set()
-    self._tb = None
+    self._local = storage.local_path(workdir)
+    self._lines: dict[str, list[str]] = {}  # name -> kept lines (the URL mode's whole file)
+    self._dirty: set[str] = set()
+    self._tb = self._tb_local = None
     if self.active:
-      os.makedirs(workdir, exist_ok=True)
+      storage.makedirs(workdir)
       from tensorboardX import SummaryWriter  # Imported lazily: only process 0 needs it.
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb_local = (os.path.join(self._local, "tensorboard") if self._local is not None
+                        else tempfile.mkdtemp(prefix="hybrid_nope_tensorboard_"))
+      self._tb = SummaryWriter(self._tb_local)
 
-  def _append(self, name: str, record: dict) -> None:
-    path = os.path.join(self.workdir, name)
-    if name not in self._truncated:
-      self._truncated.add(name)
-      self._drop_records_after_resume(path)
-    with open(path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+  def _path(self, name: str) -> str:
+    return storage.join(self.workdir, name)
 
-  def _drop_records_after_resume(self, path: str, *, before: int | None = None) -> None:
-    """Records after the restored checkpoint belong to a run that did not survive; drop them so
-    the file describes one trajectory (and, with `before`, also those from that step on). The
-    kept lines go to a new file that replaces the old one atomically, so a kill at any instant
-    leaves either file whole."""
-    keep_through = self.resume_step if before is None else min(self.resume_step, before - 1)
-    if not os.path.exists(path):
+  def _kept(self, name: str) -> list[str]:
+    """The file's lines that survive the resume (read once per file)."""
+    if name not in self._lines:
+      self._lines[name] = self._records_through(self._path(name), self.resume_step)
+      if self._local is not None:  # Local files are rewritten now and appended to from here.
+        self._replace(name, self._lines[name])
+    return self._lines[name]
+
+  def _records_through(self, path: str, last_step: int) -> list[str]:
+    """Lines of `path` with step <= last_step. Records after the restored checkpoint belong
+    to a run that did not survive; dropping them leaves the file one trajectory."""
+    if not storage.exists(path):
       if self.resume_step > 0:
         logging.warning("%s is missing although the run resumes at step %d: its records up to "
                         "that step are lost (TensorBoard keeps its own copy of the scalars)",
                         path, self.resume_step)
-      return
-    with open(path) as f:
-      lines = f.readlines()
+      return []
+    lines = storage.read_text(path).splitlines(keepends=True)
     kept = []
     for number, line in enumerate(lines, 1):
       if not line.strip():
@@ -57,36 +71,40 @@ class MetricsWriter:
           continue
         raise ValueError(f"{path} line {number} is not JSON ({e}); only a torn last line is "
                          f"dropped by itself: fix or remove that line") from None
-      if record["step"] <= keep_through:
+      if record["step"] <= last_step:
         kept.append(json.dumps(record) + "\n")
-    staging = path + ".tmp"
-    with open(staging, "w") as f:
-      f.writelines(kept)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(staging, path)
+    return kept
+
+  def _replace(self, name: str, lines: list[str]) -> None:
+    """The whole file at once: a kill at any instant leaves the old or the new one."""
+    storage.write_text(self._path(name), "".join(lines))
+
+  def _append(self, name: str, record: dict) -> None:
+    line = json.dumps(record) + "\n"
+    self._kept(name).append(line)
+    if self._local is None:
+      self._dirty.add(name)
+    else:
+      with open(os.path.join(self._local, name), "a") as f:
+        f.write(line)
 
   def drop_step(self, name: str, step: int) -> None:
     """Removes DIR/<name>'s records of `step` (the resume step), e.g. a hook's partial records
     from a run killed while the hook wrote them, before the hook runs again."""
     if self.active:
-      self._truncated.add(name)
-      self._drop_records_after_resume(os.path.join(self.workdir, name), before=step)
+      kept = [l for l in self._kept(name) if json.loads(l)["step"] < step]
+      self._lines[name] = kept
+      self._replace(name, kept)
 
   def keys_at(self, step: int) -> set[str]:
     """The keys of every metrics.jsonl record at `step` (process 0; empty elsewhere)."""
-    path = os.path.join(self.workdir, "metrics.jsonl")
-    if not self.active or not os.path.exists(path):
+    if not self.active:
       return set()
     keys = set()
-    with open(path) as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError:  # A torn last line; _append drops it on the next write.
-          continue
-        if record["step"] == step:
-          keys.update(record)
+    for line in self._kept("metrics.jsonl"):
+      record = json.loads(line)
+      if record["step"] == step:
+        keys.update(record)
     return keys
 
   def write(self, step: int, metrics: dict) -> None:
@@ -108,9 +126,22 @@ class MetricsWriter:
   def write_config(self, config) -> None:
     """DIR/config.json: what analysis tools need to rebuild the model and data."""
     if self.active:
-      with open(os.path.join(self.workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+      storage.write_text(self._path("config.json"),
+                         config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+
+  def flush(self) -> None:
+    """Uploads what changed since the last flush (URL workdirs; local files are current)."""
+    if not self.active or self._local is not None:
+      return
+    for name in sorted(self._dirty):
+      self._replace(name, self._lines[name])
+    self._dirty.clear()
+    self._tb.flush()
+    storage.copy_tree(self._tb_local, self._path("tensorboard"))
 
   def close(self) -> None:
     if self._tb is not None:
+      self.flush()
       self._tb.close()
+      if self._local is None:
+        storage.copy_tree(self._tb_local, self._path("tensorboard"))

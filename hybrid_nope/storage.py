@@ -1,0 +1,102 @@
+"""Files of a run directory that may be a local path or a URL (gs://, file://, memory://, ...).
+
+Records, config, probe file, figures and TensorBoard events go through here (fsspec), so a
+workdir on shared storage outlives the machine that trained; orbax reaches checkpoint
+directories by itself (local paths and gs://). Writes of whole files are atomic: a local file
+is written beside its target and renamed over it, and an object store replaces an object only
+when its upload completes.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+
+import fsspec
+
+
+def is_url(path: str) -> bool:
+  return "://" in path
+
+
+def local_path(path: str) -> str | None:
+  """The filesystem path of a local path or file:// URL; None for any other URL."""
+  if not is_url(path):
+    return path
+  return path[len("file://"):] if path.startswith("file://") else None
+
+
+def join(base: str, *parts: str) -> str:
+  if is_url(base):
+    return "/".join([base.rstrip("/"), *parts])
+  return os.path.join(base, *parts)
+
+
+def _fs(path: str):
+  return fsspec.core.url_to_fs(path)
+
+
+def exists(path: str) -> bool:
+  fs, p = _fs(path)
+  return fs.exists(p)
+
+
+def isdir(path: str) -> bool:
+  fs, p = _fs(path)
+  return fs.isdir(p)
+
+
+def listdir(path: str) -> list[str]:
+  """Names (not paths) of the entries of a directory."""
+  fs, p = _fs(path)
+  return sorted(os.path.basename(e.rstrip("/")) for e in fs.ls(p, detail=False))
+
+
+def makedirs(path: str) -> None:
+  fs, p = _fs(path)
+  fs.makedirs(p, exist_ok=True)
+
+
+def read_text(path: str) -> str:
+  fs, p = _fs(path)
+  with fs.open(p, "r") as f:
+    return f.read()
+
+
+def open_file(path: str, mode: str = "rb"):
+  fs, p = _fs(path)
+  return fs.open(p, mode)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Replaces the file whole; a kill at any instant leaves the old or the new one."""
+  local = local_path(path)
+  if local is None:
+    fs, p = _fs(path)
+    fs.pipe_file(p, data)  # One object upload: visible only once complete.
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+  staging = f"{local}.tmp-{uuid.uuid4().hex[:8]}"
+  try:
+    with open(staging, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(staging, local)
+  finally:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(staging)
+
+
+def write_text(path: str, text: str) -> None:
+  write_bytes(path, text.encode())
+
+
+def copy_tree(local_dir: str, url: str) -> None:
+  """Uploads every file under `local_dir` to the same relative path under `url`."""
+  for root, _, files in os.walk(local_dir):
+    for name in files:
+      source = os.path.join(root, name)
+      relative = os.path.relpath(source, local_dir).replace(os.sep, "/")
+      with open(source, "rb") as f:
+        write_bytes(join(url, relative), f.read())
