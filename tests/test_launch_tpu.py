@@ -50,7 +50,7 @@ def test_commands_run_exactly_what_dry_run_prints(fake_gcloud, args):
 
 def test_create_with_config_copies_installs_and_starts_on_every_worker(fake_gcloud):
   dry, _ = fake_gcloud("create", *COMMON, "--dry-run", "--tpu-type=v5p-64",
-                       "--config=configs/swa256_350m.py")
+                       "--config=configs/swa256_350m.py", "--workdir=gs://b/run")
   lines = dry.stdout.splitlines()
   assert "tpu-vm create sweep-1" in lines[0] and "--accelerator-type=v5p-64" in lines[0]
   assert lines[1].startswith("git -C") and "archive" in lines[1]
@@ -62,9 +62,9 @@ def test_create_with_config_copies_installs_and_starts_on_every_worker(fake_gclo
 
 def test_docs_show_the_current_dry_run_output(fake_gcloud):
   dry, _ = fake_gcloud("create", "--dry-run", "--config=configs/swa256_350m.py",
-                       "--tpu-type=v5p-64", "--zone=us-east5-a", "--",
-                       "--config.data.path=/mnt/prolong", "--config.eval.path=/mnt/textbooks",
-                       "--config.checkpoint.directory=gs://BUCKET/swa256_350m")
+                       "--tpu-type=v5p-64", "--zone=us-east5-a",
+                       "--workdir=gs://BUCKET/swa256_350m", "--",
+                       "--config.data.path=/mnt/prolong", "--config.eval.path=/mnt/textbooks")
   docs = open(os.path.join(REPO, "docs", "scaling.md")).read()
   for line in dry.stdout.splitlines():
     if line.startswith("gcloud"):
@@ -79,7 +79,55 @@ def test_docs_show_the_current_dry_run_output(fake_gcloud):
     (["run", "--zone=z"], "run needs --config"),
     (["run", "--zone=z", "--config=configs/nope.py"], "no such file"),
     (["status", "--zone=z", "--name=Bad_Name"], "--name"),
+    (["create", "--zone=z", "--tpu-type=v5p-64", "--config=configs/swa256_350m.py"],
+     "a v5p-64 slice has 8 workers"),
+    (["relaunch", "--zone=z", "--tpu-type=v4-32"], "relaunch needs --config"),
+    (["fetch", "--zone=z"], "fetch needs --dest"),
 ])
 def test_bad_arguments_fail_with_a_message(fake_gcloud, args, message):
   proc, calls = fake_gcloud(*args, "--dry-run")
   assert proc.returncode == 2 and message in proc.stderr and calls == []
+
+
+def test_fetch_copies_records_not_checkpoints(fake_gcloud):
+  dry, _ = fake_gcloud("fetch", *COMMON, "--dry-run", "--workdir=gs://b/run", "--dest=/tmp/r")
+  assert dry.stdout.strip() == ("gcloud storage rsync --recursive '--exclude=^checkpoints/' "
+                                "gs://b/run /tmp/r")
+
+
+def test_a_single_host_slice_may_keep_a_local_workdir(fake_gcloud):
+  dry, _ = fake_gcloud("create", *COMMON, "--dry-run", "--tpu-type=v5p-8",
+                       "--config=configs/swa256_350m.py")
+  assert dry.returncode == 0, dry.stderr
+
+
+def test_relaunch_recreates_a_preempted_tpu_until_the_run_finishes():
+  from hybrid_nope.cloud.tpu import Tpu, relaunch
+  tpu = Tpu("sweep-1", "us-east5-a", "v5p-64", spot=True)
+  # The node is preempted, then READY but still training, then gone, then READY and finished.
+  states = iter([(0, "PREEMPTED\n"), (0, "READY\n"), (1, ""), (0, "READY\n")])
+  finished = iter([(0, "0\n"), (0, "1\n")])
+  calls, sleeps = [], []
+
+  def runner(cmd):
+    calls.append(cmd)
+    if cmd == tpu.state():
+      return next(states)
+    if cmd == tpu.finished():
+      return next(finished)
+    return 0, ""
+  start = [["copy"], ["install"], ["train"]]
+  assert relaunch(tpu, start, runner, sleep=sleeps.append, poll_seconds=300,
+                  max_relaunches=5) == 2
+  assert sleeps == [300]
+  relaunches = [calls[i:i + 4] for i, c in enumerate(calls) if c == tpu.create()]
+  assert relaunches == [[tpu.create(), *start]] * 2
+  assert calls.count(tpu.delete()) == 1  # Only the preempted node existed to delete.
+
+
+def test_relaunch_gives_up_after_max_relaunches():
+  from hybrid_nope.cloud.tpu import Tpu, TpuArgError, relaunch
+  tpu = Tpu("sweep-1", "us-east5-a", "v5p-64", spot=True)
+  with pytest.raises(TpuArgError, match="relaunched 1 times"):
+    relaunch(tpu, [], lambda cmd: (0, "PREEMPTED") if cmd == tpu.state() else (0, ""),
+             sleep=lambda s: None, poll_seconds=1, max_relaunches=1)

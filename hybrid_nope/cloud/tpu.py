@@ -96,8 +96,73 @@ class Tpu:
   def logs(self, lines: int = 200) -> list[str]:
     return self._ssh(f"tail -n {lines} {LOG}", worker="0")
 
+  @property
+  def workers(self) -> int | None:
+    """Hosts in the slice (8 TensorCores on v4/v5p, 8 chips on v5e/v6e per host at most);
+    None when --tpu-type is not given."""
+    if not self.tpu_type:
+      return None
+    return max(1, int(self.tpu_type.rsplit("-", 1)[1]) // 8)
+
+  def check_workdir(self, workdir: str) -> None:
+    """On several workers the run's records must outlive worker 0's disk (spot preemption,
+    `delete`): only shared storage will do."""
+    if (self.workers or 1) > 1 and not workdir.startswith("gs://"):
+      raise TpuArgError(
+          f"--workdir={workdir}: a {self.tpu_type} slice has {self.workers} workers, and a local "
+          f"workdir would live on worker 0's disk and die with the VM; pass "
+          f"--workdir=gs://BUCKET/RUN (records, TensorBoard and checkpoints all go there)")
+
+  def fetch(self, workdir: str, dest: str) -> list[list[str]]:
+    """Copies a run's records and figures (not its checkpoints) to `dest` on this machine."""
+    if workdir.startswith("gs://"):
+      return [["gcloud", "storage", "rsync", "--recursive", "--exclude=^checkpoints/",
+               workdir, dest]]
+    archive = "~/hybrid_nope_records.tar.gz"
+    return [self._ssh(f"tar -czf {archive} --exclude=./checkpoints -C {REMOTE_DIR}/{workdir} .",
+                      worker="0"),
+            ["gcloud", "compute", "tpus", "tpu-vm", "scp", f"{self.name}:{archive}",
+             f"{dest}.tar.gz", f"--zone={self.zone}", "--worker=0"],
+            ["bash", "-c", f"mkdir -p {shlex.quote(dest)} && tar -xzf {shlex.quote(dest)}.tar.gz "
+                           f"-C {shlex.quote(dest)}"]]
+
+  def state(self) -> list[str]:
+    """Prints the node's state (READY, PREEMPTED, ...); fails if it does not exist."""
+    return self._vm("describe", "--format=value(state)")
+
+  def finished(self) -> list[str]:
+    """Prints how many times the training log says the run finished (not preempted)."""
+    return self._ssh(f"grep -c \"done: .*'preempted': False\" {LOG} || true", worker="0")
+
   def delete(self) -> list[str]:
     if self.queued:
       return ["gcloud", "compute", "tpus", "queued-resources", "delete", self.name,
               f"--zone={self.zone}", "--force", "--quiet"]
     return self._vm("delete", "--quiet")
+
+
+def relaunch(tpu: Tpu, start: list[list[str]], runner, *, sleep, poll_seconds: float,
+             max_relaunches: int) -> int:
+  """Keeps a spot or queued TPU training until the run finishes: while the node is READY it
+  waits; when it is gone or PREEMPTED it deletes what is left, re-creates it and runs `start`
+  (copy, install, train), and the run resumes from its gs:// checkpoints. `runner(cmd)` runs a
+  command and returns (exit code, stdout). Returns the number of relaunches."""
+  relaunches = 0
+  while True:
+    code, out = runner(tpu.state())
+    if code == 0 and out.strip() == "READY":
+      code, out = runner(tpu.finished())
+      if code == 0 and out.strip().splitlines() and int(out.strip().splitlines()[-1]) > 0:
+        return relaunches
+      sleep(poll_seconds)
+      continue
+    if relaunches >= max_relaunches:
+      raise TpuArgError(f"{tpu.name} is {out.strip() or 'gone'} and was relaunched "
+                        f"{relaunches} times already (--max-relaunches)")
+    if code == 0:  # It exists but is not READY (PREEMPTED, TERMINATED, ...): remove it first.
+      runner(tpu.delete())
+    for command in (tpu.create(), *start):
+      code, out = runner(command)
+      if code != 0:
+        raise TpuArgError(f"relaunch failed at: {shlex.join(command)}")
+    relaunches += 1
