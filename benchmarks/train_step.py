@@ -28,20 +28,22 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import base, demo  # noqa: E402
-from hybrid_nope.train.flops import flops_per_token, measure_matmul_flops  # noqa: E402
+from hybrid_nope.train.flops import (flops_per_token, measure_matmul_flops,  # noqa: E402
+                                     peak_flops_per_device)
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer  # noqa: E402
 from hybrid_nope.train import sharding  # noqa: E402
 from hybrid_nope.train.state import sharded_train_state  # noqa: E402
 from hybrid_nope.train.step import make_train_step  # noqa: E402
 
 
-def config_for(size: str, pattern: str, seq_len: int, vocab: int, remat: bool, tensor: int):
+def config_for(size: str, pattern: str, seq_len: int, vocab: int, remat: bool, tensor: int,
+               dtype: str = "float32"):
   c = demo.get_config() if size == "demo" else base.experiment(size, 256)
   c.model.pattern = pattern
   if size != "demo":
     c.model.vocab_size = vocab
   c.model.remat = remat
-  c.model.dtype = "float32"
+  c.model.dtype = dtype
   c.data.seq_len = seq_len
   c.data.batch_size = 1
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, tensor
@@ -114,6 +116,8 @@ def main():
   p.add_argument("--batch_size", type=int, default=1)
   p.add_argument("--vocab", type=int, default=32000)
   p.add_argument("--steps", type=int, default=2)
+  p.add_argument("--dtype", default="float32", help="model.dtype: float32 (CPU), bfloat16 or "
+                 "auto on accelerators")
   p.add_argument("--tensor", type=int, default=1,
                  help="split the host into this many devices, mesh tensor axis over them")
   p.add_argument("--remat", default="350m@8192",
@@ -126,10 +130,17 @@ def main():
     if not seq_len.isdigit():
       p.error(f"--remat item {item!r}: expected SIZE@SEQ_LEN, e.g. 350m@8192")
     remat_from[size] = int(seq_len)
-  roofline = measure_matmul_flops()
+  if jax.default_backend() == "cpu":
+    roofline = measure_matmul_flops()
+    against = (f"float32 matmul roofline {roofline / 1e9:.1f} GFLOP/s (2048² matmul, one "
+               "device: the whole host's cores)")
+  else:  # MFU against the datasheet peak of every device, as the trainer reports it.
+    roofline, source = peak_flops_per_device()
+    roofline *= jax.device_count()
+    against = f"{source}: {roofline / 1e12:.0f} TFLOP/s in all"
   print(f"jax {jax.__version__} on {jax.device_count()} x {jax.devices()[0].device_kind} "
-        f"(mesh tensor={args.tensor}); float32 matmul roofline {roofline / 1e9:.1f} GFLOP/s "
-        "(2048² matmul, one device: the whole host's cores)\n")
+        f"(mesh tensor={args.tensor}, {args.dtype}, vocab {args.vocab}); MFU against "
+        f"{against}\n")
   print("| size | pattern | seq_len | remat | step s | tokens/s | GFLOP/token | MFU |")
   print("|---|---|---|---|---|---|---|---|")
   rates = {}
@@ -137,7 +148,8 @@ def main():
     for seq_len in map(int, args.seq_lens.split(",")):
       for pattern in args.patterns.split(","):
         config = config_for(size, pattern, seq_len, args.vocab,
-                            seq_len >= remat_from.get(size, float("inf")), args.tensor)
+                            seq_len >= remat_from.get(size, float("inf")), args.tensor,
+                            args.dtype)
         seconds = time_steps(config, args.batch_size, args.steps)
         if isinstance(seconds, str):
           print(f"| {size} | {pattern} | {seq_len} | {config.model.remat} | {seconds} | | | |",
