@@ -21,6 +21,14 @@ def fail(message: str, code: int = USAGE_EXIT_CODE) -> None:
   sys.exit(code)
 
 
+def exit_now(code: int) -> None:
+  """Exits without interpreter teardown, where orbax's and tensorstore's threads, cut short by
+  the error, would print tracebacks into a closed event loop below the one line."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
 def unknown_override(argv: list[str], error: Exception) -> str:
   """Names the --FLAG.a.b override of argv that ml_collections could not resolve (its error
   holds only the last key), with its full path; falls back on the error's own text."""
@@ -65,8 +73,8 @@ def run(main: Callable[[list[str]], None]) -> None:
   def guarded(argv):
     try:
       main(argv)
-    except UserError as e:
-      fail(str(e))
-    except RunStopped as e:
-      fail(str(e), RUN_STOPPED_EXIT_CODE)
+    except (UserError, RunStopped) as e:
+      code = USAGE_EXIT_CODE if isinstance(e, UserError) else RUN_STOPPED_EXIT_CODE
+      print(f"{os.path.basename(sys.argv[0])}: {e}", file=sys.stderr, flush=True)
+      exit_now(code)
   app.run(guarded, flags_parser=_parse)

@@ -1,10 +1,11 @@
 """Lower the full train step for TPU or CUDA without the hardware (jax.export):
 
-  python launch/lower.py --config=configs/swa256_350m.py --platform=tpu [--devices=8]
+  python launch/lower.py --config=configs/swa256_350m.py --platform=tpu[,cuda] [--devices=8]
       [--config.model.num_layers=2 ...]
 
---devices simulates that many host devices for the config's mesh. Prints the mesh, the size of
-the lowered module and the attention kernels it contains, then a RESULT json line.
+--devices simulates that many host devices for the config's mesh. For each platform, prints the
+mesh, the size of the lowered module and the attention kernels it contains, then a RESULT json
+line.
 """
 import json
 import os
@@ -17,7 +18,7 @@ from ml_collections import config_flags  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
                                 lock_config=True)
-flags.DEFINE_enum("platform", None, ["tpu", "cuda", "cpu"], "Platform to lower for.")
+flags.DEFINE_list("platform", None, "Platforms to lower for: tpu, cuda, cpu (comma-separated).")
 flags.DEFINE_integer("devices", 1, "Host devices to simulate the config's mesh on.")
 flags.mark_flags_as_required(["config", "platform"])
 
@@ -25,9 +26,10 @@ flags.mark_flags_as_required(["config", "platform"])
 def main(argv):
   del argv
   from hybrid_nope.train import lowering  # pylint: disable=g-import-not-at-top
-  result = lowering.describe(flags.FLAGS.config, flags.FLAGS.platform)
-  print(lowering.summary_text(result))
-  print("RESULT " + json.dumps(result))
+  for platform in flags.FLAGS.platform:
+    result = lowering.describe(flags.FLAGS.config, platform)
+    print(lowering.summary_text(result))
+    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def test_run_prints_one_line_and_exits_with_the_errors_code(monkeypatch, capsys,
   def main(argv):
     raise raised
   monkeypatch.setattr("sys.argv", ["prog.py"])
+  monkeypatch.setattr(cli, "exit_now", lambda code: (_ for _ in ()).throw(SystemExit(code)))
   with pytest.raises(SystemExit) as exit_info:
     cli.run(main)
   assert exit_info.value.code == code

@@ -72,10 +72,23 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
     assert ("logit_gap" in r) == (r["layer_type"] == "global")
   assert [(r["step"], r["module"]) for r in recency if r["layer"] == -1] == [(0, "tokens")]
   assert os.path.exists(tmp_path / "recency_probe.json")
-  # Run again on the finished workdir: nothing is trained, it says so, the records stay.
+  # As if killed while the step-8 hook wrote its records: some of them, no recency_seconds.
+  step8 = [json.dumps(r) + "\n" for r in recency if r["step"] == 8]
+  with open(tmp_path / "recency.jsonl", "w") as f:
+    f.writelines([json.dumps(r) + "\n" for r in recency if r["step"] != 8] + step8[:3])
+  cut = [r for r in records if not (r["step"] == 8 and "recency_seconds" in r)]
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in cut)
+  # Run again on the finished workdir: nothing is trained, it says so, the records stay, and
+  # the hook cut short is redone whole (not appended to).
   with caplog.at_level(logging.WARNING, logger="absl"):
-    again = loop.train(tiny_config(), str(tmp_path))
-  assert again["step"] == 8 and read_metrics(tmp_path) == records
+    again = loop.train(tiny_config(), str(tmp_path), hooks=[RecencyHook.for_run])
+  assert again["step"] == 8
+  assert [r for r in read_metrics(tmp_path) if "recency_seconds" not in r] == [
+      r for r in records if "recency_seconds" not in r]
+  assert sum("recency_seconds" in r and r["step"] == 8 for r in read_metrics(tmp_path)) == 1
+  with open(tmp_path / "recency.jsonl") as f:
+    assert [l for l in f.readlines() if json.loads(l)["step"] == 8] == step8
   assert "already holds a run trained to step 8" in caplog.text
 
 
@@ -240,23 +253,6 @@ def test_the_preempted_steps_eval_and_recency_are_redone_on_resume(tmp_path, mon
   assert per_step.count(7) == per_step.count(8)  # Redone whole, not appended twice.
 
 
-def test_a_hook_cut_short_is_redone_whole(tmp_path):
-  config = tiny_config()
-  loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
-  # As if killed while the step-8 hook wrote its records: some of them, no recency_seconds.
-  with open(tmp_path / "recency.jsonl") as f:
-    lines = f.readlines()
-  step8 = [l for l in lines if json.loads(l)["step"] == 8]
-  with open(tmp_path / "recency.jsonl", "w") as f:
-    f.writelines([l for l in lines if json.loads(l)["step"] != 8] + step8[:3])
-  records = [r for r in read_metrics(tmp_path) if not (r["step"] == 8 and "recency_seconds" in r)]
-  with open(tmp_path / "metrics.jsonl", "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in records)
-  loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
-  with open(tmp_path / "recency.jsonl") as f:
-    assert [l for l in f.readlines() if json.loads(l)["step"] == 8] == step8
-
-
 def test_a_resume_onto_other_data_stops_unless_allowed(tmp_path, caplog):
   loop.train(tiny_config(train__steps=4), str(tmp_path))
   other = dict(train__steps=8, data__eval_fraction=0.2)  # Another split of the corpus.
@@ -267,16 +263,22 @@ def test_a_resume_onto_other_data_stops_unless_allowed(tmp_path, caplog):
   assert summary["step"] == 8 and "resuming step 4 on other data" in caplog.text
 
 
-def test_a_corrupt_checkpoint_fails_in_one_line_on_the_command_line(tmp_path):
-  loop.train(tiny_config(), str(tmp_path))
+def test_a_file_url_run_then_a_corrupt_checkpoint_fails_in_one_line_on_the_command_line(tmp_path):
+  def cli(steps):
+    return subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
+                           f"--workdir=file://{tmp_path}", *tiny_flags(train__steps=steps)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+  proc = cli(8)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert sorted(losses_by_step(tmp_path)) == list(range(1, 9))  # file:// is this directory.
+  assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4, 8]
+  assert recorded_steps(tmp_path) == {0, 4, 8}
   state = os.path.join(tmp_path, "checkpoints", "8", "state")
   biggest = max((os.path.join(d, f) for d, _, fs in os.walk(state) for f in fs),
                 key=os.path.getsize)
   with open(biggest, "r+b") as f:
     f.truncate(os.path.getsize(biggest) // 2)
-  proc = subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
-                         f"--workdir={tmp_path}", *tiny_flags(train__steps=12)], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
+  proc = cli(12)
   assert proc.returncode == 2, proc.stderr[-3000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("train.py: checkpoint step 8 ") and "restore_step=4" in last, last
@@ -326,13 +328,3 @@ def test_a_url_workdir_gets_every_record_and_analysis_reads_it(tmp_path):
 def test_a_url_workdir_needs_a_checkpoint_directory_orbax_can_write(tmp_path):
   with pytest.raises(ConfigError, match="set --config.checkpoint.directory"):
     loop.train(tiny_config(), "memory://runs/no_checkpoints")
-
-
-def test_a_file_url_workdir_on_the_command_line(tmp_path):
-  proc = subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
-                         f"--workdir=file://{tmp_path}", *tiny_flags(train__steps=4)],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert sorted(losses_by_step(tmp_path)) == [1, 2, 3, 4]
-  assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4]
-  assert recorded_steps(tmp_path) == {0, 4}

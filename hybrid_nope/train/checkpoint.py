@@ -10,8 +10,14 @@ to go on. (Checkpoints from before "meta" hold the per-process grain item "data"
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import sys
+import tempfile
+import time
+import traceback
 
 import grain
 import jax
@@ -23,7 +29,8 @@ from etils import epath
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
 
-ITEMS = ("state", "data", "meta")  # "data": only in checkpoints written before "meta".
+ITEMS = ("state", "data", "meta")
+_SETTLE_SECONDS = 1.0  # "data": only in checkpoints written before "meta".
 
 
 class CheckpointError(UserError):
@@ -130,12 +137,22 @@ class Checkpointer:
                       "meta/): restored without verifying its state or its data", step, where)
     items = ({"meta": ocp.args.JsonRestore()} if has_meta else
              {"data": grain.checkpoint.CheckpointRestore(data_iterator)})
+    printed = io.StringIO()  # A failed read also prints from tensorstore's threads.
     try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), **items))
+      with contextlib.redirect_stderr(printed):
+        try:
+          restored = self.manager.restore(step, args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract_state), **items))
+        except Exception:
+          time.sleep(_SETTLE_SECONDS)  # Reads still in flight finish (and print) here.
+          raise
     except Exception as e:  # orbax and tensorstore raise many kinds; the cause is in the text.
+      with tempfile.NamedTemporaryFile("w", prefix=f"restore_step_{step}_", suffix=".txt",
+                                       delete=False) as log:
+        log.write("".join(traceback.format_exception(e)) + printed.getvalue())
       raise CheckpointError(f"checkpoint step {step} cannot be read ({_read_error(e, where)}); "
-                            f"{self._how_to_go_on(step)}") from None
+                            f"{self._how_to_go_on(step)} (full traceback: {log.name})") from None
+    sys.stderr.write(printed.getvalue())  # A good restore's output, passed on.
     state = restored["state"]
     meta = restored["meta"] if has_meta else {"checksums": None, "data": data_fingerprint}
     if has_meta:

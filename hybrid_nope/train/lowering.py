@@ -19,7 +19,7 @@ from hybrid_nope.train import sharding
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.state import abstract_train_state
 from hybrid_nope.train.step import make_train_step
-from hybrid_nope.validate import validate
+from hybrid_nope.validate import ConfigError, validate
 
 PLATFORMS = ("tpu", "cuda", "cpu")
 # Custom calls of our kernels: no compatibility guarantee across jax versions, which is why
@@ -31,7 +31,7 @@ def lower_train_step(config, platform: str) -> export.Exported:
   """jax.export of the train step for `platform` on the config's mesh over this process's
   devices. Raises whatever the lowering raises: that is the check."""
   if platform not in PLATFORMS:
-    raise ValueError(f"platform={platform!r}: expected one of {PLATFORMS}")
+    raise ConfigError(f"--platform={platform}: expected one of {', '.join(PLATFORMS)}")
   validate(config, check_paths=False)  # The data is not read: only shapes matter.
   mesh = sharding.make_mesh(config)
   tx = make_optimizer(config.train)
