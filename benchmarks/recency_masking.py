@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from hybrid_nope.analysis import checkpoints, recency  # noqa: E402
 from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
 from hybrid_nope.data import pipeline  # noqa: E402
-from hybrid_nope.train.state import init_model  # noqa: E402
+from hybrid_nope.model.definition import init_model  # noqa: E402
 
 
 def rows(hook, params, step):

@@ -17,7 +17,7 @@ from ml_collections import config_flags  # noqa: E402
 from configs import base  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.analysis import report  # noqa: E402
-from hybrid_nope.train.loop import quiet_library_logs  # noqa: E402  (orbax logs every file)
+from hybrid_nope.logs import quiet_library_logs  # noqa: E402  (orbax logs every file)
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to analyse; default the latest.")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis import checkpoints
-from hybrid_nope.train.state import init_model
+from hybrid_nope.model.definition import init_model
 from tests.analysis_runs import trained_run
 from tests.helpers import tiny_config
 

@@ -11,7 +11,7 @@ from hybrid_nope.data import pipeline
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.train.hooks import RunContext
 from hybrid_nope.train.metrics_writer import MetricsWriter
-from hybrid_nope.train.state import init_model
+from hybrid_nope.model.definition import init_model
 from tests.helpers import tiny_config
 
 

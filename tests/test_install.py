@@ -13,8 +13,9 @@ from tests.helpers import REPO
                                           (["install-tpu"], "tpu")])
 def test_make_targets_run_install_sh_for_their_hardware(args, target):
   # -W: as if the CPU venv were stale, so make prints every command it would run.
-  proc = subprocess.run(["make", "-n", "-W", "launch/install.sh", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=60)
+  # --no-print-directory: under `make test` this make is a sub-make, which would say so.
+  proc = subprocess.run(["make", "--no-print-directory", "-n", "-W", "launch/install.sh", *args],
+                        cwd=REPO, capture_output=True, text=True, timeout=60)
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
   assert any(l.endswith("bash launch/install.sh cpu") for l in lines), lines

@@ -5,7 +5,7 @@ import optax
 import pytest
 
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
-from hybrid_nope.train.state import init_model
+from hybrid_nope.model.definition import init_model
 from tests.helpers import tiny_config
 
 

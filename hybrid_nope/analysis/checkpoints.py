@@ -15,12 +15,10 @@ from typing import Any, Mapping
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
-from flax import nnx
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.model import LanguageModel
-from hybrid_nope.train.state import ModelDef, init_model
+from hybrid_nope.model.definition import ModelDef, abstract_params, model_definition
 
 CONFIG_FILE = "config.json"
 STATE_ITEM = "state"
@@ -123,11 +121,6 @@ def resolve_step(workdir: str, config, step: int | None) -> int:
   return step
 
 
-def abstract_params(model_config, seed: int = 0) -> dict:
-  """Shapes and dtypes of the params `init_model` builds, without allocating them."""
-  return jax.eval_shape(lambda: init_model(model_config, seed)[1])
-
-
 def _flat(tree) -> dict[str, Any]:
   return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): leaf
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
@@ -177,9 +170,3 @@ def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, 
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
         partial_restore=True))
   return step, model_definition(config.model), restored["params"]
-
-
-def model_definition(model_config) -> ModelDef:
-  """The model's graph without its parameters (built abstractly, so cheap at any size)."""
-  abstract_model = nnx.eval_shape(lambda: LanguageModel(model_config, rngs=nnx.Rngs(params=0)))
-  return ModelDef(nnx.split(abstract_model)[0])

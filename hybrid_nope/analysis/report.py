@@ -38,7 +38,7 @@ from hybrid_nope import storage
 from hybrid_nope.analysis import checkpoints, plots, recency
 from hybrid_nope.analysis.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data import pipeline
-from hybrid_nope.train.state import ModelDef, init_model
+from hybrid_nope.model.definition import ModelDef, init_model
 
 ANALYSIS_DIR = "analysis"
 EXTRAPOLATION_FILE = "extrapolation.json"

@@ -20,7 +20,7 @@ Hook = Callable[[int, Any], None]
 @dataclasses.dataclass(frozen=True)
 class RunContext:
   config: Any                         # the run's ConfigDict (validated)
-  model_def: Any                      # hybrid_nope.train.state.ModelDef
+  model_def: Any                      # hybrid_nope.model.definition.ModelDef
   eval_batches: Sequence[dict]        # every process's whole eval set, host numpy, in order
   writer: Any                         # hybrid_nope.train.metrics_writer.MetricsWriter
   replicate: Callable[[Any], Any]     # host tree -> the same tree replicated on the mesh

@@ -1,7 +1,6 @@
 """The training loop: init or resume, train, evaluate, log, run the hooks it is handed, checkpoint."""
 from __future__ import annotations
 
-import logging as std_logging
 import time
 from typing import Sequence
 
@@ -11,6 +10,7 @@ from absl import logging
 
 from hybrid_nope.data import pipeline
 from hybrid_nope.data.fingerprint import data_fingerprint
+from hybrid_nope.logs import quiet_library_logs
 from hybrid_nope.errors import RunStopped
 from hybrid_nope.model import parameter_counts
 from hybrid_nope.train import flops, sharding
@@ -30,20 +30,6 @@ _clock = time.monotonic  # For checkpoint.every_minutes; tests substitute a fake
 
 class NonFiniteLossError(RunStopped, FloatingPointError):
   pass
-
-
-class _LibraryInfoFilter(std_logging.Filter):
-  """Drops INFO chatter of checkpoint and data libraries (orbax logs every file it writes)."""
-
-  def filter(self, record):
-    return record.levelno >= std_logging.WARNING or not any(
-        lib in record.pathname for lib in ("/orbax/", "/grain/"))
-
-
-def quiet_library_logs():
-  handler = logging.get_absl_handler()
-  if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
-    handler.addFilter(_LibraryInfoFilter())
 
 
 def _evaluate(eval_step, params, batches, bucket_size: int) -> dict:

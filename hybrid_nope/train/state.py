@@ -1,14 +1,12 @@
-"""Train state as plain pytrees: the model's graph is split off once; params are a nested dict."""
+"""Train state as plain pytrees (the model's graph and params: hybrid_nope.model.definition)."""
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from hybrid_nope.model import LanguageModel
+from hybrid_nope.model.definition import ModelDef, abstract_model, init_model
 from hybrid_nope.train import sharding
 
 
@@ -17,25 +15,6 @@ class TrainState:
   step: jax.Array          # Number of optimizer updates applied so far.
   params: dict
   opt_state: optax.OptState
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelDef:
-  """The model's static structure; `apply` runs it on a params dict."""
-  graphdef: nnx.GraphDef
-
-  def bind(self, params: dict) -> LanguageModel:
-    return nnx.merge(self.graphdef, params)
-
-  def apply(self, params: dict, batch: dict) -> jax.Array:
-    return self.bind(params)(batch["inputs"], positions_BT=batch["positions"],
-                             segment_ids_BT=batch["segment_ids"])
-
-
-def init_model(model_cfg, seed: int) -> tuple[ModelDef, dict]:
-  model = LanguageModel(model_cfg, rngs=nnx.Rngs(params=seed))
-  graphdef, state = nnx.split(model)
-  return ModelDef(graphdef), nnx.to_pure_dict(state)
 
 
 def init_train_state(model_cfg, tx: optax.GradientTransformation, seed: int):
@@ -62,9 +41,9 @@ def abstract_train_state(model_cfg, tx: optax.GradientTransformation, seed: int,
 
 
 def _abstract(model_cfg, tx, seed, mesh):
-  abstract_model = nnx.eval_shape(lambda: LanguageModel(model_cfg, rngs=nnx.Rngs(params=seed)))
-  model_def = ModelDef(nnx.split(abstract_model)[0])
-  param_shardings = sharding.param_shardings(sharding.logical_param_specs(abstract_model), mesh)
+  model = abstract_model(model_cfg, seed)
+  model_def = ModelDef(nnx.split(model)[0])
+  param_shardings = sharding.param_shardings(sharding.logical_param_specs(model), mesh)
   replicated = sharding.replicated(mesh)
 
   def init():
