@@ -92,6 +92,14 @@ def write_text(path: str, text: str) -> None:
   write_bytes(path, text.encode())
 
 
+def checkpoint_directory(workdir: str, configured: str = "") -> str:
+  """Where a run's checkpoints are: config checkpoint.directory if set (e.g. gs://...), else
+  WORKDIR/checkpoints; a local path absolute, file:// as the local path orbax wants."""
+  directory = configured or join(workdir, "checkpoints")
+  directory = local_path(directory) or directory
+  return directory if is_url(directory) else os.path.abspath(directory)
+
+
 def copy_tree(local_dir: str, url: str) -> None:
   """Uploads every file under `local_dir` to the same relative path under `url`."""
   for root, _, files in os.walk(local_dir):

@@ -15,7 +15,6 @@ from hybrid_nope.kernels import IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.transformer import DTYPES, layer_kinds
 
-DATA_SOURCES = ("mds", "stdlib")  # Known to configs; ROW_SOURCES says which are implemented.
 
 
 class ConfigError(UserError):
@@ -74,14 +73,12 @@ def validate(config, *, check_paths: bool = True) -> None:
   _require(isinstance(config.metrics.query_positions, int) and config.metrics.query_positions >= 0,
            "metrics.query_positions", config.metrics.query_positions,
            "an integer >= 0 (0 = every position)")
-  _require(d.source in DATA_SOURCES, "data.source", d.source, f"one of {DATA_SOURCES}")
+  _require(d.source in ROW_SOURCES, "data.source", d.source, f"one of {sorted(ROW_SOURCES)}")
   if d.source == "mds" and check_paths:
     _require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
              "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
     _require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
              config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
-  _require(d.source in ROW_SOURCES, "data.source", d.source,
-           f"a source with a reader; implemented: {sorted(ROW_SOURCES)}")
   for key in ("data.verify_hashes", "data.allow_changed_data"):
     section, name = key.split(".")
     _require(isinstance(config[section][name], bool), key, config[section][name], "True or False")

@@ -85,10 +85,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
 
 def checkpoint_directory(workdir: str, config) -> str:
   """config.checkpoint.directory if set (e.g. gs://...), else WORKDIR/checkpoints."""
-  directory = (config.get("checkpoint", {}).get("directory", "")
-               or storage.join(workdir, "checkpoints"))
-  directory = storage.local_path(directory) or directory  # file:// is a local path to orbax.
-  return directory if storage.is_url(directory) else os.path.abspath(directory)
+  return storage.checkpoint_directory(workdir, config.get("checkpoint", {}).get("directory", ""))
 
 
 def _manager(directory: str) -> ocp.CheckpointManager:

@@ -67,14 +67,6 @@ def _stdlib_rows(config, split: str) -> dict[str, np.ndarray]:
   return _stdlib_packed(split, _positive_int(config, "data.seq_len"), float(eval_fraction))
 
 
-def _optional(config, key: str, default):
-  """A config key that older configs may lack (documented default); present keys are used."""
-  try:
-    return _config_value(config, key)
-  except ValueError:
-    return default
-
-
 def _mds_rows(config, split: str):
   """Train split: the ProLong mixture, an infinite grain MapDataset of rows (element k is the
   k-th row of the global stream). Eval split: TextbookChapters rows, in memory."""
@@ -97,7 +89,7 @@ def _mds_rows(config, split: str):
   masking = _config_value(config, "data.document_masking")
   if not isinstance(masking, bool):
     raise ValueError(f"config.data.document_masking must be True or False, got {masking!r}")
-  cache_dir = _optional(config, "data.cache_dir", "")
+  cache_dir = _config_value(config, "data.cache_dir")
   if not isinstance(cache_dir, str):
     raise ValueError(f"config.data.cache_dir must be a path or '', got {cache_dir!r}")
   mixture = prolong.build_mixture(

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# The flash kernels' softmax in base 2 (exp2 is the cheap instruction): logits times LOG2E.
+LOG2E = float(np.log2(np.e))
+# A masked logit: finite, so exp2(MASKED - m) is 0 rather than NaN; every row sees its own key
+# (the diagonal block, visited first), so no row's running max is MASKED.
+MASKED = -0.7 * float(np.finfo(np.float32).max)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -21,10 +21,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from hybrid_nope.kernels import blocking
+from hybrid_nope.kernels.blocking import LOG2E, MASKED
 
 # Pallas APIs move between jax releases: a missing module disables this kernel (impl="pallas"
 # then raises a clear ValueError) instead of breaking `import hybrid_nope.kernels`.
@@ -39,8 +39,6 @@ except ImportError:  # pragma: no cover - depends on the jax build
 
 _SQUEEZED = getattr(pl, "squeezed", None)  # A block dim of size 1 dropped in the kernel.
 
-LOG2E = float(np.log2(np.e))
-MASKED = -0.7 * float(np.finfo(np.float32).max)  # Finite: exp2(MASKED - m) is 0, never NaN.
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 

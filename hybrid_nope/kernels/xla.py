@@ -36,11 +36,7 @@ import numpy as np
 from jax import lax
 
 from hybrid_nope.kernels import blocking
-
-LOG2E = float(np.log2(np.e))
-# Finite, so a masked entry gives exp2(MASKED - m) = 0 rather than NaN; every row sees its own
-# key in the diagonal chunk, which is visited first, so no row's running max is MASKED.
-MASKED = -0.7 * float(np.finfo(np.float32).max)
+from hybrid_nope.kernels.blocking import LOG2E, MASKED
 
 # Tuned with benchmarks/attention.py (float32, H=64): 64-query blocks keep a sliding window's
 # masked waste at 64 / w while the dots still run near the core's matmul rate; global layers

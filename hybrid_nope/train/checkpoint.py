@@ -90,9 +90,7 @@ class Checkpointer:
     """`directory` (config checkpoint.directory) defaults to WORKDIR/checkpoints; a gs:// path
     lets every host of a pod write its shards to shared storage. `replicated`: the mesh's
     replicated sharding, where the state's checksums are gathered."""
-    directory = directory or storage.join(workdir, "checkpoints")
-    directory = storage.local_path(directory) or directory  # file:// is a local path to orbax.
-    self.directory = directory if storage.is_url(directory) else os.path.abspath(directory)
+    self.directory = storage.checkpoint_directory(workdir, directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
