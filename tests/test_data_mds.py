@@ -7,6 +7,7 @@ tests/testdata/mds/VERSIONS.json) and recorded what streaming's own reader decod
 """
 
 import filecmp
+import hashlib
 import json
 import mmap
 import multiprocessing
@@ -350,8 +351,8 @@ def test_an_uncompressed_shard_is_verified_against_its_hashes_when_first_opened(
 def test_a_verified_shard_is_hashed_once_until_the_file_changes(tmp_path, monkeypatch):
   directory = written_with_hashes(tmp_path, hashes=("md5",))
   hashed = []
-  real_new = mds.hashlib.new
-  monkeypatch.setattr(mds.hashlib, "new", lambda algo, *a: hashed.append(algo) or real_new(algo, *a))
+  real_new = hashlib.new
+  monkeypatch.setattr(hashlib, "new", lambda algo, *a: hashed.append(algo) or real_new(algo, *a))
   cache = str(tmp_path / "cache")
   mds.MDSDataset(str(directory), cache_dir=cache).array_lengths("input_ids")
   shards = len(list(directory.glob("shard.*.mds")))

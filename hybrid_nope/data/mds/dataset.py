@@ -1,0 +1,346 @@
+"""MDSDataset: random access to an MDS directory through memory-mapped shards."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import mmap
+import os
+import threading
+import uuid
+from typing import Any, Iterable
+
+import numpy as np
+
+from hybrid_nope.data.mds.encoding import (_VALUE_DTYPE_CODES, INDEX_BASENAME, MDSFormatError,
+                                           _decode)
+from hybrid_nope.data.mds.index import _decompressor, _load_index, _Shard, default_cache_dir
+
+_log = logging.getLogger(__name__)
+
+class MDSDataset:
+  """Random access to an MDS dataset directory: `len(ds)`, `ds[i]` -> {column: value}.
+
+  Values are decoded exactly as streaming's MDSReader decodes them: ndarray columns as numpy
+  arrays (read-only views of the memory-mapped shard), scalar columns as numpy scalars, int as
+  int, str as str, bytes as bytes, json as the parsed object.
+
+  Args:
+    path: the directory holding index.json.
+    cache_dir: where compressed shards are decompressed to (default `default_cache_dir()`);
+      a shard whose decompressed file already sits next to it in `path` is used in place.
+    max_open_shards: how many shard memory maps stay open (each holds a file descriptor).
+    verify_hashes: check an uncompressed shard against index.json's hashes the first time it is
+      opened (compressed shards are checked as they are decompressed). A verified shard leaves
+      a stamp in the cache keyed by its size and mtime, so it is hashed once per machine and
+      version of the file, not at every start.
+  """
+
+  def __init__(self, path: str, *, cache_dir: str | None = None, max_open_shards: int = 64,
+               verify_hashes: bool = True):
+    self.path = os.path.abspath(os.fspath(path))
+    columns, self._shards, index_bytes = _load_index(self.path)
+    self.columns = {c.name: c for c in columns}
+    self._column_list = columns
+    self._num_variable = sum(c.size is None for c in columns)
+    self._cache_root = os.path.join(
+        cache_dir or default_cache_dir(),
+        hashlib.sha256(os.path.realpath(self.path).encode() + b"\0" + index_bytes).hexdigest()[:20])
+    self._max_open = max(1, int(max_open_shards))
+    self._verify_hashes = verify_hashes
+    self._open: collections.OrderedDict[int, Any] = collections.OrderedDict()
+    self._lock = threading.RLock()
+    self._ends = np.cumsum([s.samples for s in self._shards], dtype=np.int64)
+    for shard in self._shards:
+      self._check_files(shard)
+
+  # -- files
+
+  def _file(self, basename: str) -> str:
+    return os.path.join(self.path, basename)
+
+  def _check_size(self, path: str, expected: int, field: str) -> None:
+    size = os.path.getsize(path)
+    if size != expected:
+      raise MDSFormatError(
+          f"{path} is {size} bytes but {self._file(INDEX_BASENAME)} says {expected} ({field}): "
+          "the shard is truncated or from another write")
+
+  def _check_files(self, shard: _Shard) -> None:
+    """Size checks against index.json, before anything is read."""
+    raw = self._file(shard.raw_basename)
+    if os.path.exists(raw):
+      self._check_size(raw, shard.raw_bytes, f"shards[{shard.number}].raw_data.bytes")
+      shard.path = raw
+      return
+    if shard.zip_basename is None:
+      raise MDSFormatError(f"shard file {raw} (shards[{shard.number}] of "
+                           f"{self._file(INDEX_BASENAME)}) is missing")
+    zipped = self._file(shard.zip_basename)
+    if not os.path.exists(zipped):
+      raise MDSFormatError(f"shard file {zipped} (shards[{shard.number}] of "
+                           f"{self._file(INDEX_BASENAME)}) is missing")
+    self._check_size(zipped, shard.zip_bytes, f"shards[{shard.number}].zip_data.bytes")
+
+  def _decompressed_path(self, shard: _Shard) -> str:
+    """The cached uncompressed copy of a compressed shard, made once (atomic rename)."""
+    target = os.path.join(self._cache_root, shard.raw_basename)
+    if os.path.exists(target) and os.path.getsize(target) == shard.raw_bytes:
+      return target
+    zipped = self._file(shard.zip_basename)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+    hashers = {a: hashlib.new(a) for a in shard.raw_hashes if a in hashlib.algorithms_available}
+    try:
+      with open(zipped, "rb") as src, open(tmp, "wb") as dst:
+        reader = _decompressor(shard.compression)(src)
+        written = 0
+        while chunk := reader.read(1 << 22):
+          dst.write(chunk)
+          for h in hashers.values():
+            h.update(chunk)
+          written += len(chunk)
+          if written > shard.raw_bytes:
+            break
+      if written != shard.raw_bytes:
+        raise MDSFormatError(
+            f"{zipped} decompresses to {'more than ' if written > shard.raw_bytes else ''}"
+            f"{written} bytes but {self._file(INDEX_BASENAME)} says {shard.raw_bytes} "
+            f"(shards[{shard.number}].raw_data.bytes)")
+      for algo, h in hashers.items():
+        if h.hexdigest() != shard.raw_hashes[algo]:
+          raise MDSFormatError(f"{zipped} decompresses to data whose {algo} is {h.hexdigest()}, "
+                               f"but index.json says {shard.raw_hashes[algo]}")
+      os.replace(tmp, target)  # atomic; a racing process renames identical bytes
+    except Exception as e:
+      if os.path.exists(tmp):
+        os.unlink(tmp)
+      if isinstance(e, MDSFormatError):
+        raise
+      raise MDSFormatError(f"cannot decompress {zipped} ({shard.compression}): {e}") from e
+    return target
+
+  def _verify(self, shard: _Shard, path: str) -> None:
+    """Hashes an uncompressed shard with one algorithm index.json lists (the first hashlib
+    has, sha1 and md5 first: they are the fastest); a stamp in the cache skips it next time."""
+    fastest = ("sha1", "md5")
+    usable = sorted((a for a in shard.raw_hashes if a in hashlib.algorithms_available),
+                    key=lambda a: (fastest.index(a) if a in fastest else len(fastest), a))
+    if not usable:
+      raise MDSFormatError(f"{path}: index.json lists hashes {sorted(shard.raw_hashes)}, none of "
+                           "which hashlib has; set data.verify_hashes=False to read it unchecked")
+    algo, stat = usable[0], os.stat(path)
+    key = f"{os.path.realpath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\0{algo}\0"
+    stamp = os.path.join(self._cache_root, "verified",
+                         hashlib.sha256((key + shard.raw_hashes[algo]).encode()).hexdigest())
+    if os.path.exists(stamp):
+      return
+    h = hashlib.new(algo)
+    with open(path, "rb") as f:
+      while chunk := f.read(1 << 22):
+        h.update(chunk)
+    if h.hexdigest() != shard.raw_hashes[algo]:
+      raise MDSFormatError(f"{path} (shards[{shard.number}] of {self._file(INDEX_BASENAME)}) has "
+                           f"{algo} {h.hexdigest()} but index.json says {shard.raw_hashes[algo]}:"
+                           " the shard is corrupt or from another write")
+    try:
+      os.makedirs(os.path.dirname(stamp), exist_ok=True)
+      with open(stamp, "w") as f:
+        f.write(key + "\n")
+    except OSError as e:  # A read-only cache only costs a hash at the next start.
+      _log.warning("cannot stamp %s as verified (%s); it is hashed again next time", path, e)
+
+  def _open_shard(self, number: int):
+    """The shard's memory map (LRU of open maps); validates its header the first time."""
+    with self._lock:
+      buf = self._open.get(number)
+      if buf is not None:
+        self._open.move_to_end(number)
+        return buf
+      shard = self._shards[number]
+      if shard.path is None:
+        shard.path = self._decompressed_path(shard)
+      elif self._verify_hashes and shard.raw_hashes:
+        self._verify(shard, shard.path)
+      path = shard.path
+      size = os.path.getsize(path)
+      if size != shard.raw_bytes:
+        raise MDSFormatError(f"{path} is {size} bytes but index.json says {shard.raw_bytes}")
+      with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+      if shard.offsets is None:
+        shard.offsets = self._read_offsets(shard, buf, size)
+      self._open[number] = buf
+      while len(self._open) > self._max_open:
+        self._open.popitem(last=False)  # views into it keep the map alive until dropped
+      return buf
+
+  def _read_offsets(self, shard: _Shard, buf, size: int) -> np.ndarray:
+    path = shard.path
+    if size < 4:
+      raise MDSFormatError(f"{path} is {size} bytes: too short for an MDS shard header")
+    count = int(np.frombuffer(buf, np.uint32, 1, 0)[0])
+    if count != shard.samples:
+      raise MDSFormatError(f"{path} holds {count} samples but index.json says "
+                           f"{shard.samples} (shards[{shard.number}].samples)")
+    header = 4 * (count + 2)
+    if size < header:
+      raise MDSFormatError(f"{path} is {size} bytes: too short for the offsets of {count} "
+                           f"samples; the shard is truncated")
+    offsets = np.frombuffer(buf, np.uint32, count + 1, 4).astype(np.int64)
+    if offsets[0] < header or np.any(np.diff(offsets) < 0) or offsets[-1] != size:
+      raise MDSFormatError(
+          f"{path} has inconsistent sample offsets (first {offsets[0]}, last {offsets[-1]}, "
+          f"file size {size}): the shard is truncated or corrupt")
+    return offsets
+
+  # -- samples
+
+  def __len__(self) -> int:
+    return int(self._ends[-1]) if len(self._ends) else 0
+
+  @property
+  def num_shards(self) -> int:
+    return len(self._shards)
+
+  def locate(self, index: int) -> tuple[int, int]:
+    """(shard number, sample within the shard) of dataset index `index`."""
+    n = len(self)
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+      raise TypeError(f"MDS sample index must be an int, got {index!r}")
+    if not -n <= index < n:
+      raise IndexError(f"sample {index} is out of range for {self.path} ({n} samples)")
+    index = int(index) % n
+    number = int(np.searchsorted(self._ends, index, side="right"))
+    return number, index - (int(self._ends[number - 1]) if number else 0)
+
+  def describe(self, index: int) -> str:
+    """'sample 7 of /path/shard.00003.mds (dataset index 123)', for error messages."""
+    number, local = self.locate(index)
+    shard = self._shards[number]
+    name = self._file(shard.zip_basename or shard.raw_basename)
+    return f"sample {local} of {name} (index {int(index)} of {self.path})"
+
+  def _spans(self, index: int):
+    """(buffer, [(column, start, size)]) of one sample, checked against its byte span."""
+    number, local = self.locate(index)
+    buf = self._open_shard(number)
+    offsets = self._shards[number].offsets
+    begin, end = int(offsets[local]), int(offsets[local + 1])
+    pos = begin + 4 * self._num_variable
+    if pos > end:
+      raise MDSFormatError(f"{self.describe(index)} is {end - begin} bytes, too short for its "
+                           f"column sizes")
+    variable = iter(np.frombuffer(buf, np.uint32, self._num_variable, begin).tolist())
+    spans = []
+    for column in self._column_list:
+      size = column.size if column.size is not None else next(variable)
+      spans.append((column, pos, size))
+      pos += size
+    if pos != end:
+      raise MDSFormatError(f"{self.describe(index)}: its columns take {pos - begin} bytes but "
+                           f"the shard gives it {end - begin}; the shard is corrupt")
+    return buf, spans
+
+  def get(self, index: int, columns: Iterable[str] | None = None) -> dict[str, Any]:
+    """Decodes sample `index`, only `columns` if given."""
+    wanted = None if columns is None else set(columns)
+    if wanted is not None and not wanted <= set(self.columns):
+      raise KeyError(f"{self.path} has no column(s) {sorted(wanted - set(self.columns))}; "
+                     f"its columns are {sorted(self.columns)}")
+    buf, spans = self._spans(index)
+    sample = {}
+    for column, start, size in spans:
+      if wanted is None or column.name in wanted:
+        try:
+          sample[column.name] = _decode(column, buf, start, size)
+        except (ValueError, UnicodeDecodeError) as e:
+          raise MDSFormatError(f"{self.describe(index)}: {e}") from None
+    return sample
+
+  def __getitem__(self, index: int) -> dict[str, Any]:
+    return self.get(index)
+
+  def array_lengths(self, name: str) -> np.ndarray:
+    """int64 [len(self)]: the element count of a 1-D ndarray column in every sample.
+
+    Reads only the sample headers, vectorised per shard (no array data is touched).
+    """
+    column = self.columns.get(name)
+    if column is None or column.kind != "ndarray":
+      raise KeyError(f"{self.path} has no ndarray column {name!r}; its columns are "
+                     f"{ {c.name: c.encoding for c in self._column_list} }")
+    if column.shape is not None:
+      if len(column.shape) != 1:
+        raise MDSFormatError(f"{self.path}: column {name!r} ({column.encoding}) is not 1-D")
+      return np.full(len(self), column.shape[0], np.int64)
+    lengths = []
+    for number, shard in enumerate(self._shards):
+      if shard.samples == 0:
+        continue
+      buf = self._open_shard(number)
+      u8 = np.frombuffer(buf, np.uint8)
+      begin = shard.offsets[:-1]
+      var_sizes = np.zeros((shard.samples, 0), np.int64)
+      if self._num_variable:
+        idx = begin[:, None] + 4 * np.arange(self._num_variable)[None, :]
+        var_sizes = u8[idx[..., None] + np.arange(4)].copy().view("<u4")[..., 0].astype(np.int64)
+      start = begin + 4 * self._num_variable
+      size = None
+      v = 0
+      for c in self._column_list:
+        csize = var_sizes[:, v] if c.size is None else np.full(shard.samples, c.size)
+        v += c.size is None
+        if c is column:
+          size = csize
+          break
+        start = start + csize
+      if np.any(start + size > shard.offsets[1:]):
+        bad = int(np.argmax(start + size > shard.offsets[1:]))
+        raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}: "
+                             f"column sizes run past the sample's end; the shard is corrupt")
+      itemsize = column.dtype.itemsize if column.dtype is not None else None
+      header = np.zeros(shard.samples, np.int64)
+      if column.dtype is None:
+        codes = u8[start]
+        known = np.isin(codes, list(_VALUE_DTYPE_CODES))
+        if not known.all():
+          bad = int(np.argmin(known))
+          raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}:"
+                               f" column {name!r} has bad dtype code {codes[bad]}")
+        lut = np.zeros(256, np.int64)
+        for code, dt in _VALUE_DTYPE_CODES.items():
+          lut[code] = np.dtype(dt).itemsize
+        itemsize = lut[codes]
+        header += 1
+      byte = u8[start + header]
+      ndim = byte >> 2
+      if np.any(ndim != 1):
+        bad = int(np.argmax(ndim != 1))
+        raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}: "
+                             f"column {name!r} has {ndim[bad]} dimensions, expected 1")
+      header += 1 + (1 << (byte & 3))
+      values = size - header
+      if np.any(values % itemsize):
+        bad = int(np.argmax(values % itemsize != 0))
+        raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}: "
+                             f"column {name!r} is not a whole number of elements")
+      lengths.append(values // itemsize)
+    return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+
+  def __getstate__(self):  # memory maps do not pickle; reopened lazily
+    state = self.__dict__.copy()
+    state["_open"] = collections.OrderedDict()
+    state["_lock"] = None
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._lock = threading.RLock()
+
+  def __repr__(self):
+    return (f"MDSDataset({self.path!r}: {len(self)} samples in {len(self._shards)} shards, "
+            f"columns { {c.name: c.encoding for c in self._column_list} })")
+
+
