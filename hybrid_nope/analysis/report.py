@@ -32,13 +32,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from hybrid_nope import storage
 from hybrid_nope.analysis import checkpoints, plots, recency
 from hybrid_nope.analysis.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.model.definition import ModelDef, init_model
+from hybrid_nope.model.loss import sums_by_id, weighted_token_losses
 
 ANALYSIS_DIR = "analysis"
 EXTRAPOLATION_FILE = "extrapolation.json"
@@ -137,13 +137,11 @@ def _eval_fn(model_def: ModelDef, num_buckets: int):
   """(params, batch, bucket_BT, region_BT) -> weighted loss and weight sums per bucket [nb] and
   per region [3]."""
   def fn(params, batch, bucket_BT, region_BT):
-    losses_BT = optax.softmax_cross_entropy_with_integer_labels(
-        model_def.apply(params, batch).astype(jnp.float32), batch["targets"])
-    weights_BT = batch["weights"].astype(jnp.float32)
-    loss_BT = losses_BT * weights_BT
-    sums = lambda x, ids, n: jax.ops.segment_sum(x.ravel(), ids.ravel(), n)
-    return (sums(loss_BT, bucket_BT, num_buckets), sums(weights_BT, bucket_BT, num_buckets),
-            sums(loss_BT, region_BT, 3), sums(weights_BT, region_BT, 3))
+    loss_BT, weights_BT = weighted_token_losses(model_def.apply(params, batch),
+                                                batch["targets"], batch["weights"])
+    return (sums_by_id(loss_BT, bucket_BT, num_buckets),
+            sums_by_id(weights_BT, bucket_BT, num_buckets),
+            sums_by_id(loss_BT, region_BT, 3), sums_by_id(weights_BT, region_BT, 3))
   return jax.jit(fn)
 
 

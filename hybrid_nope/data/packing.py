@@ -12,6 +12,10 @@ import logging
 import numpy as np
 
 PADDING_SEGMENT = 0
+# What every row source yields and every batch holds, each [.., seq_len].
+ROW_KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")
+ROW_DTYPES = {"inputs": np.int32, "targets": np.int32, "segment_ids": np.int32,
+              "positions": np.int32, "weights": np.float32}
 
 _log = logging.getLogger(__name__)
 

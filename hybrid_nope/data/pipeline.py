@@ -24,9 +24,7 @@ from hybrid_nope.data import packing
 from hybrid_nope.data import stdlib_corpus
 from hybrid_nope.data.tokenizer import ByteTokenizer
 
-BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")
-BATCH_DTYPES = {"inputs": np.int32, "targets": np.int32, "segment_ids": np.int32,
-                "positions": np.int32, "weights": np.float32}
+BATCH_KEYS, BATCH_DTYPES = packing.ROW_KEYS, packing.ROW_DTYPES  # A batch is rows stacked.
 _MISSING = object()
 
 

@@ -46,7 +46,6 @@ import numpy as np
 from hybrid_nope.data import mds
 
 _log = logging.getLogger(__name__)
-ROW_KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")
 
 
 # ---- the mixture ------------------------------------------------------------------------------
@@ -190,7 +189,8 @@ def cut_row(tokens: np.ndarray, doc_starts: np.ndarray, doc_ends: np.ndarray, fi
   """One training row from stream[first : first + n] (n = tokens.size, 2 <= n <= seq_len + 1).
 
   doc_starts / doc_ends: sorted, non-overlapping [start, end) of the stream's documents, in
-  stream coordinates (only those near the row are needed). Returns ROW_KEYS, each [seq_len].
+  stream coordinates (only those near the row are needed). Returns packing.ROW_KEYS, each
+  [seq_len].
   """
   n, T = tokens.size, seq_len
   if not 2 <= n <= T + 1:

@@ -33,7 +33,7 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from hybrid_nope.data import prolong
+from hybrid_nope.data import packing, prolong
 
 NAME = "textbook_chapters"
 SPLIT = "train"  # the release's only split; all of it is eval data here
@@ -223,7 +223,7 @@ def eval_rows(path: str, *, seq_len: int, num_rows: int, vocab_size: int,
   order = grain.MapDataset.range(len(source)).shuffle(seed=EVAL_SHUFFLE_SEED)[:num_rows]
   chapters = grain.MapDataset.source(source)
   rows = list(order.map(lambda i: (int(i), chapters[int(i)])).map(to_row))
-  return {k: np.stack([r[k] for r in rows]) for k in prolong.ROW_KEYS}
+  return {k: np.stack([r[k] for r in rows]) for k in packing.ROW_KEYS}
 
 
 def main(argv=None) -> None:

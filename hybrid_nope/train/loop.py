@@ -16,7 +16,7 @@ from hybrid_nope.model import parameter_counts
 from hybrid_nope.train import flops, sharding
 from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
 from hybrid_nope.train.checkpoint import Checkpointer
-from hybrid_nope.train.loss import unigram_entropy
+from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.preemption import PreemptionWatcher

@@ -7,7 +7,7 @@ import optax
 
 import numpy as np
 
-from hybrid_nope.train.loss import cross_entropy_by_bucket, cross_entropy_sums
+from hybrid_nope.model.loss import cross_entropy_by_bucket, cross_entropy_sums
 from hybrid_nope.model.definition import ModelDef
 from hybrid_nope.train.state import TrainState
 

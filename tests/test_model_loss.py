@@ -2,7 +2,7 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from hybrid_nope.train.loss import cross_entropy_by_bucket, cross_entropy_sums, unigram_entropy
+from hybrid_nope.model.loss import cross_entropy_by_bucket, cross_entropy_sums, unigram_entropy
 
 
 def test_cross_entropy_matches_numpy_and_respects_weights():
