@@ -63,11 +63,6 @@ def read_text(path: str) -> str:
     return f.read()
 
 
-def open_file(path: str, mode: str = "rb"):
-  fs, p = _fs(path)
-  return fs.open(p, mode)
-
-
 def write_bytes(path: str, data: bytes) -> None:
   """Replaces the file whole; a kill at any instant leaves the old or the new one."""
   local = local_path(path)
@@ -100,11 +95,22 @@ def checkpoint_directory(workdir: str, configured: str = "") -> str:
   return directory if is_url(directory) else os.path.abspath(directory)
 
 
-def copy_tree(local_dir: str, url: str) -> None:
-  """Uploads every file under `local_dir` to the same relative path under `url`."""
+def remove(path: str) -> None:
+  fs, p = _fs(path)
+  fs.rm(p)
+
+
+def copy_tree(local_dir: str, url: str, uploaded: dict | None = None) -> None:
+  """Uploads every file under `local_dir` to the same relative path under `url`. `uploaded`
+  ({path: (size, mtime)}, updated here) skips the files unchanged since the last call."""
   for root, _, files in os.walk(local_dir):
     for name in files:
       source = os.path.join(root, name)
+      stat = os.stat(source)
+      if uploaded is not None and uploaded.get(source) == (stat.st_size, stat.st_mtime_ns):
+        continue
       relative = os.path.relpath(source, local_dir).replace(os.sep, "/")
       with open(source, "rb") as f:
         write_bytes(join(url, relative), f.read())
+      if uploaded is not None:
+        uploaded[source] = (stat.st_size, stat.st_mtime_ns)

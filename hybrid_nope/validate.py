@@ -138,7 +138,7 @@ def check_workdir(workdir: str, checkpoint_directory: str = "") -> None:
       storage.makedirs(workdir)
       probe = storage.join(workdir, ".write_check")
       storage.write_text(probe, "")
-      storage.open_file(probe).close()
+      storage.remove(probe)
     except Exception as e:  # fsspec backends raise their own kinds.
       raise ConfigError(f"--workdir={workdir} is not writable by this process: {e}") from None
     return

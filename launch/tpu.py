@@ -48,8 +48,12 @@ def parse(argv):
   return args, tuple(rest)
 
 
+def tpu_of(args) -> Tpu:
+  return Tpu(args.name, args.zone, args.tpu_type, args.runtime_version, args.spot, args.queued)
+
+
 def commands(args, overrides):
-  tpu = Tpu(args.name, args.zone, args.tpu_type, args.runtime_version, args.spot, args.queued)
+  tpu = tpu_of(args)
   if args.config and not os.path.exists(os.path.join(REPO, args.config)):
     raise TpuArgError(f"--config={args.config}: no such file in the repo")
   if args.command in ("run", "relaunch") and not args.config:
@@ -88,10 +92,9 @@ def main(argv):
   try:
     cmds = commands(args, overrides)
     if args.command == "relaunch" and not args.dry_run:
-      tpu = Tpu(args.name, args.zone, args.tpu_type, args.runtime_version, args.spot,
-                args.queued)
-      n = relaunch(tpu, cmds[1:], _run, sleep=time.sleep, poll_seconds=60 * args.poll_minutes,
-                   max_relaunches=args.max_relaunches)
+      # The plan is [create, *start]; relaunch creates the node itself when it is needed.
+      n = relaunch(tpu_of(args), cmds[1:], _run, sleep=time.sleep,
+                   poll_seconds=60 * args.poll_minutes, max_relaunches=args.max_relaunches)
       print(f"the run finished after {n} relaunches")
       return
   except TpuArgError as e:

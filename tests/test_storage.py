@@ -26,8 +26,17 @@ def test_write_read_list_and_copy(base, tmp_path):
   (local / "sub").mkdir(parents=True)
   (local / "sub" / "f.bin").write_bytes(b"\x00\x01")
   storage.copy_tree(str(local), storage.join(base, "copied"))
-  with storage.open_file(storage.join(base, "copied", "sub", "f.bin")) as f:
-    assert f.read() == b"\x00\x01"
+  copied = storage.join(base, "copied", "sub", "f.bin")
+  assert storage.read_text(copied) == "\x00\x01"
+  # A second copy skips files unchanged since the first (by size and mtime).
+  uploaded = {}
+  storage.copy_tree(str(local), storage.join(base, "again"), uploaded)
+  storage.remove(storage.join(base, "again", "sub", "f.bin"))
+  storage.copy_tree(str(local), storage.join(base, "again"), uploaded)
+  assert not storage.exists(storage.join(base, "again", "sub", "f.bin"))
+  (local / "sub" / "f.bin").write_bytes(b"\x00\x01\x02")
+  storage.copy_tree(str(local), storage.join(base, "again"), uploaded)
+  assert storage.read_text(storage.join(base, "again", "sub", "f.bin")) == "\x00\x01\x02"
 
 
 def test_local_writes_leave_no_staging_files(tmp_path):

@@ -320,6 +320,7 @@ def test_a_url_workdir_gets_every_record_and_analysis_reads_it(tmp_path):
   for name in ("config.json", "recency_probe.json"):
     assert storage.exists(storage.join(url, name)), name
   assert storage.listdir(storage.join(url, "tensorboard"))
+  assert ".write_check" not in storage.listdir(url)  # The workdir check cleans up its probe.
   result = report.analyze(url, lengths=(), figures=True)
   assert result["step"] == 8 and all(storage.exists(f) for f in result["files"])
   assert all(f.startswith(url) for f in result["files"])

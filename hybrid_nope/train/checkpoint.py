@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import sys
 import tempfile
@@ -24,13 +23,12 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
-from etils import epath
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
 
-ITEMS = ("state", "data", "meta")
-_SETTLE_SECONDS = 1.0  # "data": only in checkpoints written before "meta".
+ITEMS = ("state", "data", "meta")  # "data": only in checkpoints written before "meta".
+_SETTLE_SECONDS = 1.0  # After a failed read, how long tensorstore's threads take to stop.
 
 
 class CheckpointError(UserError):
@@ -105,7 +103,7 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def step_directory(self, step: int) -> str:
-    return os.path.join(self.directory, str(step))
+    return storage.join(self.directory, str(step))
 
   def checksums(self, state) -> dict[str, int]:
     return {k: int(v) for k, v in jax.device_get(self._checksums(state)).items()}
@@ -129,7 +127,7 @@ class Checkpointer:
     """The restored state; `data_iterator` is moved to the saved position in place. Raises
     CheckpointError (corrupt, truncated or edited) or DataChangedError (other data)."""
     where = self.step_directory(step)
-    has_meta = (epath.Path(where) / "meta").exists()
+    has_meta = storage.exists(storage.join(where, "meta"))
     if not has_meta:
       logging.warning("checkpoint step %d predates checksums and data fingerprints (%s has no "
                       "meta/): restored without verifying its state or its data", step, where)

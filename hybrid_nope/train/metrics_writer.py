@@ -30,6 +30,7 @@ class MetricsWriter:
     self._local = storage.local_path(workdir)
     self._lines: dict[str, list[str]] = {}  # name -> kept lines (the URL mode's whole file)
     self._dirty: set[str] = set()
+    self._tb_uploaded: dict = {}  # Event files already on storage, by size and mtime.
     self._tb = self._tb_local = None
     if self.active:
       storage.makedirs(workdir)
@@ -137,11 +138,11 @@ class MetricsWriter:
       self._replace(name, self._lines[name])
     self._dirty.clear()
     self._tb.flush()
-    storage.copy_tree(self._tb_local, self._path("tensorboard"))
+    storage.copy_tree(self._tb_local, self._path("tensorboard"), self._tb_uploaded)
 
   def close(self) -> None:
     if self._tb is not None:
       self.flush()
       self._tb.close()
       if self._local is None:
-        storage.copy_tree(self._tb_local, self._path("tensorboard"))
+        storage.copy_tree(self._tb_local, self._path("tensorboard"), self._tb_uploaded)

@@ -136,10 +136,8 @@ class MDSDataset:
                          hashlib.sha256((key + shard.raw_hashes[algo]).encode()).hexdigest())
     if os.path.exists(stamp):
       return
-    h = hashlib.new(algo)
     with open(path, "rb") as f:
-      while chunk := f.read(1 << 22):
-        h.update(chunk)
+      h = hashlib.file_digest(f, algo)
     if h.hexdigest() != shard.raw_hashes[algo]:
       raise MDSFormatError(f"{path} (shards[{shard.number}] of {self._file(INDEX_BASENAME)}) has "
                            f"{algo} {h.hexdigest()} but index.json says {shard.raw_hashes[algo]}:"
