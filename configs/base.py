@@ -77,6 +77,8 @@ def get_config() -> ml_collections.ConfigDict:
       seed=0,
       log_every_steps=10,
       peak_flops=0.0,          # Per device, for MFU; 0 = look up / measure (hybrid_nope.train.flops).
+      profile_start_step=0,    # jax.profiler trace of train.profile_steps steps from this one
+      profile_steps=0,         # into WORKDIR/profile/ (TensorBoard, Perfetto); 0 = off.
   ))
 
   c.checkpoint = ml_collections.ConfigDict(dict(

@@ -26,11 +26,15 @@ def _require(ok: bool, key: str, value, allowed: str):
     raise ConfigError(f"config.{key}={value!r} is invalid: expected {allowed}")
 
 
-def _positive_int(config, key: str):
+def _int_at_least(config, key: str, low: int, allowed: str = ""):
   section, name = key.split(".")
   value = config[section][name]
-  _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key, value,
-           "an integer >= 1")
+  _require(isinstance(value, int) and not isinstance(value, bool) and value >= low, key, value,
+           allowed or f"an integer >= {low}")
+
+
+def _positive_int(config, key: str):
+  _int_at_least(config, key, 1)
 
 
 def validate(config, *, check_paths: bool = True) -> None:
@@ -82,10 +86,10 @@ def validate(config, *, check_paths: bool = True) -> None:
   for key in ("data.verify_hashes", "data.allow_changed_data"):
     section, name = key.split(".")
     _require(isinstance(config[section][name], bool), key, config[section][name], "True or False")
-  restore_step = config.checkpoint.restore_step
-  _require(isinstance(restore_step, int) and not isinstance(restore_step, bool)
-           and restore_step >= 0, "checkpoint.restore_step", restore_step,
-           "an integer >= 0 (0 = the newest checkpoint)")
+  _int_at_least(config, "checkpoint.restore_step", 0, "an integer >= 0 (0 = the newest checkpoint)")
+  _int_at_least(config, "train.profile_steps", 0, "an integer >= 0 (0 = no profile)")
+  _int_at_least(config, "train.profile_start_step", 0 if config.train.profile_steps == 0 else 1,
+                "an integer >= 1 (the first profiled step) when train.profile_steps > 0")
   t = config.train
   _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
            f"an integer in [0, train.steps={t.steps})")

@@ -1,6 +1,7 @@
 """The training loop: init or resume, train, evaluate, log, run the hooks it is handed, checkpoint."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Sequence
 
@@ -13,13 +14,15 @@ from hybrid_nope.data.fingerprint import data_fingerprint
 from hybrid_nope.logs import quiet_library_logs
 from hybrid_nope.errors import RunStopped
 from hybrid_nope.model import parameter_counts
-from hybrid_nope.train import flops, sharding
+from hybrid_nope.train import sharding
 from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.preemption import PreemptionWatcher
+from hybrid_nope.train.profiling import StepProfiler
+from hybrid_nope.train.progress import Progress
 from hybrid_nope.train.state import sharded_train_state
 from hybrid_nope.train.step import make_eval_step, make_train_step
 from hybrid_nope.validate import ConfigError, check_workdir, validate
@@ -129,6 +132,142 @@ def _process_rows(batch: dict) -> dict:
   return {k: v[p * size:(p + 1) * size] for k, v in batch.items()}
 
 
+@dataclasses.dataclass
+class _Run:
+  """What a run builds once: the mesh, the model, the data, the compiled steps, the stores."""
+  config: object
+  mesh: object
+  model_def: object
+  state_shardings: object
+  data_iter: object
+  eval_batches: list
+  run_context: RunContext
+  fingerprint: str
+  ckpt: Checkpointer
+  writer: MetricsWriter
+  train_step: object
+  eval_step: object
+
+
+def _model_and_state(config, mesh):
+  tx = make_optimizer(config.train)
+  with sharding.activation_rules(mesh):
+    model_def, state, state_shardings = sharded_train_state(config.model, tx, config.train.seed,
+                                                            mesh)
+  counts = parameter_counts(model_def.bind(state.params))
+  logging.info("parameters: %.2fM non-embedding, %.2fM total", counts["non_embedding"] / 1e6,
+               counts["total"] / 1e6)
+  return tx, model_def, state, state_shardings
+
+
+def _eval_rows(config):
+  eval_rows = pipeline.eval_batches(config)
+  logging.info("eval-set unigram entropy %.4f nats/token (context-free baseline)",
+               unigram_entropy(np.concatenate([b["targets"] for b in eval_rows]),
+                               np.concatenate([b["weights"] for b in eval_rows])))
+  return eval_rows
+
+
+def _resume(config, ckpt: Checkpointer, state, state_shardings, data_iter, fingerprint):
+  """(state, last saved step): restored from the checkpoint to resume from, if there is one."""
+  last_saved = _restore_point(config, ckpt)
+  if last_saved is None:
+    return state, None
+  target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        state, state_shardings)
+  state = ckpt.restore(last_saved, target, data_iter, data_fingerprint=fingerprint,
+                       allow_changed_data=config.data.allow_changed_data)
+  logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
+  discarded = ckpt.discard_after(last_saved)  # Only after the restore held: they are rewritten.
+  if discarded:
+    logging.warning("checkpoint.restore_step=%d: deleted the newer checkpoints %s", last_saved,
+                    discarded)
+  return state, last_saved
+
+
+def _compile_steps(config, mesh, model_def, tx, state_shardings):
+  """The jitted train and eval steps, with their input and output shardings."""
+  batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
+  replicated = sharding.replicated(mesh)
+  schedule = learning_rate_schedule(config.train)
+  train_step = jax.jit(make_train_step(model_def, tx, schedule),
+                       in_shardings=(state_shardings, batch_shardings),
+                       out_shardings=(state_shardings, replicated), donate_argnums=0)
+  buckets = pipeline.position_buckets(config.data.seq_len, config.eval.bucket_size)
+  eval_step = jax.jit(make_eval_step(model_def, buckets),
+                      in_shardings=(state_shardings.params, batch_shardings),
+                      out_shardings=replicated)
+  return train_step, eval_step
+
+
+def _replicator(mesh):
+  replicated = sharding.replicated(mesh)
+  return lambda tree: jax.tree.map(
+      lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)), tree)
+
+
+def _start(config, workdir: str):
+  """Builds the run and its state, resumed from the newest (or the chosen) checkpoint."""
+  mesh = sharding.make_mesh(config)
+  logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), jax.device_count(),
+               jax.process_count())
+  tx, model_def, state, state_shardings = _model_and_state(config, mesh)
+  data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
+                                      process_count=jax.process_count())
+  eval_rows = _eval_rows(config)
+  fingerprint = data_fingerprint(config, eval_rows)
+  ckpt = Checkpointer(workdir, keep=config.checkpoint.keep, directory=config.checkpoint.directory,
+                      replicated=sharding.replicated(mesh))
+  state, last_saved = _resume(config, ckpt, state, state_shardings, data_iter, fingerprint)
+  start = int(state.step)
+  if start >= config.train.steps:
+    logging.warning("%s already holds a run trained to step %d (train.steps=%d): nothing to "
+                    "train; its metrics are in metrics.jsonl. Use a new --workdir, or raise "
+                    "train.steps, to train more.", workdir, start, config.train.steps)
+  writer = MetricsWriter(workdir, resume_step=start)
+  writer.write_config(config)
+  with sharding.activation_rules(mesh):
+    train_step, eval_step = _compile_steps(config, mesh, model_def, tx, state_shardings)
+  run_context = RunContext(config=config, model_def=model_def, eval_batches=eval_rows,
+                           writer=writer, replicate=_replicator(mesh))
+  run = _Run(config=config, mesh=mesh, model_def=model_def, state_shardings=state_shardings,
+             data_iter=data_iter,
+             eval_batches=[sharding.global_batch(_process_rows(b), mesh) for b in eval_rows],
+             run_context=run_context, fingerprint=fingerprint, ckpt=ckpt, writer=writer,
+             train_step=train_step, eval_step=eval_step)
+  return run, state, last_saved
+
+
+def _finish_resumed_step(run: _Run, hooks, step: int, params) -> None:
+  """Redoes the eval and the hooks the resumed step owed and has not on record."""
+  redo_eval, redo_hooks = _unfinished_at(step, run.config, run.writer, hooks)
+  if redo_eval:
+    logging.info("step %d: its eval was not on record (preempted?); evaluating now", step)
+    _evaluate_and_log(run.eval_step, params, run.eval_batches, run.config, run.writer, step)
+  for hook in redo_hooks:
+    for name in getattr(hook, "record_files", ()):
+      run.writer.drop_step(name, step)
+  _run_hooks(redo_hooks, run.writer, step, params)
+
+
+def _due(step: int, every: int, last: bool) -> bool:
+  return step % every == 0 or last
+
+
+def _log(run: _Run, progress: Progress, pending: list, last_saved) -> dict:
+  """Fetches the pending steps' metrics, writes them (stopping at a non-finite one) and the
+  progress scalars; returns the summary fields."""
+  records = [(s, jax.device_get(m)) for s, m in pending]
+  pending.clear()
+  _write_finite(run.writer, records, last_saved)
+  step, metrics = records[-1]
+  loss = float(metrics["loss"])
+  scalars = progress.report(step, loss, float(metrics["learning_rate"]))
+  run.writer.write(step, scalars)
+  run.writer.flush()
+  return {"step": step, "loss": loss, "tokens_per_second": scalars["tokens_per_second"]}
+
+
 def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   """Trains per `config`, resuming from the newest checkpoint in `workdir` if there is one.
 
@@ -142,130 +281,53 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   validate(config)
   check_workdir(workdir, config.checkpoint.directory)
   quiet_library_logs()
-  mesh = sharding.make_mesh(config)
-  logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), jax.device_count(),
-               jax.process_count())
-  tx = make_optimizer(config.train)
-  schedule = learning_rate_schedule(config.train)
-  with sharding.activation_rules(mesh):
-    model_def, state, state_shardings = sharded_train_state(config.model, tx, config.train.seed,
-                                                            mesh)
-  counts = parameter_counts(model_def.bind(state.params))
-  logging.info("parameters: %.2fM non-embedding, %.2fM total", counts["non_embedding"] / 1e6,
-               counts["total"] / 1e6)
-
-  data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
-                                      process_count=jax.process_count())
-  eval_rows = pipeline.eval_batches(config)
-  logging.info("eval-set unigram entropy %.4f nats/token (context-free baseline)",
-               unigram_entropy(np.concatenate([b["targets"] for b in eval_rows]),
-                               np.concatenate([b["weights"] for b in eval_rows])))
-  eval_batches = [sharding.global_batch(_process_rows(b), mesh) for b in eval_rows]
-
-  fingerprint = data_fingerprint(config, eval_rows)
-  ckpt = Checkpointer(workdir, keep=config.checkpoint.keep, directory=config.checkpoint.directory,
-                      replicated=sharding.replicated(mesh))
-  last_saved = _restore_point(config, ckpt)
-  if last_saved is not None:
-    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          state, state_shardings)
-    state = ckpt.restore(last_saved, target, data_iter, data_fingerprint=fingerprint,
-                         allow_changed_data=config.data.allow_changed_data)
-    logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
-    discarded = ckpt.discard_after(last_saved)  # Only after the restore held: they are rewritten.
-    if discarded:
-      logging.warning("checkpoint.restore_step=%d: deleted the newer checkpoints %s", last_saved,
-                      discarded)
+  run, state, last_saved = _start(config, workdir)
   start = int(state.step)
-  if start >= config.train.steps:
-    logging.warning("%s already holds a run trained to step %d (train.steps=%d): nothing to "
-                    "train; its metrics are in metrics.jsonl. Use a new --workdir, or raise "
-                    "train.steps, to train more.", workdir, start, config.train.steps)
-  writer = MetricsWriter(workdir, resume_step=start)
-  writer.write_config(config)
-
-  batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
-  replicated = sharding.replicated(mesh)
-  with sharding.activation_rules(mesh):
-    train_step = jax.jit(make_train_step(model_def, tx, schedule),
-                         in_shardings=(state_shardings, batch_shardings),
-                         out_shardings=(state_shardings, replicated), donate_argnums=0)
-    buckets = pipeline.position_buckets(config.data.seq_len, config.eval.bucket_size)
-    eval_step = jax.jit(make_eval_step(model_def, buckets),
-                        in_shardings=(state_shardings.params, batch_shardings),
-                        out_shardings=replicated)
-    run = RunContext(config=config, model_def=model_def, eval_batches=eval_rows, writer=writer,
-                     replicate=lambda tree: jax.tree.map(
-                         lambda x: jax.make_array_from_process_local_data(replicated,
-                                                                          np.asarray(x)), tree))
-    active_hooks = [make(run) for make in hooks]
-    redo_eval, redo_hooks = _unfinished_at(start, config, writer, active_hooks)
-    if redo_eval:
-      logging.info("step %d: its eval was not on record (preempted?); evaluating now", start)
-      _evaluate_and_log(eval_step, state.params, eval_batches, config, writer, start)
-    for hook in redo_hooks:
-      for name in getattr(hook, "record_files", ()):
-        writer.drop_step(name, start)
-    _run_hooks(redo_hooks, writer, start, state.params)
-
-  tokens_per_step = config.data.batch_size * config.data.seq_len
-  flops_per_token = flops.flops_per_token(config.model, config.data.seq_len)
-  peak, peak_source = flops.peak_flops_per_device(config.train.peak_flops)
-  peak *= jax.device_count()
-  logging.info("MFU against %.1f GFLOP/s (%s)", peak / 1e9, peak_source)
-
-  watcher = PreemptionWatcher()
-  saved_at = _clock()
-  pending: list[tuple[int, dict]] = []
+  t_start = time.perf_counter()
+  c = config
   summary = {"step": start, "loss": float("nan"), "eval_loss": float("nan"),
              "tokens_per_second": float("nan"), "preempted": False}
-  t_start = t_last = time.perf_counter()
-  step_last = start
+  watcher = PreemptionWatcher()
+  profiler = StepProfiler(workdir, c.train.profile_start_step, c.train.profile_steps)
   try:
-    with sharding.activation_rules(mesh):
-      for step in range(start + 1, config.train.steps + 1):
-        batch = sharding.global_batch(next(data_iter), mesh)
-        state, metrics = train_step(state, batch)
+    with sharding.activation_rules(run.mesh):
+      active_hooks = [make(run.run_context) for make in hooks]
+      _finish_resumed_step(run, active_hooks, start, state.params)
+      progress = Progress(c, start)
+      saved_at, pending = _clock(), []
+      for step in range(start + 1, c.train.steps + 1):
+        profiler.before(step)
+        state, metrics = run.train_step(state, sharding.global_batch(next(run.data_iter),
+                                                                     run.mesh))
+        profiler.after(step, metrics)
         pending.append((step, metrics))
-        preempted = watcher.should_stop(step, ckpt.manager)
-        last = step == config.train.steps or preempted
-        save = (step % config.checkpoint.every_steps == 0 or last
-                or _minutes_due(config.checkpoint.every_minutes, saved_at))
+        preempted = watcher.should_stop(step, run.ckpt.manager)
+        last = step == c.train.steps or preempted
+        save = (_due(step, c.checkpoint.every_steps, last)
+                or _minutes_due(c.checkpoint.every_minutes, saved_at))
         # Losses are fetched only at log and save steps so the host runs ahead of the devices.
-        if step % config.train.log_every_steps == 0 or save:
-          records = [(s, jax.device_get(m)) for s, m in pending]
-          pending.clear()
-          _write_finite(writer, records, last_saved)
-          now = time.perf_counter()
-          tokens_per_second = (step - step_last) * tokens_per_step / (now - t_last)
-          mfu = tokens_per_second * flops_per_token / peak
-          t_last, step_last = now, step
-          loss = float(records[-1][1]["loss"])
-          writer.write(step, {"tokens_per_second": tokens_per_second, "mfu": mfu})
-          writer.flush()
-          logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | lr %.2e", step,
-                       config.train.steps, loss, tokens_per_second, 100 * mfu,
-                       float(records[-1][1]["learning_rate"]))
-          summary.update(step=step, loss=loss, tokens_per_second=tokens_per_second)
-        if (step % config.eval.every_steps == 0 or last) and not preempted:
-          summary["eval_loss"] = _evaluate_and_log(eval_step, state.params, eval_batches, config,
-                                                   writer, step)
+        if _due(step, c.train.log_every_steps, save):
+          summary.update(_log(run, progress, pending, last_saved))
+        if _due(step, c.eval.every_steps, last) and not preempted:
+          summary["eval_loss"] = _evaluate_and_log(run.eval_step, state.params, run.eval_batches,
+                                                   c, run.writer, step)
         if save:
-          ckpt.save(step, state, data_iter, fingerprint)
+          run.ckpt.save(step, state, run.data_iter, run.fingerprint)
           last_saved, saved_at = step, _clock()
-        if (step % config.metrics.every_steps == 0 or last) and not preempted:
-          _run_hooks(active_hooks, writer, step, state.params)
+        if _due(step, c.metrics.every_steps, last) and not preempted:
+          _run_hooks(active_hooks, run.writer, step, state.params)
         if save:
-          writer.flush()  # On a URL workdir, every record up to the checkpoint is on storage.
+          run.writer.flush()  # On a URL workdir, every record up to the checkpoint is on storage.
         if preempted:
           logging.warning("preempted: saved step %d; rerun the same command to resume", step)
           summary["preempted"] = True
           break
   finally:
     # Also on errors: an async save already started is a good checkpoint; let it finish.
-    ckpt.wait()
-    ckpt.close()
-    writer.close()
+    profiler.close()
+    run.ckpt.wait()
+    run.ckpt.close()
+    run.writer.close()
     watcher.close()
   summary["wall_seconds"] = time.perf_counter() - t_start
   return summary

@@ -1,0 +1,31 @@
+"""train.profile_start_step / profile_steps: a trace of those steps, and the run goes on."""
+import glob
+import json
+import os
+
+import pytest
+
+from hybrid_nope.train import loop
+from hybrid_nope.validate import ConfigError, validate
+from tests.helpers import tiny_config
+
+
+def test_a_profile_of_two_steps_is_written_and_the_run_trains_to_the_end(tmp_path):
+  summary = loop.train(tiny_config(train__profile_start_step=3, train__profile_steps=2),
+                       str(tmp_path))
+  assert summary["step"] == 8
+  traces = glob.glob(str(tmp_path / "profile" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+  assert len(traces) == 1 and os.path.getsize(traces[0]) > 1000
+  with open(tmp_path / "metrics.jsonl") as f:
+    assert sorted(json.loads(l)["step"] for l in f if '"loss"' in l) == list(range(1, 9))
+
+
+def test_no_profile_by_default(tmp_path):
+  loop.train(tiny_config(train__steps=2, train__warmup_steps=1), str(tmp_path))
+  assert not os.path.exists(tmp_path / "profile")
+
+
+@pytest.mark.parametrize("start, steps", [(0, 2), (-1, 0), (1, -1)])
+def test_bad_profile_keys_fail_by_name(start, steps):
+  with pytest.raises(ConfigError, match="config.train.profile_"):
+    validate(tiny_config(train__profile_start_step=start, train__profile_steps=steps))

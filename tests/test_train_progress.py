@@ -1,0 +1,41 @@
+"""The progress line: throughput, MFU, seconds per step, ETA and memory, in the log and records."""
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from hybrid_nope.train import loop, progress
+from tests.helpers import tiny_config
+
+
+def test_memory_in_use_is_the_host_peak_on_cpu_and_grows_with_an_allocation():
+  before, kind = progress.memory_in_use()
+  assert kind == "host peak RSS" and before > 1e6
+  block = np.ones(64 * 2**20, np.uint8)  # 64 MiB, touched.
+  after, _ = progress.memory_in_use()
+  assert after >= before and after >= block.nbytes
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0m00s"), (59.6, "1m00s"), (754, "12m34s"),
+                                           (3 * 3600 + 5 * 60, "3h05m")])
+def test_duration_text(seconds, text):
+  assert progress._duration(seconds) == text
+
+
+def test_each_logged_step_carries_seconds_per_step_eta_and_memory(tmp_path, caplog):
+  config = tiny_config(train__log_every_steps=2)
+  with caplog.at_level(logging.INFO):
+    loop.train(config, str(tmp_path))
+  with open(tmp_path / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f if "seconds_per_step" in line]
+  assert [r["step"] for r in records] == [2, 4, 6, 8]
+  for r in records:  # tokens/s is the batch's tokens over the measured seconds per step.
+    tokens = config.data.batch_size * config.data.seq_len
+    assert r["tokens_per_second"] == pytest.approx(tokens / r["seconds_per_step"], rel=1e-9)
+    assert r["memory_bytes"] > 1e6
+  lines = [m for m in caplog.messages if m.startswith("step 8/8")]
+  assert lines and "s/step | ETA 0m00s | host peak RSS" in lines[0]
+  eta = [m for m in caplog.messages if m.startswith("step 2/8")][0]
+  seconds = records[0]["seconds_per_step"] * 6  # Six steps to go at step 2.
+  assert f"ETA {progress._duration(seconds)}" in eta
