@@ -13,7 +13,8 @@ from hybrid_nope import storage
 from hybrid_nope.errors import UserError
 from hybrid_nope.kernels import IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
-from hybrid_nope.model.transformer import DTYPES, layer_kinds
+from hybrid_nope.model.pattern import layer_kinds, window_of
+from hybrid_nope.model.transformer import DTYPES
 
 
 
@@ -52,7 +53,7 @@ def validate(config, *, check_paths: bool = True) -> None:
     layer_kinds(m.pattern, m.num_layers)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if "S" in m.pattern:
+  if window_of(m) is not None:
     _require(isinstance(m.window, int) and m.window >= 1, "model.window", m.window,
              "an integer >= 1 (the sliding window, in tokens)")
   _require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", m.num_kv_heads,

@@ -19,9 +19,9 @@ from absl import logging
 from hybrid_nope import storage
 from hybrid_nope.analysis import probe as probe_lib
 from hybrid_nope.analysis import recency
-from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY, layer_kinds
+from hybrid_nope.model.pattern import layer_kinds, layer_type, window_of
+from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 
-LAYER_TYPES = {"S": "swa", "G": "global"}
 RECORD_FILE = "recency.jsonl"
 PROBE_FILE = "recency_probe.json"
 DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE = -1, "data", "tokens"
@@ -52,7 +52,7 @@ class RecencyHook:
     self.kinds = layer_kinds(m.pattern, m.num_layers)
     self.far = metrics.far_lag
     self.lags = tuple(lags) if lags is not None else recency.default_lags(
-        self.far, m.window if "S" in self.kinds else None)
+        self.far, window_of(m))
     missing = {1, self.far} - set(self.lags)
     if missing:
       raise ValueError(f"lags {self.lags} must include 1 and metrics.far_lag={self.far}")
@@ -154,7 +154,7 @@ class RecencyHook:
       readout = self._readout(out, layer, counts_LC) if layer in self.readout_layers else {}
       modules = BOUNDARIES + ((FINAL_BOUNDARY,) if layer == last else ())
       for name in modules:
-        records.append(self._record(step, layer, LAYER_TYPES[kind], name,
+        records.append(self._record(step, layer, layer_type(kind), name,
                                     out[f"{layer}/{name}"], counts_LC, **readout))
     return records
 

@@ -39,6 +39,7 @@ from hybrid_nope.analysis.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.model.definition import ModelDef, init_model
 from hybrid_nope.model.loss import sums_by_id, weighted_token_losses
+from hybrid_nope.model.pattern import window_of
 
 ANALYSIS_DIR = "analysis"
 EXTRAPOLATION_FILE = "extrapolation.json"
@@ -190,7 +191,7 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
   config = _with_seq_len(config, seq_len)
   batches = pipeline.eval_batches(config)
   lags = analysis_lags(seq_len, config.metrics.far_lag,
-                       config.model.window if "S" in config.model.pattern else None)
+                       window_of(config.model))
   hook = _hook(config, model_def, batches, lags)
   result = {"seq_len": seq_len, "lags": list(lags),
             "probe_sequences": int(config.metrics.probe_batch_size), "probe": hook.describe(),

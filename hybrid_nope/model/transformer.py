@@ -7,23 +7,11 @@ import numpy as np
 from flax import nnx
 
 from hybrid_nope.model.attention import Attention
+from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init,
                                       logical_axes, param, project)
 
-LAYER_KINDS = {"S": "sliding-window attention", "G": "global attention"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-def layer_kinds(pattern: str, num_layers: int) -> str:
-  """`pattern` repeated to `num_layers`, e.g. ("SG", 4) -> "SGSG"."""
-  unknown = sorted(set(pattern) - set(LAYER_KINDS))
-  if not pattern or unknown:
-    raise ValueError(f"config.model.pattern={pattern!r} is invalid: expected a non-empty string "
-                     f"of letters from {LAYER_KINDS}; unknown letters {unknown}")
-  if num_layers < 1 or num_layers % len(pattern):
-    raise ValueError(f"config.model.num_layers={num_layers} is invalid: expected a positive "
-                     f"multiple of len(model.pattern)={len(pattern)} (pattern {pattern!r})")
-  return pattern * (num_layers // len(pattern))
 
 
 def compute_dtype(name: str):

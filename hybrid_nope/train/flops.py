@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_nope.model.transformer import layer_kinds
+from hybrid_nope.model.pattern import layer_kinds
 
 # Dense bf16 peak per device, from vendor datasheets; keyed by a substring of device_kind.
 PEAK_FLOPS = {
