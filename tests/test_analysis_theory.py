@@ -50,6 +50,143 @@ def test_uniform_global_attention_follows_the_square_root_law():
     np.testing.assert_allclose(measured, theory.global_cosine(np.array(lags), i), atol=tolerance)
 
 
+DECAYS = (0.5, 0.9, 0.99)  # recency scales 1/(1 − α) = 2, 10, 100
+
+
+def decayed_sum(v_BTD, decay):
+  """The constant-decay linear mixer over values v: y_t = α y_{t−1} + v_t = Σ_{j≤t} α^{t−j} v_j."""
+  y = np.empty_like(v_BTD)
+  y[:, 0] = v_BTD[:, 0]
+  for t in range(1, v_BTD.shape[1]):
+    y[:, t] = decay * y[:, t - 1] + v_BTD[:, t]
+  return y
+
+
+def gaussian_cosine_bias(c, D):
+  """E cos − c for D i.i.d. pairs of jointly Gaussian components with correlation c (any scales):
+  −c(1 − c²)/(2D) + O(1/D²), the delta method of `uniform_swa_cosine_and_bias` with ν = 0, S ∝ I."""
+  return -c * (1 - c**2) / (2 * D)
+
+
+def linear_mixer_nulls(d, decay, i=None):
+  """Laws the Monte Carlo must reject: the SWA law with the recency scale as its window (equal to
+  α^d at d = 1), the square root α^(d/2), and for a finite prefix the long-prefix α^d and the
+  uniform-prefix law (α = 1)."""
+  nulls = {"swa, w = 1/(1 − α)": theory.swa_cosine(d, theory.linear_recency_scale(decay)),
+           "α^(d/2)": decay ** (d / 2)}
+  if i is not None:
+    nulls |= {"long prefix α^d": theory.linear_cosine(d, decay),
+              "global (α = 1)": theory.global_cosine(d, i)}
+  return nulls
+
+
+def linear_mixer_long_prefix(decay, seed, B=64, T=1536, D=128, start=512,
+                             lags=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512)):
+  """f(d) of the decayed sum of white noise over the pairs whose earlier token is at >= start,
+  through the recency estimator (one cluster per row: rows are independent), against α^d."""
+  y = decayed_sum(np.random.default_rng(seed).standard_normal((B, T, D)), decay)
+  measured, stderr, _ = recency.mean_and_stderr(*row_cosine_sums(y[:, start:], lags))
+  d = np.array(lags)
+  law = theory.linear_cosine(d, decay)
+  bias = gaussian_cosine_bias(law, D)
+  # The counted pairs' finite-prefix law lies between α^d and its value at i − d = start.
+  prefix = law - theory.linear_cosine(d, decay, start + d)
+  return dict(lags=d, measured=measured, stderr=stderr, law=law, bias=bias, prefix=prefix,
+              tolerance=4 * stderr + np.abs(bias) + prefix, nulls=linear_mixer_nulls(d, decay))
+
+
+def linear_mixer_finite_prefix(decay, seed, B=512, D=256, positions=(2, 8, 32, 128)):
+  """Per position i and lag d in {1, 2, i/4, i/2, i}, the mean cosine of (y_i, y_{i−d}) over B
+  independent rows of the decayed sum of white noise, and its standard error over the rows."""
+  pairs = [(i, d) for i in positions for d in sorted({1, 2, i // 4, i // 2, i}) if 1 <= d <= i]
+  wanted = {t for i, d in pairs for t in (i, i - d)}
+  rng = np.random.default_rng(seed)
+  y, kept = np.zeros((B, D)), {}
+  for t in range(max(positions) + 1):  # Only the positions used are kept: B·D memory.
+    y = decay * y + rng.standard_normal((B, D))
+    if t in wanted:
+      kept[t] = y
+  u = {t: x / np.linalg.norm(x, axis=-1, keepdims=True) for t, x in kept.items()}
+  cos = np.array([np.sum(u[i] * u[i - d], -1) for i, d in pairs])  # [pairs, B]
+  i, d = np.array(pairs).T
+  law = theory.linear_cosine(d, decay, i)
+  bias = gaussian_cosine_bias(law, D)
+  stderr = cos.std(1, ddof=1) / np.sqrt(B)
+  return dict(i=i, lags=d, measured=cos.mean(1), stderr=stderr, law=law, bias=bias,
+              tolerance=4 * stderr + np.abs(bias), nulls=linear_mixer_nulls(d, decay, i))
+
+
+@pytest.mark.parametrize("form", ["long prefix", "finite prefix"])
+def test_constant_decay_linear_mixer_over_white_noise_follows_the_decay_law(form):
+  """y_i = Σ_{j≤i} α^{i−j} v_j over i.i.d. Gaussian values: the mean cosine of (y_i, y_{i−d})
+  against theory.linear_cosine, for α in DECAYS. Long prefix: α^d over the pairs whose earlier
+  token is at >= 512 (the finite-prefix correction there, ≤ 2e-5, is added to the tolerance).
+  Finite prefix: α^d sqrt((1 − α^{2(i−d+1)})/(1 − α^{2(i+1)})) at i in {2, 8, 32, 128}.
+
+  Tolerance: 4 standard errors (over the independent rows: 64 of them, or 512; 78 comparisons, so
+  a false failure has probability < 1% per draw) + the mean cosine's derived bias against the law,
+  the ratio of expectations: c(1 − c²)/(2D) ≤ 0.0015 (D = 128) and 0.0008 (D = 256); at the long
+  prefix's small lags it is several standard errors, and the error minus it is within 2 of them
+  (`gaussian_cosine_bias`). Power: the same tolerance rejects, for every α, the SWA law with
+  w = 1/(1 − α), α^(d/2) and, for the finite prefix, the long-prefix α^d and the uniform-prefix
+  global law.
+  """
+  compare = linear_mixer_long_prefix if form == "long prefix" else linear_mixer_finite_prefix
+  for seed, decay in enumerate(DECAYS):
+    r = compare(decay, seed=10 + seed)
+    assert np.all(np.abs(r["measured"] - r["law"]) <= r["tolerance"]), (decay, r)
+    for name, null in r["nulls"].items():
+      assert np.any(np.abs(r["measured"] - null) > r["tolerance"]), (decay, name, r)
+
+
+def test_linear_cosine_is_the_ratio_of_the_moments_of_the_decayed_sum():
+  """The closed form against the derivation's sums, exactly: y_i = Σ_j a_ij v_j with a_ij = α^{i−j}
+  (j ≤ i) over uncorrelated unit values has E[y_i · y_k] ∝ Σ_j a_ij a_kj."""
+  for decay in (0.0, 0.3, 0.9, 0.999, 1.0):
+    for i in (0, 1, 5, 40):
+      j = np.arange(i + 1)
+      a_TJ = np.where(j[None] <= j[:, None], decay ** np.maximum(j[:, None] - j[None], 0), 0.0)
+      d = np.arange(i + 1)
+      a_i, a_k = a_TJ[i], a_TJ[i - d]
+      expected = a_k @ a_i / (np.linalg.norm(a_i) * np.linalg.norm(a_k, axis=-1))
+      np.testing.assert_allclose(theory.linear_cosine(d, decay, i), expected, rtol=1e-12,
+                                 atol=1e-300)
+      assert np.isnan(theory.linear_cosine(i + 1, decay, i))  # no pair (i, i − d) with d > i
+
+
+def test_linear_cosine_limits_and_recency_scale():
+  d, i = np.arange(65), 64
+  # α → 1: the uniform-prefix law, continuously (the deviation is O((1 − α) i)), and at α = 1.
+  np.testing.assert_array_equal(theory.linear_cosine(d, 1.0, i), theory.global_cosine(d, i))
+  for eps in (1e-4, 1e-8, 1e-12):
+    deviation = theory.linear_cosine(d, 1 - eps, i) - theory.global_cosine(d, i)
+    assert np.max(np.abs(deviation)) <= eps * (i + 1), (eps, deviation)
+  np.testing.assert_array_equal(theory.linear_cosine(d, 1.0), np.ones(len(d)))
+  # α = 0: y_i = v_i, so 1 at d = 0 and 0 at every other lag, with or without a finite prefix.
+  for prefix in (None, 0, 3, 1000):
+    lags = np.arange(4 if prefix is None else min(prefix, 3) + 1)
+    np.testing.assert_array_equal(theory.linear_cosine(lags, 0.0, prefix), lags == 0)
+  # The finite-prefix form tends to α^d; broadcasting over d, α and i.
+  np.testing.assert_allclose(theory.linear_cosine(d, 0.9, 10**6), 0.9**d, rtol=1e-14)
+  grid = theory.linear_cosine(d[:, None, None], np.array(DECAYS)[:, None], np.array([64, 128]))
+  assert grid.shape == (len(d), len(DECAYS), 2)
+  np.testing.assert_allclose(grid[:, 1, 0], theory.linear_cosine(d, 0.9, 64))
+  # The recency scale: 1/(1 − α), the window of the SWA law that agrees with α^d at d = 1.
+  decays = np.array((0.0, 0.5, 0.9, 0.99))
+  np.testing.assert_allclose(theory.linear_recency_scale(decays), [1, 2, 10, 100])
+  np.testing.assert_allclose(theory.swa_cosine(1, theory.linear_recency_scale(decays)),
+                             theory.linear_cosine(1, decays))
+  for bad in (-0.1, 1.5, np.nan):
+    with pytest.raises(ValueError, match="decay"):
+      theory.linear_cosine(d, bad)
+  with pytest.raises(ValueError, match="decay"):
+    theory.linear_recency_scale(1.0)
+  with pytest.raises(ValueError, match="d="):
+    theory.linear_cosine(-1, 0.5)
+  with pytest.raises(ValueError, match="i="):
+    theory.linear_cosine(1, 0.5, -1)
+
+
 def recency_with_mean(rng, B=4, T=512, D=64, w=16, mean_scale=3.0):
   """A recency component (SWA-like moving average) plus a position-independent mean that
   lives in the first 8 channels."""

@@ -2,6 +2,9 @@
 
   swa_cosine(d, w)    = [1 − d/w]_+                     uniform SWA over uncorrelated values
   global_cosine(d, i) = sqrt((i − d + 1)/(i + 1))        uniform causal attention at position i
+  linear_cosine(d, α) = α^d                              constant-decay linear mixer, long prefix
+                                                         (with i: the finite-prefix form)
+  linear_recency_scale(α) = 1/(1 − α)                    its recency scale (SWA-equivalent window)
   G_Y(d) ≈ A (g_a ∗ G_X)(d) Aᵀ                           cross-moment through an attention layer
   k_f(p) = Σ a_n² pⁿ / Σ a_n²                            wide random MLP kernel (Hermite a_n)
 """
@@ -20,6 +23,68 @@ def swa_cosine(d, w):
 def global_cosine(d, i):
   d, i = np.asarray(d, np.float64), np.asarray(i, np.float64)
   return np.sqrt((i - d + 1) / (i + 1))
+
+
+def linear_cosine(d, decay, i=None):
+  """Cosine of y_i and y_{i−d} for y_i = Σ_{j=0}^{i} α^{i−j} v_j, α = decay ∈ [0, 1], over
+  uncorrelated values: v_j i.i.d., zero mean, isotropic (E v_j = 0, E v_j v_kᵀ = δ_jk σ² I).
+
+  As for swa_cosine and global_cosine this is the ratio of expectations
+  E[y_i · y_{i−d}] / sqrt(E|y_i|² E|y_{i−d}|²), which the mean cosine over D-dim vectors reaches
+  up to O(1/D) (for Gaussian values −c(1 − c²)/(2D)). With S_n = Σ_{r=0}^{n} α^{2r}
+  = (1 − α^{2(n+1)})/(1 − α²): E[y_i · y_{i−d}] = σ²D α^d S_{i−d}, E|y_i|² = σ²D S_i, so
+
+    c(d; i) = α^d sqrt(S_{i−d}/S_i) = α^d sqrt((1 − α^{2(i−d+1)}) / (1 − α^{2(i+1)})),
+
+  i 0-based (i + 1 tokens so far). i = None is the long prefix i → ∞: c(d) = α^d. Limits:
+  α → 1 gives global_cosine(d, i) = sqrt((i − d + 1)/(i + 1)) (a uniform sum has the cosine
+  of a uniform mean), used exactly at α = 1 (with i = None, 1); α = 0 gives 1 at d = 0, else 0.
+  A lag with no pair, d > i, is NaN (as in analysis.recency). Broadcasts d, decay and i; float64.
+
+  The mixer it describes: gated linear attention with a constant scalar decay,
+  S_t = α S_{t−1} + k_t v_tᵀ, out_t = q_tᵀ S_t / sqrt(H) = Σ_{j≤t} α^{t−j} w_{tj} v_j with
+  w_{tj} = q_t · k_j / sqrt(H). If the values are as above and independent of the q's and k's,
+  E[out_i · out_{i−d}] = σ²D Σ_j α^{i−j} α^{i−d−j} E[w_{ij} w_{i−d,j}]. The law holds for out
+  when E[w_{ij} w_{i−d,j}] = E[w_{ij}²] is the same constant for all i, d, j: the weight a key
+  gets does not depend (in mean square) on which query reads it, e.g. a fixed read-out q_t = q
+  (and for the state S_t itself under any fixed read-out). Queries that change along the
+  sequence multiply c(d) by the query-weight correlation κ(d)/κ(0), κ(d) = E[w_{ij} w_{i−d,j}]
+  (for k_j i.i.d. independent of q, κ(d) = E[q_iᵀ E[k kᵀ] q_{i−d}]/H; 0 for d ≥ 1 if the q_t
+  are independent and zero-mean). A decay that differs across key channels (diag(α_c)) gives a
+  mixture of such terms, not one α^d; a decay that varies in t gives products of decays in
+  place of α^d.
+  """
+  d, a = np.asarray(d, np.float64), np.asarray(decay, np.float64)
+  if not np.all((a >= 0) & (a <= 1)):
+    raise ValueError(f"decay={decay!r}: expected values in [0, 1] (a constant per-step decay)")
+  if not np.all(d >= 0):
+    raise ValueError(f"d={d!r}: expected lags >= 0")
+  long_prefix = a ** d  # 0 ** 0 = 1
+  if i is None:
+    return long_prefix
+  i = np.asarray(i, np.float64)
+  if not np.all(i >= 0):
+    raise ValueError(f"i={i!r}: expected positions >= 0 (0-based), or None for a long prefix")
+  with np.errstate(divide="ignore", invalid="ignore"):
+    # (1 − α^{2n}) = −expm1(n log α²): no cancellation as α → 1; α = 0 gives log α² = −inf → 1.
+    log_a2 = 2 * np.log(a)
+    ratio = np.expm1((i - d + 1) * log_a2) / np.expm1((i + 1) * log_a2)
+    ratio = np.where(a == 1, (i - d + 1) / (i + 1), ratio)
+    return np.where(d > i, np.nan, long_prefix * np.sqrt(ratio))
+
+
+def linear_recency_scale(decay):
+  """1/(1 − α): the recency scale of a constant-decay linear mixer (for its metrics records).
+
+  It is the total weight Σ_r α^r of the values, and the window of the SWA law with the same
+  slope at small lags: 1 − α^d = (1 − α) d + O(((1 − α) d)²) against 1 − d/w (equal at d = 1,
+  where α = 1 − 1/w). The e-folding lag of α^d is −1/ln α = 1/(1 − α) − 1/2 + O(1 − α).
+  Broadcasts; float64; α ∈ [0, 1).
+  """
+  a = np.asarray(decay, np.float64)
+  if not np.all((a >= 0) & (a < 1)):
+    raise ValueError(f"decay={decay!r}: expected values in [0, 1) (at 1 the scale is infinite)")
+  return 1.0 / (1.0 - a)
 
 
 def attention_autocorrelation(attn_TT: np.ndarray, d: int) -> dict[int, float]:
