@@ -374,3 +374,24 @@ def test_hashes_hashlib_lacks_fail_unless_verification_is_off(tmp_path):
     mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"))[0]
   assert len(mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"),
                             verify_hashes=False)[0]["input_ids"]) == 500
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda u8, at: u8.__setitem__(at, 200), "bad ndarray dtype code 200"),
+    (lambda u8, at: u8.__setitem__(at + 1, (7 << 2) | 3), "ndarray shape is cut short"),
+])
+def test_one_header_decoder_gives_sample_reads_and_array_lengths_the_same_error(
+    tmp_path, corrupt, message):
+  out = tmp_path / "ds"
+  mds.write_mds(str(out), {"x": "ndarray"},
+                ({"x": np.arange(i + 1, dtype=np.int32)} for i in range(5)))
+  shard = out / "shard.00000.mds"
+  u8 = bytearray(shard.read_bytes())
+  offsets = np.frombuffer(bytes(u8[4:4 + 4 * 6]), "<u4")
+  corrupt(u8, int(offsets[3]) + 4)  # Sample 3's header, after its one 4-byte size field.
+  shard.write_bytes(bytes(u8))
+  ds = mds.MDSDataset(str(out))
+  assert ds[2]["x"].tolist() == [0, 1, 2]
+  for read in (lambda: ds[3], lambda: ds.array_lengths("x")):
+    with pytest.raises(mds.MDSFormatError, match=f"sample 3 of .*shard.00000.mds.*{message}"):
+      read()

@@ -13,8 +13,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from hybrid_nope.data.mds.encoding import (_VALUE_DTYPE_CODES, INDEX_BASENAME, MDSFormatError,
-                                           _decode)
+from hybrid_nope.data.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError, _decode,
+                                           ndarray_headers, ndarray_itemsizes)
 from hybrid_nope.data.mds.index import _decompressor, _load_index, _Shard, default_cache_dir
 
 _log = logging.getLogger(__name__)
@@ -298,32 +298,20 @@ class MDSDataset:
         bad = int(np.argmax(start + size > shard.offsets[1:]))
         raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}: "
                              f"column sizes run past the sample's end; the shard is corrupt")
-      itemsize = column.dtype.itemsize if column.dtype is not None else None
-      header = np.zeros(shard.samples, np.int64)
-      if column.dtype is None:
-        codes = u8[start]
-        known = np.isin(codes, list(_VALUE_DTYPE_CODES))
-        if not known.all():
-          bad = int(np.argmin(known))
-          raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}:"
-                               f" column {name!r} has bad dtype code {codes[bad]}")
-        lut = np.zeros(256, np.int64)
-        for code, dt in _VALUE_DTYPE_CODES.items():
-          lut[code] = np.dtype(dt).itemsize
-        itemsize = lut[codes]
-        header += 1
-      byte = u8[start + header]
-      ndim = byte >> 2
+      first = int(self._ends[number] - shard.samples)
+      try:
+        codes, ndim, _, data_start = ndarray_headers(column, u8, start, size)
+      except HeaderError as e:
+        raise MDSFormatError(f"{self.describe(first + e.sample)}: {e}") from None
       if np.any(ndim != 1):
         bad = int(np.argmax(ndim != 1))
-        raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}: "
-                             f"column {name!r} has {ndim[bad]} dimensions, expected 1")
-      header += 1 + (1 << (byte & 3))
-      values = size - header
+        raise MDSFormatError(f"{self.describe(first + bad)}: column {name!r} has {ndim[bad]} "
+                             "dimensions, expected 1")
+      values, itemsize = start + size - data_start, ndarray_itemsizes(column, codes)
       if np.any(values % itemsize):
         bad = int(np.argmax(values % itemsize != 0))
-        raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}: "
-                             f"column {name!r} is not a whole number of elements")
+        raise MDSFormatError(f"{self.describe(first + bad)}: column {name!r} is not a whole "
+                             "number of elements")
       lengths.append(values // itemsize)
     return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
 

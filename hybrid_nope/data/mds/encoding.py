@@ -90,30 +90,70 @@ def parse_encoding(name: str, encoding: str) -> Column:
                    f"ndarray[:dtype[:shape]], {', '.join(_SCALARS)}, int, {', '.join(_VARIABLE)}")
 
 
+class HeaderError(ValueError):
+  """A malformed ndarray header; `sample` is the position of the first bad one in the batch."""
+
+  def __init__(self, sample: int, message: str):
+    super().__init__(message)
+    self.sample = sample
+
+
+_ITEMSIZES = np.zeros(256, np.int64)  # Value dtype code -> itemsize (0 = unknown code).
+for _code, _name in _VALUE_DTYPE_CODES.items():
+  _ITEMSIZES[_code] = np.dtype(_name).itemsize
+
+
+def _check(bad: np.ndarray, message) -> None:
+  if np.any(bad):
+    first = int(np.argmax(bad))
+    raise HeaderError(first, message(first))
+
+
+def ndarray_headers(column: Column, u8: np.ndarray, start: np.ndarray, size: np.ndarray):
+  """Reads the headers of an ndarray column in many samples at once (the one header decoder).
+
+  `start`, `size`: int64 arrays, where each sample's value lies in `u8`. Returns int64 arrays
+  (codes, ndim, shape_code, data_start): the value dtype codes (None when the encoding fixes the
+  dtype), the number of dimensions, the code of the shape's integer type (None when the encoding
+  fixes the shape; its dims start at data_start − ndim · 2**shape_code) and where the values
+  begin. HeaderError names the first sample whose header does not fit its bytes.
+  """
+  name, end, offset = column.name, start + size, start
+  codes = shape_code = None
+  if column.dtype is None:
+    codes = np.where(size >= 1, u8[np.minimum(start, len(u8) - 1)], 0).astype(np.int64)
+    _check(_ITEMSIZES[codes] == 0,
+           lambda i: f"column {name!r}: bad ndarray dtype code {int(codes[i]) if size[i] else None}")
+    offset = offset + 1
+  if column.shape is None:
+    _check(offset >= end, lambda i: f"column {name!r}: ndarray header is cut short")
+    byte = u8[offset].astype(np.int64)
+    shape_code, ndim = byte & 3, byte >> 2
+    offset = offset + 1 + ndim * (1 << shape_code)
+    _check(offset > end, lambda i: f"column {name!r}: ndarray shape is cut short")
+  else:
+    ndim = np.full(len(start), len(column.shape), np.int64)
+  return codes, ndim, shape_code, offset
+
+
+def ndarray_itemsizes(column: Column, codes) -> np.ndarray | int:
+  return column.dtype.itemsize if codes is None else _ITEMSIZES[codes]
+
+
 def _decode(column: Column, buf, start: int, size: int) -> Any:
   """Decodes one column value at buf[start:start+size]. ValueError if the bytes are malformed."""
   end = start + size
   kind = column.kind
   if kind == "ndarray":
-    offset = start
-    dtype = column.dtype
-    if dtype is None:
-      if size < 1 or buf[offset] not in _VALUE_DTYPE_CODES:
-        raise ValueError(f"column {column.name!r}: bad ndarray dtype code "
-                         f"{buf[offset] if size else None!r}")
-      dtype = np.dtype(_VALUE_DTYPE_CODES[buf[offset]])
-      offset += 1
+    codes, ndim, shape_code, offset = ndarray_headers(
+        column, np.frombuffer(buf, np.uint8), np.array([start]), np.array([size]))
+    offset, ndim = int(offset[0]), int(ndim[0])
+    dtype = column.dtype or np.dtype(_VALUE_DTYPE_CODES[int(codes[0])])
     shape = column.shape
     if shape is None:
-      if offset >= end:
-        raise ValueError(f"column {column.name!r}: ndarray header is cut short")
-      byte = buf[offset]
-      shape_dtype = np.dtype(_SHAPE_DTYPES[byte & 3])
-      ndim = byte >> 2
-      if offset + 1 + ndim * shape_dtype.itemsize > end:
-        raise ValueError(f"column {column.name!r}: ndarray shape is cut short")
-      shape = tuple(int(d) for d in np.frombuffer(buf, shape_dtype, ndim, offset + 1))
-      offset += 1 + ndim * shape_dtype.itemsize
+      shape_dtype = np.dtype(_SHAPE_DTYPES[int(shape_code[0])])
+      shape = tuple(int(d) for d in np.frombuffer(buf, shape_dtype, ndim,
+                                                   offset - ndim * shape_dtype.itemsize))
     count = int(np.prod(shape))
     if (end - offset) != count * dtype.itemsize:
       raise ValueError(f"column {column.name!r}: ndarray of shape {shape} and dtype {dtype} "
