@@ -8,7 +8,8 @@ import math
 import os
 import tempfile
 
-from hybrid_nope.data.pipeline import ROW_SOURCES
+import numpy as np
+
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
 from hybrid_nope.kernels import IMPLS
@@ -27,15 +28,73 @@ def _require(ok: bool, key: str, value, allowed: str):
     raise ConfigError(f"config.{key}={value!r} is invalid: expected {allowed}")
 
 
-def _int_at_least(config, key: str, low: int, allowed: str = ""):
-  section, name = key.split(".")
-  value = config[section][name]
-  _require(isinstance(value, int) and not isinstance(value, bool) and value >= low, key, value,
+_MISSING = object()
+
+
+def value(config, key: str):
+  """config["section.name"]; a missing key fails naming itself (no silent default)."""
+  found = config
+  for part in key.split("."):
+    found = found.get(part, _MISSING) if hasattr(found, "get") else _MISSING
+    if found is _MISSING:
+      raise ConfigError(f"config.{key} is missing")
+  return found
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def checked_int(key: str, x, low: int, high: int | None = None, allowed: str = "") -> int:
+  """`x`, the value of `key`, checked to be an integer in [low, high)."""
+  _require(_is_int(x) and x >= low and (high is None or x < high), key, x,
            allowed or f"an integer >= {low}")
+  return int(x)
 
 
-def _positive_int(config, key: str):
-  _int_at_least(config, key, 1)
+def int_in(config, key: str, low: int, high: int | None = None, allowed: str = "") -> int:
+  return checked_int(key, value(config, key), low, high, allowed)
+
+
+def positive_int(config, key: str) -> int:
+  return int_in(config, key, 1)
+
+
+def boolean(config, key: str) -> bool:
+  x = value(config, key)
+  _require(isinstance(x, bool), key, x, "True or False")
+  return x
+
+
+def string(config, key: str, allowed: str, *, nonempty: bool = False) -> str:
+  x = value(config, key)
+  _require(isinstance(x, str) and (x or not nonempty), key, x, allowed)
+  return x
+
+
+def one_of(config, key: str, options) -> str:
+  x = value(config, key)
+  _require(isinstance(x, str) and x in options, key, x, f"one of {sorted(options)}")
+  return x
+
+
+def number_in(config, key: str, low, high, allowed: str, *, low_open: bool = True,
+              high_open: bool = True) -> float:
+  """A real number (not bool), finite, within (low, high) with the given open ends."""
+  x = value(config, key)
+  ok = (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        and (x > low if low_open else x >= low)
+        and (high is None or (x < high if high_open else x <= high)))
+  _require(ok, key, x, allowed)
+  return float(x)
+
+
+def data_seed(config) -> int:
+  return int_in(config, "data.seed", 0, 2**32, "an int in [0, 2**32) (grain's shuffle seed)")
+
+
+def eval_fraction(config) -> float:
+  return number_in(config, "data.eval_fraction", 0, 1, "a float in (0, 1)")
 
 
 def validate(config, *, check_paths: bool = True) -> None:
@@ -48,7 +107,7 @@ def validate(config, *, check_paths: bool = True) -> None:
               "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
               "eval.batch_size", "eval.num_batches", "eval.bucket_size",
               "metrics.probe_batch_size", "metrics.every_steps"):
-    _positive_int(config, key)
+    positive_int(config, key)
   try:
     layer_kinds(m.pattern, m.num_layers)
   except ValueError as e:
@@ -75,22 +134,25 @@ def validate(config, *, check_paths: bool = True) -> None:
            "metrics.probe_batch_size", config.metrics.probe_batch_size,
            f"at most eval.batch_size x eval.num_batches = {eval_rows} (the probe is chosen from "
            "the eval rows)")
-  _require(isinstance(config.metrics.query_positions, int) and config.metrics.query_positions >= 0,
-           "metrics.query_positions", config.metrics.query_positions,
-           "an integer >= 0 (0 = every position)")
-  _require(d.source in ROW_SOURCES, "data.source", d.source, f"one of {sorted(ROW_SOURCES)}")
+  int_in(config, "metrics.query_positions", 0, None, "an integer >= 0 (0 = every position)")
+  from hybrid_nope.data.pipeline import ROW_SOURCES  # pylint: disable=g-import-not-at-top
+  one_of(config, "data.source", ROW_SOURCES)  # (pipeline reads its keys through this module)
+  data_seed(config)
+  if d.source == "stdlib":
+    eval_fraction(config)
+  string(config, "data.cache_dir", "a path or '' (the default cache)")
+  boolean(config, "data.document_masking")
   if d.source == "mds" and check_paths:
     _require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
              "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
     _require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
              config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
   for key in ("data.verify_hashes", "data.allow_changed_data"):
-    section, name = key.split(".")
-    _require(isinstance(config[section][name], bool), key, config[section][name], "True or False")
-  _int_at_least(config, "checkpoint.restore_step", 0, "an integer >= 0 (0 = the newest checkpoint)")
-  _int_at_least(config, "train.profile_steps", 0, "an integer >= 0 (0 = no profile)")
-  _int_at_least(config, "train.profile_start_step", 0 if config.train.profile_steps == 0 else 1,
-                "an integer >= 1 (the first profiled step) when train.profile_steps > 0")
+    boolean(config, key)
+  int_in(config, "checkpoint.restore_step", 0, None, "an integer >= 0 (0 = the newest checkpoint)")
+  int_in(config, "train.profile_steps", 0, None, "an integer >= 0 (0 = no profile)")
+  int_in(config, "train.profile_start_step", 0 if config.train.profile_steps == 0 else 1,
+         None, "an integer >= 1 (the first profiled step) when train.profile_steps > 0")
   t = config.train
   _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
            f"an integer in [0, train.steps={t.steps})")
@@ -102,25 +164,60 @@ def validate(config, *, check_paths: bool = True) -> None:
       ("train.grad_clip", 0, None, "a finite float > 0 (global gradient-norm clip)"),
       ("model.norm_eps", 0, None, "a finite float > 0 (RMSNorm's variance floor)"),
       ("model.rope_theta", 0, None, "a finite float > 0 (RoPE base)")):
-    _finite_in(config, key, low, high, allowed, low_open=key not in ("train.b1", "train.b2"))
-  _finite_in(config, "train.weight_decay", 0, None, "a finite float >= 0", low_open=False)
-  _finite_in(config, "train.min_learning_rate_ratio", 0, 1, "a float in [0, 1]",
+    number_in(config, key, low, high, allowed, low_open=key not in ("train.b1", "train.b2"))
+  number_in(config, "train.weight_decay", 0, None, "a finite float >= 0", low_open=False)
+  number_in(config, "train.min_learning_rate_ratio", 0, 1, "a float in [0, 1]",
              low_open=False, high_open=False)
-  _finite_in(config, "train.peak_flops", 0, None, "a finite float >= 0 (0 = look up or measure)",
+  number_in(config, "train.peak_flops", 0, None, "a finite float >= 0 (0 = look up or measure)",
              low_open=False)
-  _finite_in(config, "checkpoint.every_minutes", 0, None, "a finite float >= 0 (0 = off)",
+  number_in(config, "checkpoint.every_minutes", 0, None, "a finite float >= 0 (0 = off)",
              low_open=False)
 
 
-def _finite_in(config, key: str, low, high, allowed: str, *, low_open: bool = True,
-               high_open: bool = True) -> None:
-  """A real number (not bool), finite, within (low, high) with the given open ends."""
-  section, name = key.split(".")
-  value = config[section][name]
-  ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        and (value > low if low_open else value >= low)
-        and (high is None or (value < high if high_open else value <= high)))
-  _require(ok, key, value, allowed)
+MESH_AXES = ("data", "fsdp", "tensor")  # config.mesh.<axis>: the trainer's mesh axes.
+
+
+class MeshError(ConfigError):
+  pass
+
+
+def mesh_shape(mesh_cfg, device_count: int) -> tuple[int, int, int]:
+  """Sizes of (data, fsdp, tensor); one -1 takes the devices the others leave."""
+  sizes = [mesh_cfg[a] for a in MESH_AXES]
+  fill = [a for a, s in zip(MESH_AXES, sizes) if s == -1]
+  bad = [a for a, s in zip(MESH_AXES, sizes) if s != -1 and (not isinstance(s, int) or s < 1)]
+  if bad or len(fill) > 1:
+    raise MeshError(f"config.mesh {dict(zip(MESH_AXES, sizes))} is invalid: expected positive "
+                    "integers, with at most one -1 (fill with the remaining devices)")
+  known = math.prod(s for s in sizes if s != -1)
+  if fill:
+    if device_count % known:
+      raise MeshError(f"config.mesh.{fill[0]}=-1 cannot fill {device_count} devices: the other "
+                      f"axes multiply to {known}, which does not divide {device_count}")
+    sizes[sizes.index(-1)] = device_count // known
+  if math.prod(sizes) != device_count:
+    raise MeshError(f"config.mesh {dict(zip(MESH_AXES, sizes))} has {math.prod(sizes)} devices; "
+                    f"this run has {device_count}: make mesh.data × mesh.fsdp × mesh.tensor equal "
+                    "it (or set one of them to -1)")
+  return tuple(sizes)
+
+
+def check_divisibility(config, shape: tuple[int, int, int]) -> None:
+  """Fails before compiling where a sharded dimension does not split evenly."""
+  data, fsdp, tensor = shape
+  m = config.model
+  checks = [
+      ("data.batch_size", config.data.batch_size, data * fsdp, "mesh.data × mesh.fsdp"),
+      ("eval.batch_size", config.eval.batch_size, data * fsdp, "mesh.data × mesh.fsdp"),
+      ("model.num_heads", m.num_heads, tensor, "mesh.tensor"),
+      ("model.num_kv_heads", m.num_kv_heads, tensor, "mesh.tensor"),
+      ("model.mlp_dim", m.mlp_dim, tensor, "mesh.tensor"),
+      ("model.vocab_size", m.vocab_size, tensor, "mesh.tensor"),
+      ("model.d_model", m.d_model, fsdp, "mesh.fsdp"),
+  ]
+  for key, value, parts, axes in checks:
+    if value % parts:
+      raise MeshError(f"config.{key}={value} is not divisible by {axes}={parts}")
 
 
 ORBAX_URL_SCHEMES = ("gs://",)  # Where orbax writes checkpoints itself (besides local paths).

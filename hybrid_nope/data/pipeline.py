@@ -20,29 +20,15 @@ from typing import Callable, Union
 import grain
 import numpy as np
 
+from hybrid_nope import validate
 from hybrid_nope.data import packing
 from hybrid_nope.data import stdlib_corpus
 from hybrid_nope.data.tokenizer import ByteTokenizer
 
 BATCH_KEYS, BATCH_DTYPES = packing.ROW_KEYS, packing.ROW_DTYPES  # A batch is rows stacked.
-_MISSING = object()
-
-
-def _config_value(config, key: str):
-  """config["data.seq_len"] style lookup; a missing key names itself."""
-  value = config
-  for part in key.split("."):
-    value = value.get(part, _MISSING) if hasattr(value, "get") else _MISSING
-    if value is _MISSING:
-      raise ValueError(f"config.{key} is missing")
-  return value
-
-
-def _positive_int(config, key: str) -> int:
-  value = _config_value(config, key)
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"config.{key} must be a positive int, got {value!r}")
-  return int(value)
+# Config values are read through hybrid_nope.validate, the one place a key is checked: a part
+# config (tests, tools) fails on its first bad or missing key exactly as the trainer's would.
+_positive_int = validate.positive_int
 
 
 # ---- row sources: name -> fn(config, split) -> packed rows (dict of [S, T] arrays) ----------
@@ -58,11 +44,8 @@ def _stdlib_packed(split: str, seq_len: int, eval_fraction: float) -> dict[str, 
 
 
 def _stdlib_rows(config, split: str) -> dict[str, np.ndarray]:
-  eval_fraction = _config_value(config, "data.eval_fraction")
-  if not isinstance(eval_fraction, (float, int)) or not 0 < eval_fraction < 1:
-    raise ValueError(
-        f"config.data.eval_fraction must be a float in (0, 1), got {eval_fraction!r}")
-  return _stdlib_packed(split, _positive_int(config, "data.seq_len"), float(eval_fraction))
+  return _stdlib_packed(split, _positive_int(config, "data.seq_len"),
+                       validate.eval_fraction(config))
 
 
 def _mds_rows(config, split: str):
@@ -72,10 +55,8 @@ def _mds_rows(config, split: str):
   vocab_size = _positive_int(config, "model.vocab_size")
   if split == "eval":
     from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
-    path = _config_value(config, "eval.path")
-    if not isinstance(path, str) or not path:
-      raise ValueError(f"config.eval.path must name the prepared TextbookChapters directory, "
-                       f"got {path!r}")
+    path = validate.string(config, "eval.path", "the prepared TextbookChapters directory",
+                           nonempty=True)
     num_rows = _positive_int(config, "eval.batch_size") * _positive_int(config,
                                                                         "eval.num_batches")
     return textbook_chapters.eval_rows(path, seq_len=seq_len, num_rows=num_rows,
@@ -83,17 +64,12 @@ def _mds_rows(config, split: str):
   if split != "train":
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
   from hybrid_nope.data import prolong  # pylint: disable=g-import-not-at-top
-  path = _config_value(config, "data.path")
-  masking = _config_value(config, "data.document_masking")
-  if not isinstance(masking, bool):
-    raise ValueError(f"config.data.document_masking must be True or False, got {masking!r}")
-  cache_dir = _config_value(config, "data.cache_dir")
-  if not isinstance(cache_dir, str):
-    raise ValueError(f"config.data.cache_dir must be a path or '', got {cache_dir!r}")
+  cache_dir = validate.string(config, "data.cache_dir", "a path or '' (the default cache)")
   mixture = prolong.build_mixture(
-      path, _config_value(config, "data.domains"), seq_len=seq_len, document_masking=masking,
-      vocab_size=vocab_size, seed=_seed(config), cache_dir=cache_dir or None,
-      verify_hashes=_config_value(config, "data.verify_hashes"))
+      validate.value(config, "data.path"), validate.value(config, "data.domains"),
+      seq_len=seq_len, document_masking=validate.boolean(config, "data.document_masking"),
+      vocab_size=vocab_size, seed=validate.data_seed(config), cache_dir=cache_dir or None,
+      verify_hashes=validate.boolean(config, "data.verify_hashes"))
   return grain.MapDataset.source(mixture)
 
 
@@ -105,11 +81,7 @@ ROW_SOURCES: dict[str, Callable[..., Rows]] = {"stdlib": _stdlib_rows, "mds": _m
 
 def packed_rows(config, split: str) -> Rows:
   """Rows of `split` ("train" or "eval") from the source named by config.data.source."""
-  source = _config_value(config, "data.source")
-  if source not in ROW_SOURCES:
-    raise ValueError(
-        f"config.data.source must be one of {sorted(ROW_SOURCES)}, got {source!r}")
-  return ROW_SOURCES[source](config, split)
+  return ROW_SOURCES[validate.one_of(config, "data.source", ROW_SOURCES)](config, split)
 
 
 # ---- pipelines ------------------------------------------------------------------------------
@@ -136,14 +108,6 @@ def train_dataset(rows: Rows, *, batch_size: int, seed: int,
   return ds.map(lambda index_B: {k: rows[k][index_B] for k in BATCH_KEYS})
 
 
-def _seed(config) -> int:
-  seed = _config_value(config, "data.seed")
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
-    raise ValueError(f"config.data.seed must be an int in [0, 2**32) (grain's shuffle seed), "
-                     f"got {seed!r}")
-  return int(seed)
-
-
 def train_iterator(config, *, process_index: int = 0,
                    process_count: int = 1) -> grain.DatasetIterator:
   """Infinite iterator of {BATCH_KEYS: [data.batch_size // process_count, data.seq_len]}."""
@@ -151,7 +115,7 @@ def train_iterator(config, *, process_index: int = 0,
   if batch_size % process_count:
     raise ValueError(f"config.data.batch_size={batch_size} must be divisible by "
                      f"process_count={process_count}")
-  seed = _seed(config)
+  seed = validate.data_seed(config)
   ds = train_dataset(packed_rows(config, "train"), batch_size=batch_size // process_count,
                      seed=seed, process_index=process_index,
                      process_count=process_count)
@@ -187,7 +151,6 @@ def position_buckets(seq_len: int, bucket_size: int) -> np.ndarray:
   Per bucket b the eval loss is sum(loss * weights over batches, rows and indices in b) /
   sum(weights over the same); on TextbookChapters rows index = position in the chapter.
   """
-  for name, value in (("data.seq_len", seq_len), ("eval.bucket_size", bucket_size)):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f"config.{name} must be a positive int, got {value!r}")
+  validate.checked_int("data.seq_len", seq_len, 1)
+  validate.checked_int("eval.bucket_size", bucket_size, 1)
   return (np.arange(seq_len) // bucket_size).astype(np.int32)
