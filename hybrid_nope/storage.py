@@ -9,10 +9,14 @@ when its upload completes.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import uuid
 
 import fsspec
+from absl import logging
+
+from hybrid_nope.errors import UserError
 
 
 def is_url(path: str) -> bool:
@@ -61,6 +65,26 @@ def read_text(path: str) -> str:
   fs, p = _fs(path)
   with fs.open(p, "r") as f:
     return f.read()
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """The records of a JSONL file, one per non-blank line. A torn last line (a writer killed
+  mid-line, or a live run read while it writes) is dropped with a warning; any other line that
+  is not JSON fails, naming the file and line."""
+  lines = read_text(path).splitlines()
+  records = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if number == len(lines):
+        logging.warning("%s: dropped its torn last line %d (%r...)", path, number, line[:60])
+        continue
+      raise UserError(f"{path} line {number} is not JSON ({e}); only a torn last line is "
+                      f"dropped by itself: fix or remove that line") from None
+  return records
 
 
 def write_bytes(path: str, data: bytes) -> None:

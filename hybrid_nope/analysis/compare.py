@@ -14,7 +14,6 @@ instead. Table, figures and correlations are over these rows.
 from __future__ import annotations
 
 import collections
-import glob
 import json
 import math
 import os
@@ -25,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.stats
 
+from hybrid_nope import storage
 from hybrid_nope.analysis import checkpoints, report, sweep_plots
 
 TABLE_FILE = "compare.md"
@@ -43,24 +43,23 @@ MEASUREMENT_SE = {"gap": "gap_stderr", "logit_gap": "logit_gap_stderr",
 STEP_KEYS = ("gap", "logit_gap")  # The per-step series (gap_vs_step.png).
 
 
-def _read_jsonl(path: str) -> list[dict]:
-  if not os.path.exists(path):
+def read_jsonl(path: str) -> list[dict]:
+  """A run's records (`storage.read_jsonl`: a live run's torn last line is dropped)."""
+  if not storage.exists(path):
     raise checkpoints.WorkdirError(f"{path} does not exist (written by launch/train.py)")
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return storage.read_jsonl(path)
 
 
 def _latest_extrapolation(workdir: str) -> dict | None:
-  found = []
-  for path in glob.glob(os.path.join(workdir, report.ANALYSIS_DIR, "step_*",
-                                     report.EXTRAPOLATION_FILE)):
-    match = re.search(r"step_(\d+)", os.path.basename(os.path.dirname(path)))
-    if match:
-      found.append((int(match.group(1)), path))
-  if not found:
+  """The newest analysis/step_<N>/extrapolation.json (through storage: workdirs may be URLs)."""
+  root = storage.join(workdir, report.ANALYSIS_DIR)
+  steps = [int(m.group(1)) for name in (storage.listdir(root) if storage.isdir(root) else [])
+           if (m := re.fullmatch(r"step_(\d+)", name))
+           and storage.exists(storage.join(root, name, report.EXTRAPOLATION_FILE))]
+  if not steps:
     return None
-  with open(max(found)[1]) as f:
-    return json.load(f)
+  return json.loads(storage.read_text(
+      storage.join(root, f"step_{max(steps)}", report.EXTRAPOLATION_FILE)))
 
 
 def _known(value) -> bool:
@@ -91,9 +90,9 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   seed = seedless[SEED_KEY[0]].pop(SEED_KEY[1])
   m = config.model
   swa = "S" in m.pattern
-  evals = [r for r in _read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
+  evals = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
   by_step_records = collections.defaultdict(list)
-  for r in _read_jsonl(os.path.join(workdir, "recency.jsonl")):
+  for r in read_jsonl(os.path.join(workdir, "recency.jsonl")):
     by_step_records[r["step"]].append(r)
   if not by_step_records:
     raise checkpoints.WorkdirError(f"{os.path.join(workdir, 'recency.jsonl')} has no records")
@@ -104,7 +103,8 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   size = f"d{m.d_model}×{m.num_layers}"
   run = {
       "name": name or os.path.basename(os.path.normpath(workdir)),
-      "workdir": os.path.abspath(workdir), "seed": int(seed),
+      "workdir": workdir if storage.is_url(workdir) else os.path.abspath(workdir),
+      "seed": int(seed),
       # Identical for runs that differ only in their seed (the key aggregate_seeds groups by).
       "config_key": json.dumps(seedless, sort_keys=True), "pattern": m.pattern,
       "num_layers": m.num_layers, "d_model": m.d_model, "window": int(m.window) if swa else None,

@@ -88,7 +88,7 @@ def cosine_profiles(analysis: dict, path: str, module: str = "residual_2") -> st
   fig, axes = _grid(len(now))
   for ax, layer in zip(axes, sorted(now)):
     r = now[layer]
-    color = "C0" if r["layer_type"] == "swa" else "C3"
+    color = "C3" if r["layer_type"] == "global" else "C0"  # Local mixers (swa, linear) blue.
     profile = nan_array(r["profile"])
     ax.plot(r["lags"], nan_array(init[layer]["profile"]), label="init", **INIT_STYLE)
     ax.plot(r["lags"], profile, color=color, marker=".", label=f"step {analysis['step']}")

@@ -59,22 +59,7 @@ class MetricsWriter:
                         "that step are lost (TensorBoard keeps its own copy of the scalars)",
                         path, self.resume_step)
       return []
-    lines = storage.read_text(path).splitlines(keepends=True)
-    kept = []
-    for number, line in enumerate(lines, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        if number == len(lines):  # A kill mid-write tears only the last line.
-          logging.warning("%s: dropped its torn last line %d (%r...)", path, number, line[:60])
-          continue
-        raise ValueError(f"{path} line {number} is not JSON ({e}); only a torn last line is "
-                         f"dropped by itself: fix or remove that line") from None
-      if record["step"] <= last_step:
-        kept.append(json.dumps(record) + "\n")
-    return kept
+    return [json.dumps(r) + "\n" for r in storage.read_jsonl(path) if r["step"] <= last_step]
 
   def _replace(self, name: str, lines: list[str]) -> None:
     """The whole file at once: a kill at any instant leaves the old or the new one."""
