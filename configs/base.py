@@ -64,6 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
       batch_size=8,
       num_batches=16,
       every_steps=1000,
+      length_multiples=(1,),   # Also evaluate on rows of k × data.seq_len (extrapolation), e.g.
+                               # (1, 2, 4): logged as eval_loss@{k}x and by position bucket.
   ))
 
   c.train = ml_collections.ConfigDict(dict(

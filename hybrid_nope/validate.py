@@ -147,6 +147,11 @@ def validate(config, *, check_paths: bool = True) -> None:
              "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
     _require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
              config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
+  multiples = value(config, "eval.length_multiples")
+  _require(isinstance(multiples, (tuple, list)) and all(_is_int(k) and k >= 1 for k in multiples)
+           and len(set(multiples)) == len(multiples) and 1 in multiples,
+           "eval.length_multiples", multiples, "distinct integers >= 1 including 1, e.g. (1, 2, 4) "
+           "(eval rows of k × data.seq_len)")
   for key in ("data.verify_hashes", "data.allow_changed_data"):
     boolean(config, key)
   int_in(config, "checkpoint.restore_step", 0, None, "an integer >= 0 (0 = the newest checkpoint)")

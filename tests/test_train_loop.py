@@ -329,3 +329,35 @@ def test_a_url_workdir_gets_every_record_and_analysis_reads_it(tmp_path):
 def test_a_url_workdir_needs_a_checkpoint_directory_orbax_can_write(tmp_path):
   with pytest.raises(ConfigError, match="set --config.checkpoint.directory"):
     loop.train(tiny_config(), "memory://runs/no_checkpoints")
+
+
+def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_does(tmp_path):
+  from hybrid_nope.analysis import checkpoints
+  from hybrid_nope.data import pipeline
+  from hybrid_nope.model.loss import weighted_token_losses
+  config = tiny_config(eval__length_multiples=(1, 2), eval__bucket_size=16)
+  loop.train(config, str(tmp_path))
+  last = [r for r in read_metrics(tmp_path) if "eval_loss" in r][-1]
+  assert last["step"] == 8
+  T = config.data.seq_len
+  losses = np.array(last["eval_loss_by_position@2x"], float)
+  weights = np.array(last["eval_bucket_weights@2x"])
+  assert len(losses) == 2 * T // 16 and weights[len(losses) // 2:].sum() > 0  # Past T too.
+  assert np.sum(losses * weights) / weights.sum() == pytest.approx(last["eval_loss@2x"], rel=1e-9)
+  # The same rows and parameters through the model directly.
+  _, model_def, params = checkpoints.restore_params(str(tmp_path), config, 8)
+  longer = ml_collections.ConfigDict(config.to_dict())
+  longer.data.seq_len = 2 * T
+  loss = weight = 0.0
+  for batch in pipeline.eval_batches(longer):
+    l, w = weighted_token_losses(model_def.apply(params, batch), batch["targets"],
+                                 batch["weights"])
+    loss, weight = loss + np.asarray(l, np.float64).sum(), weight + np.asarray(w).sum()
+  assert last["eval_loss@2x"] == pytest.approx(loss / weight, rel=1e-5)
+  assert last["eval_loss@2x"] != pytest.approx(last["eval_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("multiples", [(2,), (1, 1), (1, 0), (1, 1.5)])
+def test_bad_length_multiples_fail_by_name(multiples):
+  with pytest.raises(ConfigError, match="eval.length_multiples"):
+    loop.train(tiny_config(eval__length_multiples=multiples), "/tmp/unused_workdir_lm")

@@ -6,6 +6,7 @@ import time
 from typing import Sequence
 
 import jax
+import ml_collections
 import numpy as np
 from absl import logging
 
@@ -35,29 +36,47 @@ class NonFiniteLossError(RunStopped, FloatingPointError):
   pass
 
 
-def _evaluate(eval_step, params, batches, bucket_size: int) -> dict:
+@dataclasses.dataclass
+class _EvalSet:
+  """The eval rows at one multiple k of the training length, and the step that scores them."""
+  multiple: int
+  batches: list
+  step: object
+  bucket_size: int
+
+  @property
+  def suffix(self) -> str:  # Record keys: eval_loss (k = 1), eval_loss@2x, ...
+    return "" if self.multiple == 1 else f"@{self.multiple}x"
+
+
+def _evaluate(eval_step, params, batches, bucket_size: int, suffix: str = "") -> dict:
   """Mean eval loss, and the loss per bucket of `bucket_size` positions (None where empty)."""
   loss_b = weight_b = 0.0
   for batch in batches:
     l, w = jax.device_get(eval_step(params, batch))
     loss_b, weight_b = loss_b + np.asarray(l, np.float64), weight_b + np.asarray(w, np.float64)
   by_position = [float(l / w) if w > 0 else None for l, w in zip(loss_b, weight_b)]
-  return {"eval_loss": float(loss_b.sum() / weight_b.sum()),
-          "eval_loss_by_position": by_position, "eval_bucket_size": bucket_size,
-          "eval_bucket_weights": weight_b.tolist()}
+  return {f"eval_loss{suffix}": float(loss_b.sum() / weight_b.sum()),
+          f"eval_loss_by_position{suffix}": by_position, "eval_bucket_size": bucket_size,
+          f"eval_bucket_weights{suffix}": weight_b.tolist()}
 
 
-def _evaluate_and_log(eval_step, params, batches, config, writer, step: int) -> float:
-  """Evaluates, writes the record and the TensorBoard scalars, logs; returns the eval loss."""
-  result = _evaluate(eval_step, params, batches, config.eval.bucket_size)
-  writer.write_record("metrics.jsonl", {"step": step, **result})
-  writer.write_scalars(step, {"eval_loss": result["eval_loss"], **{
-      f"eval_loss_by_position/{b * config.eval.bucket_size:06d}": l
-      for b, l in enumerate(result["eval_loss_by_position"]) if l is not None}})
-  logging.info("step %d | eval_loss %.4f | by %d positions: %s", step, result["eval_loss"],
-               config.eval.bucket_size, " ".join("-" if l is None else f"{l:.3f}"
-                                                 for l in result["eval_loss_by_position"]))
-  return result["eval_loss"]
+def _evaluate_and_log(eval_sets: list, params, writer, step: int) -> float:
+  """Evaluates at every length multiple, writes one record and the TensorBoard scalars, logs;
+  returns the eval loss at the training length."""
+  record = {"step": step}
+  for ev in eval_sets:
+    result = _evaluate(ev.step, params, ev.batches, ev.bucket_size, ev.suffix)
+    record.update(result)
+    by_position = result[f"eval_loss_by_position{ev.suffix}"]
+    writer.write_scalars(step, {f"eval_loss{ev.suffix}": result[f"eval_loss{ev.suffix}"], **{
+        f"eval_loss_by_position{ev.suffix}/{b * ev.bucket_size:06d}": l
+        for b, l in enumerate(by_position) if l is not None}})
+    logging.info("step %d | eval_loss%s %.4f | by %d positions: %s", step, ev.suffix,
+                 result[f"eval_loss{ev.suffix}"], ev.bucket_size,
+                 " ".join("-" if l is None else f"{l:.3f}" for l in by_position))
+  writer.write_record("metrics.jsonl", record)
+  return record["eval_loss"]
 
 
 def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | None) -> None:
@@ -140,13 +159,12 @@ class _Run:
   model_def: object
   state_shardings: object
   data_iter: object
-  eval_batches: list
+  eval_sets: list  # _EvalSet per eval.length_multiples entry, the training length first
   run_context: RunContext
   fingerprint: str
   ckpt: Checkpointer
   writer: MetricsWriter
   train_step: object
-  eval_step: object
 
 
 def _model_and_state(config, mesh):
@@ -185,19 +203,32 @@ def _resume(config, ckpt: Checkpointer, state, state_shardings, data_iter, finge
   return state, last_saved
 
 
-def _compile_steps(config, mesh, model_def, tx, state_shardings):
-  """The jitted train and eval steps, with their input and output shardings."""
+def _compile_train_step(config, mesh, model_def, tx, state_shardings):
   batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
-  replicated = sharding.replicated(mesh)
-  schedule = learning_rate_schedule(config.train)
-  train_step = jax.jit(make_train_step(model_def, tx, schedule),
-                       in_shardings=(state_shardings, batch_shardings),
-                       out_shardings=(state_shardings, replicated), donate_argnums=0)
-  buckets = pipeline.position_buckets(config.data.seq_len, config.eval.bucket_size)
-  eval_step = jax.jit(make_eval_step(model_def, buckets),
-                      in_shardings=(state_shardings.params, batch_shardings),
-                      out_shardings=replicated)
-  return train_step, eval_step
+  return jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
+                 in_shardings=(state_shardings, batch_shardings),
+                 out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
+
+
+def _eval_sets(config, mesh, model_def, state_shardings, eval_rows) -> list[_EvalSet]:
+  """The eval rows and a jitted eval step at each of eval.length_multiples (k × seq_len)."""
+  batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
+  sets = []
+  for k in sorted(config.eval.length_multiples):
+    seq_len = k * config.data.seq_len
+    if k == 1:
+      rows = eval_rows
+    else:
+      longer = ml_collections.ConfigDict(config.to_dict())
+      longer.data.seq_len = seq_len
+      rows = pipeline.eval_batches(longer)
+    buckets = pipeline.position_buckets(seq_len, config.eval.bucket_size)
+    step = jax.jit(make_eval_step(model_def, buckets),
+                   in_shardings=(state_shardings.params, batch_shardings),
+                   out_shardings=sharding.replicated(mesh))
+    sets.append(_EvalSet(k, [sharding.global_batch(_process_rows(b), mesh) for b in rows], step,
+                         config.eval.bucket_size))
+  return sets
 
 
 def _replicator(mesh):
@@ -227,14 +258,13 @@ def _start(config, workdir: str):
   writer = MetricsWriter(workdir, resume_step=start)
   writer.write_config(config)
   with sharding.activation_rules(mesh):
-    train_step, eval_step = _compile_steps(config, mesh, model_def, tx, state_shardings)
+    train_step = _compile_train_step(config, mesh, model_def, tx, state_shardings)
+    eval_sets = _eval_sets(config, mesh, model_def, state_shardings, eval_rows)
   run_context = RunContext(config=config, model_def=model_def, eval_batches=eval_rows,
                            writer=writer, replicate=_replicator(mesh))
   run = _Run(config=config, mesh=mesh, model_def=model_def, state_shardings=state_shardings,
-             data_iter=data_iter,
-             eval_batches=[sharding.global_batch(_process_rows(b), mesh) for b in eval_rows],
-             run_context=run_context, fingerprint=fingerprint, ckpt=ckpt, writer=writer,
-             train_step=train_step, eval_step=eval_step)
+             data_iter=data_iter, eval_sets=eval_sets, run_context=run_context,
+             fingerprint=fingerprint, ckpt=ckpt, writer=writer, train_step=train_step)
   return run, state, last_saved
 
 
@@ -243,7 +273,7 @@ def _finish_resumed_step(run: _Run, hooks, step: int, params) -> None:
   redo_eval, redo_hooks = _unfinished_at(step, run.config, run.writer, hooks)
   if redo_eval:
     logging.info("step %d: its eval was not on record (preempted?); evaluating now", step)
-    _evaluate_and_log(run.eval_step, params, run.eval_batches, run.config, run.writer, step)
+    _evaluate_and_log(run.eval_sets, params, run.writer, step)
   for hook in redo_hooks:
     for name in getattr(hook, "record_files", ()):
       run.writer.drop_step(name, step)
@@ -309,8 +339,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
         if _due(step, c.train.log_every_steps, save):
           summary.update(_log(run, progress, pending, last_saved))
         if _due(step, c.eval.every_steps, last) and not preempted:
-          summary["eval_loss"] = _evaluate_and_log(run.eval_step, state.params, run.eval_batches,
-                                                   c, run.writer, step)
+          summary["eval_loss"] = _evaluate_and_log(run.eval_sets, state.params, run.writer, step)
         if save:
           run.ckpt.save(step, state, run.data_iter, run.fingerprint)
           last_saved, saved_at = step, _clock()
