@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
-.PHONY: demo test analyze install install-gpu install-tpu clean
+.PHONY: demo test analyze install install-gpu install-tpu clean check-hf
 
 CUDA ?= 13  # CUDA major version of the GPU jax build; current H100/H200 drivers run CUDA 13.
 
@@ -30,5 +30,16 @@ analyze: install
 test: install
 	$(PY) -m pytest -q -n 2  # two workers: the 2-core machines CI and users have
 
+# The Hugging Face export against transformers itself (tests/hf/check_hf.py), in a venv of its
+# own so torch and transformers stay out of .venv; reinstalled when the lock changes. torch
+# 2.13.0 is the CPU build where pip's find-links hold it, else PyPI's CUDA build (several GB);
+# TORCH="torch==X" picks another.
+check-hf:
+	[ -x .venv-hf/bin/python ] || $(PYTHON) -m venv .venv-hf
+	[ .venv-hf/.installed -nt requirements.lock ] || { .venv-hf/bin/python -m pip install \
+	    --quiet --no-cache-dir -r requirements.lock "$${TORCH:-torch==2.13.0}" \
+	    transformers==5.23.0 safetensors==0.8.0 && touch .venv-hf/.installed; }
+	.venv-hf/bin/python tests/hf/check_hf.py
+
 clean:
-	rm -rf $(VENV) workdirs .pytest_cache
+	rm -rf $(VENV) .venv-hf workdirs .pytest_cache

@@ -1,0 +1,252 @@
+"""A run's checkpoint as a Hugging Face model: the SmolLM3 layout of `transformers`.
+
+  python launch/export_hf.py --workdir=DIR [--step=N] --out=OUT [--tokenizer=PATH]
+
+writes OUT/config.json and OUT/model.safetensors (float32), which
+`transformers.SmolLM3ForCausalLM.from_pretrained(OUT)` loads, and a tokenizer (tokenizer.py).
+SmolLM3 is a Llama block with a per-layer choice of RoPE or NoPE and of sliding-window or full
+attention, so each layer of ours maps onto one of its layers:
+
+  S → layer_types "sliding_attention", G → "full_attention";
+  no_rope_layers[i] = 1 where layer i uses RoPE (model.swa_pos / model.global_pos == "rope"), 0 for
+  NoPE — SmolLM3's own meaning (1 = rotary on), so NoPE-in-SWA and RoPE-in-global export too.
+
+Conventions, each checked against transformers 5.23 by tests/hf/check_hf.py (`make check-hf`):
+- Linear weights are [out, in]: q_proj = wq_DNH viewed [D, N·H], transposed; head-major rows
+  (n, h), as HF views q [.., N, H]. GQA: both send query head n to kv head n // (N/K).
+- RoPE: ours (layers.apply_rope) and HF's rotate_half both pair dimension j with j + H/2, with
+  inv_freq = θ^(−2j/H), so q/k rows need no permutation.
+- Sliding window: HF's mask (masking_utils.sliding_window_overlay; eager, sdpa) lets query i
+  see keys j with i − w < j ≤ i, our contract exactly, so `sliding_window` = model.window with
+  no off-by-one; flash-attention's window_size (w − 1, ·) and the sliding KV cache (w − 1 past
+  keys) agree. check_hf also exports w − 1 and w + 1 and shows that both differ.
+- RMSNorm: weight · x / sqrt(mean(x²) + eps), gains start at 1, as ours; rms_norm_eps = norm_eps.
+  Attention scale 1/sqrt(head_dim) in both; head_dim is written explicitly.
+- Tied head: ours is logits = x Eᵀ / sqrt(D); HF ties lm_head to the embedding unscaled, so the
+  1/sqrt(D) is folded into the final norm's gain (exact: that norm feeds only the head). HF's
+  last_hidden_state is therefore ours / sqrt(D). An untied head is written as lm_head.
+- Positions: ours are per document; HF takes position_ids and, given positions that restart
+  without an attention_mask, masks across the restarts as our segment_ids do.
+Anything SmolLM3 cannot express (another layer kind, a model key this file does not know) fails
+with an ExportError naming the config key.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from hybrid_nope.errors import UserError
+from hybrid_nope.export import tokenizer as export_tokenizer
+from hybrid_nope.model.pattern import KINDS, layer_kinds
+
+ARCHITECTURE = "SmolLM3ForCausalLM"
+MODEL_TYPE = "smollm3"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+HF_LAYER_TYPES = {"S": "sliding_attention", "G": "full_attention"}
+POSITION_ENCODINGS = ("rope", "nope")
+# model.* keys this exporter maps into SmolLM3, and those that only choose how ours computes.
+MAPPED_KEYS = {"pattern", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim",
+               "mlp_dim", "window", "swa_pos", "global_pos", "rope_theta", "vocab_size",
+               "tie_embeddings", "norm_eps"}
+COMPUTE_KEYS = {"dtype", "remat", "attention_impl", "linear_impl"}
+SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+                      np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int32): "I32",
+                      np.dtype(np.int64): "I64"}
+
+
+class ExportError(UserError):
+  """A run, config or output directory the exporter cannot turn into a SmolLM3 model."""
+
+
+def check_exportable(model_cfg) -> str:
+  """The layer kinds (pattern repeated to num_layers), or an ExportError naming the model.* key
+  SmolLM3 cannot represent."""
+  unknown = sorted(set(model_cfg.keys()) - MAPPED_KEYS - COMPUTE_KEYS)
+  if unknown:
+    raise ExportError(
+        f"config.model.{unknown[0]} is not known to the SmolLM3 exporter (hybrid_nope/export/"
+        f"hf.py maps {sorted(MAPPED_KEYS)}): it may change the forward pass in a way SmolLM3 "
+        f"cannot represent, so the export stops rather than drop it")
+  pattern = model_cfg.pattern
+  foreign = [k for k in dict.fromkeys(pattern) if k not in HF_LAYER_TYPES]
+  if foreign:
+    name = KINDS[foreign[0]].description if foreign[0] in KINDS else "an unknown layer kind"
+    raise ExportError(
+        f"config.model.pattern={pattern!r} has {foreign[0]!r} ({name}): SmolLM3 has attention "
+        f"layers only, so the exporter expects letters from {sorted(HF_LAYER_TYPES)} "
+        f"(S → sliding_attention, G → full_attention)")
+  try:
+    kinds = layer_kinds(pattern, model_cfg.num_layers)
+  except ValueError as e:
+    raise ExportError(str(e)) from None
+  for key in ("swa_pos", "global_pos"):
+    if model_cfg[key] not in POSITION_ENCODINGS:
+      raise ExportError(f"config.model.{key}={model_cfg[key]!r}: expected one of "
+                        f"{POSITION_ENCODINGS}")
+  if "S" in kinds and not (isinstance(model_cfg.window, int) and model_cfg.window >= 1):
+    raise ExportError(f"config.model.window={model_cfg.window!r}: sliding-window layers need a "
+                      f"positive int window")
+  if model_cfg.num_heads % model_cfg.num_kv_heads:
+    raise ExportError(f"config.model.num_heads={model_cfg.num_heads} is not a multiple of "
+                      f"config.model.num_kv_heads={model_cfg.num_kv_heads}")
+  return kinds
+
+
+def uses_rope(kind: str, model_cfg) -> bool:
+  return (model_cfg.swa_pos if kind == "S" else model_cfg.global_pos) == "rope"
+
+
+def hf_config(config, *, bos_token_id: int | None = None,
+              eos_token_id: int | None = None) -> dict:
+  """The config.json of the SmolLM3 model equivalent to the run's `config.model`."""
+  m = config.model
+  kinds = check_exportable(m)
+  sliding = "S" in kinds
+  return {
+      "architectures": [ARCHITECTURE],
+      "model_type": MODEL_TYPE,
+      "vocab_size": m.vocab_size,
+      "hidden_size": m.d_model,
+      "intermediate_size": m.mlp_dim,
+      "num_hidden_layers": m.num_layers,
+      "num_attention_heads": m.num_heads,
+      "num_key_value_heads": m.num_kv_heads,
+      "head_dim": m.head_dim,
+      "hidden_act": "silu",
+      "rms_norm_eps": m.norm_eps,
+      # rope_parameters for transformers 5, rope_theta for 4.x (5 accepts both).
+      "rope_parameters": {"rope_type": "default", "rope_theta": float(m.rope_theta)},
+      "rope_theta": float(m.rope_theta),
+      "layer_types": [HF_LAYER_TYPES[k] for k in kinds],
+      "no_rope_layers": [int(uses_rope(k, m)) for k in kinds],
+      "use_sliding_window": sliding,
+      "sliding_window": m.window if sliding else None,
+      "max_position_embeddings": config.data.seq_len,  # The training length (NoPE needs none).
+      "tie_word_embeddings": bool(m.tie_embeddings),
+      "attention_bias": False,
+      "mlp_bias": False,
+      "attention_dropout": 0.0,
+      "bos_token_id": bos_token_id,
+      "eos_token_id": eos_token_id,
+      # None: SmolLM3's default (128004) would be an embedding padding_idx outside small vocabs.
+      "pad_token_id": None,
+      "torch_dtype": "float32",
+      "use_cache": True,
+  }
+
+
+def _item(tree, index: int):
+  """blocks[i] of a params dict, whether its keys are ints (init) or strings (some restores)."""
+  return tree[index] if index in tree else tree[str(index)]
+
+
+def hf_state_dict(params: dict, model_cfg) -> dict[str, np.ndarray]:
+  """SmolLM3ForCausalLM's state dict (float32 numpy, [out, in] linears) from our params dict."""
+  kinds = check_exportable(model_cfg)
+  f32 = lambda x: np.asarray(x, np.float32)
+  D = model_cfg.d_model
+  out = {"model.embed_tokens.weight": f32(params["embed"]["embedding_VD"])}
+  for i in range(len(kinds)):
+    block, prefix = _item(params["blocks"], i), f"model.layers.{i}."
+    attn, mlp = block["attn"], block["mlp"]
+    out[prefix + "input_layernorm.weight"] = f32(block["attn_norm"]["scale_D"])
+    for name in ("q", "k", "v"):
+      w_DXH = f32(attn[f"w{name}_D{'N' if name == 'q' else 'K'}H"])
+      out[prefix + f"self_attn.{name}_proj.weight"] = w_DXH.reshape(D, -1).T
+    out[prefix + "self_attn.o_proj.weight"] = f32(attn["wo_NHD"]).reshape(-1, D).T
+    out[prefix + "post_attention_layernorm.weight"] = f32(block["mlp_norm"]["scale_D"])
+    out[prefix + "mlp.gate_proj.weight"] = f32(mlp["w_gate_DF"]).T
+    out[prefix + "mlp.up_proj.weight"] = f32(mlp["w_up_DF"]).T
+    out[prefix + "mlp.down_proj.weight"] = f32(mlp["w_down_FD"]).T
+  final_D = f32(params["final_norm"]["scale_D"])
+  if model_cfg.tie_embeddings:
+    # HF's tied lm_head has no 1/sqrt(D) (ours: Embed.attend); the norm feeds only the head.
+    out["model.norm.weight"] = final_D * np.float32(D ** -0.5)
+  else:
+    out["model.norm.weight"] = final_D
+    out["lm_head.weight"] = f32(params["head_DV"]).T
+  return {name: np.ascontiguousarray(x) for name, x in out.items()}
+
+
+def write_safetensors(path: str, tensors: dict[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+  """The safetensors format: u64 little-endian header length, the JSON header (name → dtype,
+  shape, [begin, end) byte offsets into the data; padded with spaces to 8 bytes), then the
+  little-endian C-order bytes of each tensor, in header order with no gaps."""
+  header, arrays, offset = {}, [], 0
+  for name in sorted(tensors):
+    array = np.ascontiguousarray(tensors[name])
+    if array.dtype not in SAFETENSORS_DTYPES:
+      raise ValueError(f"tensor {name}: dtype {array.dtype} has no safetensors name here")
+    array = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    header[name] = {"dtype": SAFETENSORS_DTYPES[array.dtype], "shape": list(array.shape),
+                    "data_offsets": [offset, offset + array.nbytes]}
+    arrays.append(array)
+    offset += array.nbytes
+  if metadata:
+    header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+  blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+  blob += b" " * (-len(blob) % 8)
+  partial = path + ".partial"  # Renamed when complete: no half-written file under the real name.
+  with open(partial, "wb") as f:
+    f.write(struct.pack("<Q", len(blob)))
+    f.write(blob)
+    for array in arrays:
+      f.write(array.tobytes())
+  os.replace(partial, path)
+
+
+def read_safetensors(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+  """(header, name → array) of a safetensors file; the inverse of write_safetensors."""
+  with open(path, "rb") as f:
+    (length,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(length))
+    data = f.read()
+  by_name = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+  arrays = {}
+  for name, entry in header.items():
+    if name == "__metadata__":
+      continue
+    begin, end = entry["data_offsets"]
+    dtype = by_name[entry["dtype"]].newbyteorder("<")
+    arrays[name] = np.frombuffer(data[begin:end], dtype).reshape(entry["shape"])
+  return header, arrays
+
+
+def check_out_dir(out: str) -> None:
+  """OUT must be a local directory that is new or empty: an export never mixes with old files."""
+  if "://" in out:
+    raise ExportError(f"--out={out}: expected a local directory (transformers loads from one); "
+                      f"copy it to remote storage afterwards")
+  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    raise ExportError(f"--out={out} exists and is not an empty directory: remove it or name a "
+                      f"new one")
+
+
+def export(workdir: str, out: str, *, step: int | None = None,
+           tokenizer: str | None = None) -> dict:
+  """Writes the run's checkpoint `step` (None = latest) to OUT; returns what it wrote: step,
+  files, tensors, bytes, and a line about the tokenizer."""
+  from hybrid_nope.analysis import checkpoints  # orbax: only when a checkpoint is read.
+
+  config = checkpoints.load_config(workdir)
+  check_exportable(config.model)  # Before any checkpoint is read.
+  plan = export_tokenizer.plan(config, tokenizer)
+  check_out_dir(out)
+  step, _, params = checkpoints.restore_params(workdir, config, step)
+  os.makedirs(out, exist_ok=True)  # Only once the checkpoint is read: no empty OUT on failure.
+  tensors = hf_state_dict(params, config.model)
+  config_path, weights_path = os.path.join(out, CONFIG_FILE), os.path.join(out, WEIGHTS_FILE)
+  write_safetensors(weights_path, tensors, metadata={"format": "pt"})
+  with open(config_path, "w") as f:
+    json.dump(hf_config(config, bos_token_id=plan.bos_id, eos_token_id=plan.eos_id), f,
+              indent=2)
+    f.write("\n")
+  files = [config_path, weights_path] + plan.write(out)
+  return {"step": step, "out": out, "files": files, "tensors": len(tensors),
+          "bytes": sum(x.nbytes for x in tensors.values()), "tokenizer": plan.note}

@@ -1,0 +1,150 @@
+"""The tokenizer files that go with an exported model, chosen by the run's `data.source`.
+
+- stdlib (the embedded demo corpus): our byte tokenizer (data/tokenizer.py: ids 0..255 = bytes,
+  BOS 256, EOS 257) has an exact Hugging Face form: a byte-level BPE with no merges whose
+  vocabulary lists the 256 byte symbols in byte order, BOS/EOS as special tokens, and a
+  post-processor that starts each text with BOS as our documents start. It is built here.
+- mds (ProLong): the data came tokenised and the run's config names no tokenizer, so none is
+  guessed: --tokenizer=PATH (a tokenizer.json, or a directory holding one and optionally
+  tokenizer_config.json / special_tokens_map.json) copies it, checked against model.vocab_size;
+  without it the export says it has no tokenizer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Callable
+
+from hybrid_nope.data import tokenizer as byte_tokenizer
+from hybrid_nope.errors import UserError
+
+BOS_TOKEN, EOS_TOKEN = "<|bos|>", "<|eos|>"
+COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+class TokenizerError(UserError):
+  """A --tokenizer path, or a run, whose tokenizer the export cannot write."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What goes with the model: `write(out)` writes it and returns the paths; `note` says it."""
+  note: str
+  write: Callable[[str], list[str]]
+  bos_id: int | None = None
+  eos_id: int | None = None
+
+
+def bytes_to_unicode() -> dict[int, str]:
+  """GPT-2's byte → printable character map, the alphabet of HF's ByteLevel pre-tokenizer."""
+  printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+               + list(range(ord("®"), ord("ÿ") + 1)))
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in printable:
+      chars[b] = chr(b)
+    else:
+      chars[b] = chr(256 + extra)
+      extra += 1
+  return chars
+
+
+def byte_level_tokenizer():
+  """A `tokenizers.Tokenizer` giving exactly ByteTokenizer.encode(text, add_eos=False)."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, models, pre_tokenizers, processors
+
+  vocab = {char: b for b, char in bytes_to_unicode().items()}  # Id = byte value.
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  # No regex split and no prefix space: every byte of the text, as is, becomes one token.
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([tokenizers.AddedToken(BOS_TOKEN, special=True),
+                          tokenizers.AddedToken(EOS_TOKEN, special=True)])
+  assert tok.token_to_id(BOS_TOKEN) == byte_tokenizer.BOS_ID, tok.token_to_id(BOS_TOKEN)
+  assert tok.token_to_id(EOS_TOKEN) == byte_tokenizer.EOS_ID, tok.token_to_id(EOS_TOKEN)
+  tok.post_processor = processors.TemplateProcessing(
+      single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
+      special_tokens=[(BOS_TOKEN, byte_tokenizer.BOS_ID)])
+  return tok
+
+
+def _write_byte_tokenizer(out: str) -> list[str]:
+  json_path = os.path.join(out, "tokenizer.json")
+  byte_level_tokenizer().save(json_path)
+  config_path = os.path.join(out, "tokenizer_config.json")
+  with open(config_path, "w") as f:
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TOKEN,
+               "eos_token": EOS_TOKEN, "clean_up_tokenization_spaces": False,
+               "model_max_length": int(1e30)}, f, indent=2)
+  return [json_path, config_path]
+
+
+def _given_files(path: str) -> tuple[str, list[str]]:
+  """(the tokenizers JSON file, the HF files beside it) that --tokenizer=PATH names."""
+  if os.path.isdir(path):
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+      raise TokenizerError(f"--tokenizer={path} is a directory without tokenizer.json")
+    extras = [os.path.join(path, name) for name in COPIED_FILES[1:]
+              if os.path.isfile(os.path.join(path, name))]
+    return os.path.join(path, "tokenizer.json"), extras
+  if not os.path.isfile(path) or not path.endswith(".json") or \
+      os.path.basename(path) in COPIED_FILES[1:]:
+    raise TokenizerError(f"--tokenizer={path}: expected a tokenizer.json file or a directory "
+                         f"holding one")
+  return path, []
+
+
+def _special_ids(extras: list[str], tok) -> tuple[int | None, int | None]:
+  """BOS/EOS ids named by a tokenizer_config.json beside the tokenizer, if there is one."""
+  config = [f for f in extras if f.endswith("tokenizer_config.json")]
+  if not config:
+    return None, None
+  with open(config[0]) as f:
+    values = json.load(f)
+  ids = []
+  for key in ("bos_token", "eos_token"):
+    token = values.get(key)
+    token = token.get("content") if isinstance(token, dict) else token
+    ids.append(tok.token_to_id(token) if isinstance(token, str) else None)
+  return ids[0], ids[1]
+
+
+def _copy_plan(path: str, vocab_size: int) -> Plan:
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  json_file, extras = _given_files(path)
+  try:
+    tok = tokenizers.Tokenizer.from_file(json_file)
+  except Exception as e:  # tokenizers raises its own exception types for a bad file.
+    raise TokenizerError(f"--tokenizer: {json_file} is not a tokenizers JSON file: {e}") from None
+  size = tok.get_vocab_size(with_added_tokens=True)
+  if size > vocab_size:
+    raise TokenizerError(f"--tokenizer: {json_file} has {size} tokens but the model's "
+                         f"config.model.vocab_size is {vocab_size}: not the run's tokenizer")
+  bos, eos = _special_ids(extras, tok)
+
+  def write(out):
+    copies = [(json_file, "tokenizer.json")] + [(f, os.path.basename(f)) for f in extras]
+    return [shutil.copyfile(src, os.path.join(out, name)) for src, name in copies]
+  return Plan(f"tokenizer copied from {path} ({size} tokens)", write, bos, eos)
+
+
+def plan(config, path: str | None) -> Plan:
+  """The tokenizer for the run's data.source, or the one at `path`; checked before writing."""
+  source = config.data.source
+  if source == "stdlib":
+    if path:
+      raise TokenizerError(f"--tokenizer={path}: the run trained on data.source=stdlib with the "
+                           f"byte tokenizer, which the export writes itself; drop --tokenizer")
+    if config.model.vocab_size < byte_tokenizer.VOCAB_SIZE:
+      raise TokenizerError(f"config.model.vocab_size={config.model.vocab_size} is below the "
+                           f"byte tokenizer's {byte_tokenizer.VOCAB_SIZE} ids")
+    return Plan("byte tokenizer (data.source=stdlib) written as a byte-level tokenizer.json",
+                _write_byte_tokenizer, byte_tokenizer.BOS_ID, byte_tokenizer.EOS_ID)
+  if path:
+    return _copy_plan(path, config.model.vocab_size)
+  return Plan(f"no tokenizer written: data.source={source} came tokenised and the run's config "
+              f"names no tokenizer (ProLong's is Llama-3's); pass --tokenizer=PATH to a "
+              f"tokenizer.json or its directory to include it", lambda out: [])

@@ -1,0 +1,40 @@
+"""Export a run's checkpoint to Hugging Face (transformers' SmolLM3 layout).
+
+  python launch/export_hf.py --workdir=DIR [--step=N] --out=OUT [--tokenizer=PATH]
+
+Writes OUT/config.json, OUT/model.safetensors and the tokenizer (hybrid_nope/export/hf.py says
+how each part maps); load it with transformers.SmolLM3ForCausalLM.from_pretrained(OUT).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For configs/.
+
+from absl import flags  # noqa: E402
+
+from hybrid_nope import cli  # noqa: E402
+from hybrid_nope.export import hf  # noqa: E402
+from hybrid_nope.logs import quiet_library_logs  # noqa: E402  (orbax logs every file)
+
+flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
+flags.DEFINE_integer("step", None, "Checkpoint step to export; default the latest.")
+flags.DEFINE_string("out", None, "New or empty local directory for the Hugging Face files.")
+flags.DEFINE_string("tokenizer", None, "tokenizer.json (or its directory) for runs on "
+                    "pre-tokenised data (data.source=mds); the byte tokenizer needs none.")
+flags.mark_flags_as_required(["workdir", "out"])
+
+
+def main(argv):
+  del argv
+  quiet_library_logs()
+  result = hf.export(flags.FLAGS.workdir, flags.FLAGS.out, step=flags.FLAGS.step,
+                     tokenizer=flags.FLAGS.tokenizer)
+  print(f"exported step {result['step']}: {result['tensors']} tensors, "
+        f"{result['bytes'] / 2**20:.1f} MiB float32")
+  for path in result["files"]:
+    print(f"  wrote {path}")
+  print(f"  {result['tokenizer']}")
+
+
+if __name__ == "__main__":
+  cli.run(main)
