@@ -4,6 +4,8 @@
 
 Four layers SGSG, d_model 128, window 64, seq_len 1024; a few minutes on 2 CPU cores
 (docs/performance.md has the measured time).
+
+Cost: 7.07 MFLOP/token × 1.47 M tokens (180 steps × 8 × 1024) = 1.0e13 FLOPs.
 """
 from configs import base
 

@@ -1,7 +1,10 @@
 """350M hybrid, SWA window 512 (RoPE inside SWA) : global NoPE, 1:1 interleaved.
 
-  python launch/train.py --config=configs/swa512_350m.py --workdir=$WORKDIR \
-      --config.data.path=$PROLONG --config.eval.path=$TEXTBOOKS
+  python launch/train.py --config=configs/swa512_350m.py --workdir=gs://BUCKET/swa512_350m \
+      --config.data.path=/path/to/prolong-data-64K --config.eval.path=/path/to/textbook_chapters
+
+Cost: 3.54 GFLOP/token × 10.5 B tokens (20000 steps × 64 × 8192) = 3.7e19 FLOPs; ~1.8 h on v5p-64
+(32 chips, 459 TFLOP/s each) at an assumed 40% MFU.
 """
 from configs import base
 

@@ -169,3 +169,23 @@ def test_a_read_only_workdir_fails_before_set_up(tmp_path):
       check_workdir(str(tmp_path))
   finally:
     tmp_path.chmod(0o700)
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_docstring_states_the_generated_command_and_cost(name):
+  import difflib
+  from hybrid_nope.train import costs
+  path = f"configs/{name}.py"
+  with open(path, encoding="utf-8") as f:
+    source = f.read()
+  module = importlib.import_module(f"configs.{name}")
+  expected = costs.rewritten(source, module, name)
+  diff = "".join(difflib.unified_diff(source.splitlines(True), expected.splitlines(True),
+                                      path, "generated"))
+  assert source == expected, (f"{path}: the docstring's command or cost no longer matches the "
+                              "code; regenerate with `python -m hybrid_nope.train.costs --write`"
+                              f"\n{diff}")
+  for paragraph in costs.generated(module, name):
+    assert paragraph in source
+  if costs.PAPER_NAME.fullmatch(name):
+    assert f"--config=configs/{name}.py" in source and "at an assumed" in source
