@@ -15,5 +15,5 @@ setup(
     ],
     # The accelerator builds of jax (make install-gpu / install-tpu pin them to the lock's jax).
     extras_require={"test": ["pytest", "pytest-xdist"], "cuda": ["jax[cuda13]"],
-                    "cuda12": ["jax[cuda12]"], "tpu": ["jax[tpu]"]},
+                    "cuda12": ["jax[cuda12]"], "tpu": ["jax[tpu]"], "wandb": ["wandb"]},
 )

@@ -28,7 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
 
   c.model = ml_collections.ConfigDict(dict(
-      pattern="SG",            # S = sliding-window, G = global; repeated to num_layers.
+      pattern="SG",            # S = sliding-window, G = global, L = gated linear attention;
+                               # repeated to num_layers (hybrid_nope/model/pattern.py).
       num_layers=12, d_model=768, num_heads=12, num_kv_heads=12, head_dim=64, mlp_dim=3328,
       window=256,
       swa_pos="rope",          # rope | nope (NoPE-in-SWA ablation)
@@ -41,6 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
       remat=False,             # True: scan the pattern repeats, keeping only the residual stream
                                # between them for the backward pass (long sequences, big models).
       attention_impl="auto",
+      linear_impl="auto",      # Kernel of the gated linear attention (L) layers.
   ))
 
   c.data = ml_collections.ConfigDict(dict(
@@ -99,16 +101,29 @@ def get_config() -> ml_collections.ConfigDict:
       every_steps=c.checkpoint.get_ref("every_steps") * 1,
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.logging = ml_collections.ConfigDict(dict(
+      wandb_project="",        # Weights & Biases project to log to; "" = off. Needs
+                               # `pip install .[wandb]`; WANDB_MODE=offline logs locally.
+      wandb_entity="",         # W&B team or user; "" = the logged-in user's default.
+  ))
   return c
 
 
-def experiment(size: str, window: int | None, swa_pos: str = "rope") -> ml_collections.ConfigDict:
-  """A paper run: `size` in SIZES; `window` None is the global-NoPE-only baseline."""
+def experiment(size: str, window: int | None, swa_pos: str = "rope",
+               local: str = "S") -> ml_collections.ConfigDict:
+  """A paper run: `size` in SIZES; `local` the local mixer interleaved 1:1 with global NoPE
+  layers: "S" (SWA with `window`; None is the global-NoPE-only baseline) or "L" (gated linear
+  attention, which has no window)."""
   if size not in SIZES:
     raise ValueError(f"size={size!r}: expected one of {sorted(SIZES)}")
+  if local not in ("S", "L") or (local == "L" and window is not None):
+    raise ValueError(f"local={local!r}, window={window!r}: expected local 'S' (with a window, "
+                     "or None for global only) or 'L' (without a window)")
   c = get_config()
   c.model.update(SIZES[size])
-  if window is None:
+  if local == "L":
+    c.model.pattern = "LG"
+  elif window is None:
     c.model.pattern = "G"
   else:
     c.model.window = window

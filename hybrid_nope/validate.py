@@ -4,6 +4,7 @@ Each failure names the config key, the value, and what is allowed.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import tempfile
@@ -177,6 +178,11 @@ def validate(config, *, check_paths: bool = True) -> None:
              low_open=False)
   number_in(config, "checkpoint.every_minutes", 0, None, "a finite float >= 0 (0 = off)",
              low_open=False)
+  project = string(config, "logging.wandb_project", 'a W&B project name, or "" (off)')
+  string(config, "logging.wandb_entity", 'a W&B team or user name, or "" (the default)')
+  _require(not project or importlib.util.find_spec("wandb") is not None,
+           "logging.wandb_project", project, '"" (off) unless wandb is installed: '
+           "pip install '.[wandb]'")
 
 
 MESH_AXES = ("data", "fsdp", "tensor")  # config.mesh.<axis>: the trainer's mesh axes.

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
 from hybrid_nope import storage
 from hybrid_nope.analysis import probe as probe_lib
 from hybrid_nope.analysis import recency
+from hybrid_nope.analysis.theory import linear_recency_scale
 from hybrid_nope.model.pattern import layer_kinds, layer_type, window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 
@@ -37,6 +39,13 @@ def _floats(values) -> list:
   return [float(v) for v in np.asarray(values, np.float64).ravel()]
 
 
+def _mean_decay(log_decay_BTKH, segment_ids_BT):
+  """The gate's mean α over the probe's tokens (not padding), its channels and heads."""
+  real_BT = (segment_ids_BT != 0).astype(jnp.float32)
+  per_token_BT = jnp.mean(jnp.exp(log_decay_BTKH.astype(jnp.float32)), axis=(2, 3))
+  return jnp.sum(per_token_BT * real_BT) / jnp.maximum(jnp.sum(real_BT), 1.0)
+
+
 class RecencyHook:
 
   name = "recency"
@@ -47,6 +56,7 @@ class RecencyHook:
     `lags` defaults to 1, 2, 4, ... far_lag plus the window (others must include 1 and L);
     `place` puts the probe on devices (default: as is)."""
     m, metrics = config.model, config.metrics
+    self.config = config
     self.model_def = model_def
     self.writer = writer
     self.kinds = layer_kinds(m.pattern, m.num_layers)
@@ -60,6 +70,7 @@ class RecencyHook:
     # Logit read-out is only meaningful where attention carries no position encoding.
     self.readout_layers = {i for i, k in enumerate(self.kinds)
                            if k == "G" and m.global_pos == "nope"}
+    self.linear_layers = {i for i, k in enumerate(self.kinds) if k == "L"}
     self.d_model = m.d_model
     rows = _concat(eval_batches)
     doc_ids_RT = probe_lib.document_ids(rows["segment_ids"], rows["positions"])
@@ -99,6 +110,9 @@ class RecencyHook:
         out[f"{layer}/alignment"] = recency.alignment(
             x_BTD, wq, wk, near=1, far=self.far, positions=self.positions,
             segment_ids=batch["segment_ids"])
+      if name == "pre_mixer_norm" and layer in self.linear_layers:
+        out[f"{layer}/decay"] = _mean_decay(model.blocks[layer].attn.log_decay(x_BTD),
+                                            batch["segment_ids"])
       return x_BTD
 
     # The logits are unused, so XLA drops the output head from this computation.
@@ -152,6 +166,9 @@ class RecencyHook:
     last = len(self.kinds) - 1
     for layer, kind in enumerate(self.kinds):
       readout = self._readout(out, layer, counts_LC) if layer in self.readout_layers else {}
+      if layer in self.linear_layers:
+        decay = float(out[f"{layer}/decay"])
+        readout = {"mean_decay": decay, "recency_scale": float(linear_recency_scale(decay))}
       modules = BOUNDARIES + ((FINAL_BOUNDARY,) if layer == last else ())
       for name in modules:
         records.append(self._record(step, layer, layer_type(kind), name,
@@ -173,6 +190,10 @@ class RecencyHook:
         scalars[f"recency/L{r['layer']:02d}/alignment"] = float(np.mean(r["alignment"]))
       self.writer.write_record(RECORD_FILE, r)
     self.writer.write_scalars(step, scalars)
+    if self.writer.active:  # Host-side figures, on process 0 only.
+      from hybrid_nope.analysis import live_figures  # Here: it imports plots, which imports us.
+      self.writer.write_table("recency", step, records)
+      self.writer.write_images(step, live_figures.figures(records, self.config))
     for r in records:
       if r["layer"] == DATA_LAYER:
         logging.info("recency step %d | data control P(t_i = t_i-d): gap %.4f (%d documents)",

@@ -20,6 +20,7 @@ from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train.metrics_writer import MetricsWriter
+from hybrid_nope.train.wandb_sink import WandbSink
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.preemption import PreemptionWatcher
 from hybrid_nope.train.profiling import StepProfiler
@@ -255,7 +256,7 @@ def _start(config, workdir: str):
     logging.warning("%s already holds a run trained to step %d (train.steps=%d): nothing to "
                     "train; its metrics are in metrics.jsonl. Use a new --workdir, or raise "
                     "train.steps, to train more.", workdir, start, config.train.steps)
-  writer = MetricsWriter(workdir, resume_step=start)
+  writer = MetricsWriter(workdir, resume_step=start, wandb=WandbSink(config, workdir))
   writer.write_config(config)
   with sharding.activation_rules(mesh):
     train_step = _compile_train_step(config, mesh, model_def, tx, state_shardings)

@@ -17,14 +17,16 @@ import jax
 from absl import logging
 
 from hybrid_nope import storage
+from hybrid_nope.train.wandb_sink import rgb_array
 
 
 class MetricsWriter:
   """`write` puts scalars in DIR/metrics.jsonl and TensorBoard; `write_record` appends any JSON
   record to another DIR/<name>.jsonl (e.g. recency.jsonl)."""
 
-  def __init__(self, workdir: str, *, resume_step: int = 0):
+  def __init__(self, workdir: str, *, resume_step: int = 0, wandb=None):
     self.active = jax.process_index() == 0
+    self._wandb = wandb  # A train.wandb_sink.WandbSink or None: W&B gets what TensorBoard gets.
     self.workdir = workdir
     self.resume_step = resume_step
     self._local = storage.local_path(workdir)
@@ -104,6 +106,21 @@ class MetricsWriter:
     if self.active:
       for tag, value in scalars.items():
         self._tb.add_scalar(tag, float(value), int(step))
+      if self._wandb is not None:
+        self._wandb.scalars(step, scalars)
+
+  def write_table(self, name: str, step: int, records: list[dict]) -> None:
+    """W&B only: one step's records (e.g. recency.jsonl's) as a table; write_record keeps them."""
+    if self.active and self._wandb is not None:
+      self._wandb.table(name, step, records)
+
+  def write_images(self, step: int, images: dict) -> None:
+    """TensorBoard and W&B images: name -> PNG bytes or an HxWx3 uint8 array."""
+    if self.active:
+      for tag, image in images.items():
+        self._tb.add_image(tag, rgb_array(image), int(step), dataformats="HWC")
+      if self._wandb is not None:
+        self._wandb.images(step, images)
 
   def write_record(self, name: str, record: dict) -> None:
     if self.active:
@@ -131,3 +148,5 @@ class MetricsWriter:
       self._tb.close()
       if self._local is None:
         storage.copy_tree(self._tb_local, self._path("tensorboard"), self._tb_uploaded)
+    if self._wandb is not None:
+      self._wandb.finish()
