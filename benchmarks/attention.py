@@ -19,6 +19,13 @@ Useful FLOPs per in-window pair and head: forward 4·H (QKᵀ and PV), forward+b
 (adds dV, dP, dQ, dK); recomputing scores in the backward is not counted as useful. Dense cases
 over --dense-budget-gb (estimated from its T² score tensors) or predicted to exceed
 --case-budget-s are printed as skipped, not estimated.
+
+Rows "linear-IMPL" (w column "gla") time the gated linear attention mixer
+(kernels.linear_attention, log decays uniform in [-1, 0]) at the same T, heads and dtype. Its
+useful FLOPs are the dots of the chunked algorithm (kernels/linear_xla.py, chunk C, L = log2 C
+hierarchy levels), per chunk and kv head: G·(L·C²·H/2 + 2·C²·H + 2·C·H²) + 2·C·H² forward
+(intra-chunk levels, A·V, q·S, kᵀ·v), three times that forward+backward; recomputation is not
+counted. --linear-impls none leaves them out.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hybrid_nope import kernels  # noqa: E402
+from hybrid_nope.kernels import linear_xla  # noqa: E402
 from hybrid_nope.train.flops import peak_flops_per_device  # noqa: E402
 
 PRESETS = {
@@ -73,6 +81,31 @@ def matmul_rate(dtype, reps, n=4096):
 def in_window_pairs(T, w):
   w = T if w is None else min(w, T)
   return T * w - w * (w - 1) // 2  # Row i sees min(i + 1, w) keys.
+
+
+def linear_flops(B, T, N, K, H, chunk):
+  """Forward FLOPs of the chunked linear attention (module docstring); T padded to the chunk."""
+  C, G = min(chunk, T), N // K
+  C = 1 << (C - 1).bit_length()  # the kernel's chunk is a power of two
+  levels = C.bit_length() - 1
+  per_chunk = G * (levels * C * C * H / 2 + 2 * C * C * H + 2 * C * H * H) + 2 * C * H * H
+  return B * K * -(-T // C) * per_chunk
+
+
+def timed_linear(impl, q, k, v, g, reps):
+  """(forward seconds, forward+backward seconds) of kernels.linear_attention."""
+  q, k, v, g = impl.place(q, k, v, g)
+  head_axes = None if impl.mesh is None else "heads"
+  fn = lambda q, k, v, g: kernels.linear_attention(q, k, v, g, impl=impl.impl,
+                                                   head_axes=head_axes)
+
+  @jax.jit
+  def fwd_bwd(q, k, v, g):
+    out, vjp = jax.vjp(fn, q, k, v, g)
+    return vjp(out)
+
+  with impl.context():
+    return best_time(jax.jit(fn), (q, k, v, g), reps), best_time(fwd_bwd, (q, k, v, g), reps)
 
 
 def dense(q, k, v, *, window, segment_ids=None):
@@ -208,6 +241,9 @@ def main(argv=None):
   parser.add_argument("--host-devices", type=int, default=os.cpu_count() or 1,
                       help="CPU: split the host into this many devices (XLA_FLAGS, set before "
                       "jax starts) and add IMPL/Nd rows with heads split over them")
+  parser.add_argument("--linear-impls", default="xla",
+                      help="comma-separated kernels.linear_attention impls timed as "
+                      "'linear-IMPL' rows, or 'none'")
   parser.add_argument("--check", action="store_true",
                       help="first compare each impl's output and gradients with 'xla' in float32")
   args = parser.parse_args(argv)
@@ -270,6 +306,21 @@ def main(argv=None):
         print(f"# done {name} T={T} w={w}: {results[(name, T, w)]}", file=sys.stderr,
               flush=True)
 
+  linear = [] if args.linear_impls == "none" else args.linear_impls.split(",")
+  linear += [f"{i}/{devices}d" for i in linear] if devices > 1 else []
+  for T in Ts:
+    q = jnp.asarray(rng.standard_normal((B, T, N, H)), dtype)
+    k, v = (jnp.asarray(rng.standard_normal((B, T, K, H)), dtype) for _ in range(2))
+    g = jnp.asarray(-rng.uniform(0.0, 1.0, (B, T, K, H)), dtype)
+    for name in linear:
+      try:
+        results[(f"linear-{name}", T, "gla")] = timed_linear(Impl(name), q, k, v, g, args.reps)
+      except Exception as e:  # noqa: BLE001 - report it, keep going.
+        results[(f"linear-{name}", T, "gla")] = (f"failed ({type(e).__name__}: "
+                                                 f"{str(e).splitlines()[0][:80]})")
+      print(f"# done linear-{name} T={T}: {results[(f'linear-{name}', T, 'gla')]}",
+            file=sys.stderr, flush=True)
+
   # Measured before and after the cases; the fractions use the better of the two, so a busy
   # moment during one measurement cannot flatter them.
   roofline = max(roofline_before, matmul_rate(dtype, max(args.reps, 5)))
@@ -305,7 +356,34 @@ def main(argv=None):
               f" | {fb_rate:.1f} | {100 * fb_rate / roofline:.0f}% | "
               f"{100 * fb_rate * 1e9 / peak:.1f}% | {speed_f} | {speed_fb} |")
 
+  for T in Ts:
+    flops = linear_flops(B, T, N, K, H, linear_xla.CHUNK)
+    for name in linear:
+      r = results.get((f"linear-{name}", T, "gla"))
+      if isinstance(r, str):
+        print(f"| linear-{name} | {T} | gla | {r} | | | | | | | |")
+        continue
+      fwd_rate, fb_rate = flops / r[0] / 1e9, 3 * flops / r[1] / 1e9
+      print(f"| linear-{name} | {T} | gla | {r[0] * 1e3:.1f} | {r[1] * 1e3:.1f} | {fwd_rate:.1f} "
+            f"| {fb_rate:.1f} | {100 * fb_rate / roofline:.0f}% | "
+            f"{100 * fb_rate * 1e9 / peak:.1f}% | | |")
+  for name in linear:  # The linear mixer against each timed attention window, same impl.
+    base_impl = name if name in impls else None
+    for T in Ts:
+      r = results.get((f"linear-{name}", T, "gla"))
+      for w in windows:
+        a = results.get((base_impl, T, w))
+        if isinstance(r, tuple) and isinstance(a, tuple):
+          print(f"# linear-{name} T={T}: fwd+bwd time / {name} w={'global' if w is None else w}"
+                f" {r[1] / a[1]:.2f} (fwd {r[0] / a[0]:.2f})")
+
   # Linear-in-T check for windowed layers: ideal time(4T)/time(T) is 4.
+  for name in linear:
+    lo = results.get((f"linear-{name}", 4096, "gla"))
+    hi = results.get((f"linear-{name}", 16384, "gla"))
+    if isinstance(lo, tuple) and isinstance(hi, tuple):
+      print(f"# linear-{name}: time(T=16384)/time(T=4096) fwd {hi[0] / lo[0]:.2f}, "
+            f"fwd+bwd {hi[1] / lo[1]:.2f}")
   for name in impls:
     for w in windows:
       lo, hi = results.get((name, 4096, w)), results.get((name, 16384, w))

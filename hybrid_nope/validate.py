@@ -13,7 +13,7 @@ import numpy as np
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.kernels import IMPLS
+from hybrid_nope.kernels import IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.pattern import layer_kinds, window_of
 from hybrid_nope.model.transformer import DTYPES
@@ -125,6 +125,8 @@ def validate(config, *, check_paths: bool = True) -> None:
            f"one of {POSITION_ENCODINGS}")
   _require(m.attention_impl in IMPLS, "model.attention_impl", m.attention_impl,
            f"one of {IMPLS}")
+  _require(m.linear_impl in LINEAR_IMPLS, "model.linear_impl", m.linear_impl,
+           f"one of {LINEAR_IMPLS}")
   _require(m.dtype == "auto" or m.dtype in DTYPES, "model.dtype", m.dtype,
            f"'auto' or one of {sorted(DTYPES)}")
   _require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,

@@ -2,6 +2,7 @@
 inside documents (float64)."""
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -202,3 +203,29 @@ def test_a_paper_config_writes_every_field():
   glob = [r for r in records if r["layer_type"] == "global"][0]
   assert glob["alignment_null"] == [1 / 1024] * 16
   assert np.all(np.isfinite(glob["logit_gap_stderr"]))
+
+
+def test_gated_linear_attention_layers_are_local_mixers_with_their_mean_decay():
+  config = tiny_config(model__pattern="LG", metrics__probe_batch_size=4)
+  model_def, params = init_model(config.model, seed=0)
+  batches = pipeline.eval_batches(config)
+  hook = RecencyHook(config, model_def, batches, writer=None)
+  records = [r for r in hook.records(0, params) if r["layer"] >= 0]
+  linear = [r for r in records if r["layer_type"] == "linear"]
+  assert {r["layer"] for r in linear} == {0}
+  assert {r["layer_type"] for r in records if r["layer"] == 1} == {"global"}
+  # The gate's α over the probe's real tokens, computed here straight from the layer.
+  rows = {k: np.concatenate([b[k] for b in batches])[hook.rows] for k in ("inputs", "segment_ids",
+                                                                          "positions")}
+  model = model_def.bind(params)
+  seen = {}
+  model(jnp.asarray(rows["inputs"]), positions_BT=jnp.asarray(rows["positions"]),
+        segment_ids_BT=jnp.asarray(rows["segment_ids"]),
+        observe=lambda layer, name, x: seen.setdefault((layer, name), x))
+  alpha = np.exp(np.asarray(model.blocks[0].attn.log_decay(seen[(0, "pre_mixer_norm")])))
+  want = alpha.mean(axis=(2, 3))[rows["segment_ids"] != 0].mean()
+  for r in linear:
+    assert r["mean_decay"] == pytest.approx(want, rel=1e-5)
+    assert r["recency_scale"] == pytest.approx(1 / (1 - want), rel=1e-5)
+  assert not any("mean_decay" in r for r in records if r["layer_type"] != "linear")
+  assert any("logit_gap" in r for r in records if r["layer"] == 1)

@@ -155,12 +155,15 @@ def test_summarize_reads_global_inputs_only_with_noise_and_the_data_control():
                  alignment=[0.1, 0.3], **head),
              rec(3, "global", "pre_mixer_norm", 0.4, se=(0.6, 0.8), logit_gap=[2.0, 6.0],
                  alignment=[0.0, 0.2], **head),
-             rec(-1, "data", "tokens", 0.07)]
+             rec(-1, "data", "tokens", 0.07),
+             rec(2, "linear", "pre_mixer_norm", 0.5, mean_decay=0.9, recency_scale=10.0),
+             rec(2, "linear", "mlp", 0.5, mean_decay=0.5, recency_scale=2.0)]
   s = report.summarize(records)
   # gap_stderr reads lag 1 and the far lag 8 (not the last lag): hypot(.3,.4)=.5, hypot(.6,.8)=1.
   assert s == pytest.approx({"gap": 0.3, "floor": 0.7, "gap_stderr": 0.75, "logit_gap": 3.0,
                              "logit_gap_stderr": 1.0, "alignment": 0.15,
-                             "alignment_null": 0.125, "data_gap": 0.07})
+                             "alignment_null": 0.125, "data_gap": 0.07, "mean_decay": 0.9,
+                             "recency_scale": 10.0})
   assert set(report.summarize(records[:1]).values()) == {None}
 
 

@@ -26,7 +26,7 @@ def with_data_paths(config, tmp_path):
 
 
 def test_the_sweep_is_complete():
-  expected = {"demo", "small", "nope_120m", "nope_350m"} | {
+  expected = {"demo", "small", "nope_120m", "nope_350m", "gla_120m", "gla_350m"} | {
       f"{kind}{w}_{size}" for kind in ("swa", "nopeswa") for w in base.WINDOWS
       for size in ("120m", "350m")}
   assert set(CONFIG_NAMES) == expected
@@ -49,6 +49,8 @@ def test_config_validates_and_size_matches_its_name(name, tmp_path):
     assert config.model.pattern == "SG" and config.model.swa_pos == "nope"
   if name.startswith("nope_"):
     assert config.model.pattern == "G"
+  if name.startswith("gla_"):
+    assert config.model.pattern == "LG"
   assert config.model.global_pos == "nope"
 
 
@@ -107,7 +109,7 @@ def test_missing_data_path_fails_naming_the_key(tmp_path):
 def test_small_sweep_experiments():
   small = importlib.import_module("configs.small")
   for name, pattern, window, swa_pos in [("swa16", "SG", 16, "rope"), ("nopeswa256", "SG", 256, "nope"),
-                                         ("nope", "G", None, None)]:
+                                         ("nope", "G", None, None), ("gla", "LG", None, None)]:
     config = small.get_config(name)
     validate(config)
     assert config.model.pattern == pattern

@@ -1,3 +1,4 @@
+import jax
 import pytest
 
 from hybrid_nope.train.flops import attended_pairs_per_query, flops_per_token, matmul_params
@@ -18,4 +19,23 @@ def test_flops_per_token_by_hand():
   pairs_s = (1 + 2 + 3 + 4 * (T - 3)) / T
   pairs_g = (T + 1) / 2
   want = 6 * matmul_params(m) + 3 * 4 * N * H * (pairs_s + pairs_g)
+  assert flops_per_token(m, T) == pytest.approx(want)
+
+
+def test_a_gated_linear_attention_layer_counts_its_matmul_parameters_and_chunked_mixing():
+  from flax import nnx
+  from hybrid_nope.model import LanguageModel
+  from hybrid_nope.train.flops import LINEAR_CHUNK, linear_attention_flops_per_token
+  m = tiny_config(model__pattern="LG", model__num_layers=2).model
+  model = nnx.eval_shape(lambda: LanguageModel(m, rngs=nnx.Rngs(0)))
+  size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
+  params = nnx.state(model, nnx.Param)
+  # Every weight that multiplies activations: the mixers' and MLPs' matrices and the head.
+  matrices = sum(size({k: v for k, v in params["blocks"][i][part].items()
+                       if k.startswith("w")}) for i in range(2) for part in ("attn", "mlp"))
+  assert matmul_params(m) == matrices + m.d_model * m.vocab_size  # The head (tied or not).
+  N, K, H, C, T = 4, 2, 8, LINEAR_CHUNK, 64
+  assert linear_attention_flops_per_token(N, K, H) == N * (2 * H * (C + 1) + 2 * H * H) + K * 2 * H * H
+  want = 6 * matmul_params(m) + 3 * (linear_attention_flops_per_token(N, K, H)
+                                     + 4 * N * H * (T + 1) / 2)
   assert flops_per_token(m, T) == pytest.approx(want)

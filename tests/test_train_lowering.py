@@ -53,3 +53,20 @@ def test_kernels_in_counts_calls_and_kernel_names():
           'func.func private @name = "other"')
   assert kernels_in(text) == {"custom_calls": {"tpu_custom_call": 2},
                               "kernels": {"splash_mha_fwd_x": 1, "splash_mha_dq_y": 1}}
+
+
+@pytest.mark.parametrize("linear_impl, tpu_kernels", [
+    ("auto", ("splash_mha_fwd",)),  # auto keeps the L layers on XLA (no TPU timing yet).
+    ("pallas", ("splash_mha_fwd", "gla_chunk_fwd")),
+])
+def test_a_gla_hybrid_lowers_for_tpu_with_the_chosen_linear_kernel(linear_impl, tpu_kernels):
+  args = ["--config=configs/gla_120m.py", "--config.model.num_layers=2",
+          "--config.data.seq_len=2048", "--config.metrics.far_lag=1024",
+          f"--config.model.linear_impl={linear_impl}"]
+  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=tpu", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  result = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0]
+  for name in tpu_kernels:
+    assert any(k.startswith(name) for k in result["kernels"]), (name, result["kernels"])
+  assert any(k.startswith("gla_chunk_fwd") for k in result["kernels"]) == (linear_impl == "pallas")

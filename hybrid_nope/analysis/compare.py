@@ -36,7 +36,7 @@ SEED_KEY = ("train", "seed")
 # error named here, where the summary has one.
 AGGREGATED = ("eval_loss", "gap", "floor", "logit_gap", "alignment", "alignment_null",
               "data_gap", "logit_gap_sign_flips", "extrapolation_gap",
-              "extrapolation_logit_gap")
+              "extrapolation_logit_gap", "mean_decay", "recency_scale")
 MEASUREMENT_SE = {"gap": "gap_stderr", "logit_gap": "logit_gap_stderr",
                   "extrapolation_gap": "extrapolation_gap_stderr",
                   "extrapolation_logit_gap": "extrapolation_logit_gap_stderr"}
@@ -109,8 +109,8 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
       "config_key": json.dumps(seedless, sort_keys=True), "pattern": m.pattern,
       "num_layers": m.num_layers, "d_model": m.d_model, "window": int(m.window) if swa else None,
       "swa_pos": m.swa_pos if swa else None, "global_pos": m.global_pos,
-      "series": f"{size} {ENCODINGS.get(m.swa_pos, m.swa_pos)}-in-SWA" if swa
-                else f"{size} no SWA",
+      "series": (f"{size} {ENCODINGS.get(m.swa_pos, m.swa_pos)}-in-SWA" if swa
+                 else f"{size} GLA" if "L" in m.pattern else f"{size} no SWA"),
       "train_seq_len": int(config.data.seq_len),
       "eval_step": last_eval["step"] if last_eval else None,
       "eval_loss": last_eval["eval_loss"] if last_eval else None,
@@ -261,7 +261,8 @@ def _cell(value, spec: str, se=None) -> str:
 COLUMNS = (
     ("run", "name", ""), ("train.seed", "seeds", ""), ("pattern", "pattern", ""),
     ("layers", "num_layers", ""), ("d_model", "d_model", ""), ("window", "window", ""),
-    ("SWA pos", "swa_pos", ""), ("eval step", "eval_step", ""),
+    ("SWA pos", "swa_pos", ""), ("GLA recency 1/(1−α)", "recency_scale", ".1f"),
+    ("eval step", "eval_step", ""),
     ("final eval loss", "eval_loss", ".4f"), ("recency step", "step", ""),
     ("gap", "gap", ".4f"), ("floor", "floor", ".4f"), ("data gap", "data_gap", ".4f"),
     ("logit gap", "logit_gap", "+.4f"), ("alignment", "alignment", "+.4f"),

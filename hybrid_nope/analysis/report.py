@@ -66,6 +66,7 @@ def summarize(records: Sequence[dict]) -> dict[str, float | None]:
   inputs = [r for r in records if r["layer_type"] == "global" and r["module"] == SUMMARY_MODULE]
   readout = [r for r in inputs if "logit_gap" in r]
   data = [r for r in records if r["layer_type"] == DATA_LAYER_TYPE]
+  linear = [r for r in records if "mean_decay" in r and r["module"] == SUMMARY_MODULE]
 
   def mean(values):
     return float(np.mean(values)) if len(values) else None
@@ -81,7 +82,10 @@ def summarize(records: Sequence[dict]) -> dict[str, float | None]:
           "logit_gap_stderr": mean([s for r in readout for s in r["logit_gap_stderr"]]),
           "alignment": mean([a for r in readout for a in r["alignment"]]),
           "alignment_null": mean([a for r in readout for a in r["alignment_null"]]),
-          "data_gap": mean([r["gap"] for r in data])}
+          "data_gap": mean([r["gap"] for r in data]),
+          # Gated linear attention layers: their gate's mean α and its recency scale 1/(1 − α).
+          "mean_decay": mean([r["mean_decay"] for r in linear]),
+          "recency_scale": mean([r["recency_scale"] for r in linear])}
 
 
 def context_positions(segment_ids_BT: np.ndarray) -> np.ndarray:

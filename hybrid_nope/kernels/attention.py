@@ -160,5 +160,5 @@ def attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, *,
         platform: run(kernel) for platform, kernel in branches.items()})
 
   return per_shard.run(lambda q, k, v, seg: call(q, k, v, *(() if seg is None else (seg,))),
-                       q_BTNH, k_BTKH, v_BTKH, segment_ids, batch_axes=batch_axes,
+                       (q_BTNH, k_BTKH, v_BTKH), segment_ids, batch_axes=batch_axes,
                        head_axes=head_axes)

@@ -52,24 +52,27 @@ def _mesh_split(batch_axes: AxisNames, head_axes: AxisNames, *, B: int, N: int, 
 _LOGGED: set[str] = set()
 
 
-def run(fn: Callable, q_BTNH, k_BTKH, v_BTKH, segment_ids, *, batch_axes: AxisNames,
+def run(fn: Callable, arrays_BTxH: tuple, segment_ids, *, batch_axes: AxisNames,
         head_axes: AxisNames):
-  """fn(q, k, v, segment_ids) on each shard: batch over `batch_axes`, heads over `head_axes`.
+  """fn(*arrays, segment_ids) on each shard: batch over `batch_axes`, heads over `head_axes`.
 
-  Outside a multi-device mesh, or where the shapes do not split (logged once), fn runs on the
-  whole arrays and the partitioner places it as before.
+  `arrays_BTxH`: [B, T, heads, H] operands, queries first then the kv-head ones (k, v and, for
+  linear attention, the decay); the output is laid out as the first. Outside a multi-device
+  mesh, or where the shapes do not split (logged once), fn runs on the whole arrays and the
+  partitioner places it as before.
   """
-  B, _, N, _ = q_BTNH.shape
-  mesh, reason = _mesh_split(batch_axes, head_axes, B=B, N=N, K=k_BTKH.shape[2])
+  B, _, N, _ = arrays_BTxH[0].shape
+  mesh, reason = _mesh_split(batch_axes, head_axes, B=B, N=N, K=arrays_BTxH[1].shape[2])
   if mesh is None:
     if reason is not None and reason not in _LOGGED:
       _LOGGED.add(reason)
       logging.warning("attention runs unsharded (the partitioner gathers it): %s", reason)
-    return fn(q_BTNH, k_BTKH, v_BTKH, segment_ids)
+    return fn(*arrays_BTxH, segment_ids)
   batch, heads = _names(batch_axes) or None, _names(head_axes) or None
-  spec_BTNH = P(batch, None, heads, None)
+  spec_BTxH = P(batch, None, heads, None)
+  specs = (spec_BTxH,) * len(arrays_BTxH)
   if segment_ids is None:
-    return jax.shard_map(lambda q, k, v: fn(q, k, v, None), mesh=mesh, in_specs=(spec_BTNH,) * 3,
-                         out_specs=spec_BTNH, check_vma=False)(q_BTNH, k_BTKH, v_BTKH)
-  return jax.shard_map(fn, mesh=mesh, in_specs=(spec_BTNH,) * 3 + (P(batch, None),),
-                       out_specs=spec_BTNH, check_vma=False)(q_BTNH, k_BTKH, v_BTKH, segment_ids)
+    return jax.shard_map(lambda *arrays: fn(*arrays, None), mesh=mesh, in_specs=specs,
+                         out_specs=spec_BTxH, check_vma=False)(*arrays_BTxH)
+  return jax.shard_map(fn, mesh=mesh, in_specs=specs + (P(batch, None),), out_specs=spec_BTxH,
+                       check_vma=False)(*arrays_BTxH, segment_ids)

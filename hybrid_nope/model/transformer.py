@@ -7,6 +7,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_nope.model.attention import Attention
+from hybrid_nope.model.gla import GatedLinearAttention
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init,
                                       logical_axes, param, project)
@@ -42,11 +43,15 @@ class Block(nnx.Module):
     self.kind = kind
     sliding = kind == "S"
     self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
-    self.attn = Attention(
-        d_model=cfg.d_model, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, window=cfg.window if sliding else None,
-        position=cfg.swa_pos if sliding else cfg.global_pos, rope_theta=cfg.rope_theta,
-        impl=cfg.attention_impl, dtype=dtype, rngs=rngs)
+    shape = dict(d_model=cfg.d_model, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                 head_dim=cfg.head_dim, dtype=dtype, rngs=rngs)
+    # `attn` is the block's token mixer, whatever its kind (one parameter tree layout).
+    if kind == "L":
+      self.attn = GatedLinearAttention(norm_eps=cfg.norm_eps, impl=cfg.linear_impl, **shape)
+    else:
+      self.attn = Attention(window=cfg.window if sliding else None,
+                            position=cfg.swa_pos if sliding else cfg.global_pos,
+                            rope_theta=cfg.rope_theta, impl=cfg.attention_impl, **shape)
     self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     self.mlp = SwiGLU(cfg.d_model, cfg.mlp_dim, dtype=dtype, rngs=rngs)
 

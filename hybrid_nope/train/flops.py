@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_nope.kernels.linear_xla import CHUNK as LINEAR_CHUNK
+from hybrid_nope.model.gla import GATE_RANK
 from hybrid_nope.model.pattern import layer_kinds
 
 # Dense bf16 peak per device, from vendor datasheets; keyed by a substring of device_kind.
@@ -17,12 +19,23 @@ PEAK_FLOPS = {
 }
 
 
+def mixer_params(kind: str, model_cfg) -> int:
+  """Matmul parameters of one layer's token mixer: q, k, v, o projections, and for a gated
+  linear attention layer (L) also its low-rank decay gate and its output gate."""
+  m = model_cfg
+  params = m.d_model * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
+  if kind == "L":
+    params += (m.d_model * m.num_heads * m.head_dim
+               + GATE_RANK * (m.d_model + m.num_kv_heads * m.head_dim))
+  return params
+
+
 def matmul_params(model_cfg) -> int:
   """Parameters that take part in a matmul per token: projections, MLPs and the output head."""
   m = model_cfg
-  attn = m.d_model * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
   mlp = 3 * m.d_model * m.mlp_dim
-  return m.num_layers * (attn + mlp) + m.d_model * m.vocab_size
+  return (sum(mixer_params(kind, m) + mlp for kind in layer_kinds(m.pattern, m.num_layers))
+          + m.d_model * m.vocab_size)
 
 
 def attended_pairs_per_query(kind: str, window: int, seq_len: int) -> float:
@@ -32,12 +45,30 @@ def attended_pairs_per_query(kind: str, window: int, seq_len: int) -> float:
   return float(keys.mean())
 
 
-def flops_per_token(model_cfg, seq_len: int) -> float:
-  """Training FLOPs per token: 6 × matmul params plus 3 × (QKᵀ and AV) over attended pairs."""
+def linear_attention_flops_per_token(num_heads: int, num_kv_heads: int, head_dim: int,
+                                     chunk: int = LINEAR_CHUNK) -> float:
+  """Forward FLOPs per token of chunked linear attention, counted as useful work: within a
+  chunk the causal half of q·k and of the weighted sum of v ((chunk + 1) / 2 keys on average),
+  across chunks the read-out q·S per query head and the state update k vᵀ per kv head."""
+  H = head_dim
+  return num_heads * (4 * H * (chunk + 1) / 2 + 2 * H * H) + num_kv_heads * 2 * H * H
+
+
+def mixer_flops_per_token(kind: str, model_cfg, seq_len: int) -> float:
+  """Forward FLOPs per token of a layer's token mixing, beside its projections."""
   m = model_cfg
-  attn = sum(4 * m.num_heads * m.head_dim * attended_pairs_per_query(kind, m.window, seq_len)
-             for kind in layer_kinds(m.pattern, m.num_layers))
-  return 6 * matmul_params(m) + 3 * attn
+  if kind == "L":
+    return linear_attention_flops_per_token(m.num_heads, m.num_kv_heads, m.head_dim)
+  return 4 * m.num_heads * m.head_dim * attended_pairs_per_query(kind, m.window, seq_len)
+
+
+def flops_per_token(model_cfg, seq_len: int) -> float:
+  """Training FLOPs per token: 6 × matmul params plus 3 × the mixers' forward FLOPs (QKᵀ and
+  AV over attended pairs; the chunked recurrence of linear attention)."""
+  m = model_cfg
+  mixing = sum(mixer_flops_per_token(kind, m, seq_len)
+               for kind in layer_kinds(m.pattern, m.num_layers))
+  return 6 * matmul_params(m) + 3 * mixing
 
 
 def measure_matmul_flops(n: int = 2048, repeats: int = 5) -> float:

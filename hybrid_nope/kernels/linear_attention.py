@@ -1,0 +1,109 @@
+"""`linear_attention(q, k, v, log_decay, segment_ids=, impl=)`: input checks and dispatch.
+
+Gated linear attention (GLA), per batch row and kv head, state S_t of shape [H, H]:
+  S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_tᵀ,   out_t = H^(-1/2) q_tᵀ S_t,
+with S_{t-1} = 0 where a maximal run of equal nonzero segment ids starts; segment 0 is padding,
+which outputs 0 and neither reads nor writes the state. GQA: query head n reads the key, value
+and decay of kv head n // (N / K). log_decay <= 0 is the caller's contract (a positive one is
+not checked, it cannot be on traced values, and may overflow); any log_decay <= 0, down to -inf,
+gives finite outputs and gradients.
+
+Implementations (`impl=`):
+  "xla"    the chunked form in pure jax.numpy (linear_xla.py); every backend, the CPU default.
+  "pallas" a Mosaic TPU forward kernel (linear_pallas.py) that keeps the state in VMEM across
+           the chunks; its backward is the XLA chunked one. TPU only (tests run it with
+           interpret=True on the module).
+  "auto"   decided when the function is lowered (jax.lax.platform_dependent), as attention()
+           does: today XLA on every platform. The Pallas kernel has never run on a TPU (no
+           accelerator was available where it was written: it is checked in interpret mode
+           and lowered with jax.export only), so "auto" will not choose it until it has been
+           measured faster there; AUTO_PALLAS_PLATFORMS is the one place to change that.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_nope.kernels import linear_pallas, linear_xla, per_shard
+# q, k, v and segment_ids obey attention()'s rules, and the target platform is attention()'s.
+from hybrid_nope.kernels.attention import _check as _check_qkv
+from hybrid_nope.kernels.attention import _platform
+
+IMPLS = ("auto", "xla", "pallas")
+# Platforms where "auto" runs the Pallas kernel (see the module docstring): none yet.
+AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
+
+
+def _check(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids, impl):
+  if impl not in IMPLS:
+    raise ValueError(f"impl={impl!r}: expected one of {IMPLS}")
+  _check_qkv(q_BTNH, k_BTKH, v_BTKH, None, segment_ids, "xla")
+  if tuple(log_decay_BTKH.shape) != tuple(k_BTKH.shape):
+    raise ValueError(f"log_decay shape {tuple(log_decay_BTKH.shape)} must match k shape "
+                     f"{tuple(k_BTKH.shape)} [batch, time, kv heads, head_dim]")
+  if not jnp.issubdtype(log_decay_BTKH.dtype, jnp.floating):
+    raise ValueError(f"log_decay dtype must be floating point; got {log_decay_BTKH.dtype}")
+
+
+def _unavailable_reason(impl: str) -> str | None:
+  platform = _platform()  # the target_platform(...) context, else this backend
+  if impl in ("xla", "auto"):
+    return None
+  if platform != "tpu":
+    return (f"the Pallas linear attention kernel compiles for TPU only; the platform is "
+            f"{platform!r} (tests run it with interpret=True on linear_pallas)")
+  return None if linear_pallas.available() else "jax.experimental.pallas.tpu is missing"
+
+
+def available_impls() -> tuple[str, ...]:
+  """Concrete implementations that can run on the target platform."""
+  return tuple(i for i in IMPLS[1:] if _unavailable_reason(i) is None)
+
+
+def _per_platform(impl: str) -> dict:
+  """platform -> kernel for jax.lax.platform_dependent (only the lowered platform's branch is
+  kept), as attention._per_platform."""
+  if impl == "xla":
+    return {"default": linear_xla.linear_attention}
+  pallas = {"tpu": linear_pallas.linear_attention} if linear_pallas.available() else {}
+  if impl == "pallas":
+    return pallas
+  return {**{p: k for p, k in pallas.items() if p in AUTO_PALLAS_PLATFORMS},
+          "default": linear_xla.linear_attention}
+
+
+def resolve(impl: str) -> str:
+  """The concrete implementation `impl` means on the target platform; ValueError if
+  unavailable."""
+  reason = _unavailable_reason(impl)
+  if reason is not None:
+    raise ValueError(f"impl={impl!r} is not available here: {reason}. Available: "
+                     f"{available_impls()}")
+  if impl == "auto":
+    return "pallas" if _platform() in _per_platform("auto") else "xla"
+  return impl
+
+
+def linear_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
+                     log_decay_BTKH: jax.Array, *, segment_ids: jax.Array | None = None,
+                     impl: str = "auto", batch_axes=None, head_axes=None) -> jax.Array:
+  """Gated linear attention (segment-reset, GQA); returns [B, T, N, H] in q's dtype.
+
+  `batch_axes` / `head_axes` name the context mesh axes that split the batch and the heads;
+  given a multi-device mesh each device runs the kernel on its own shard (per_shard.py).
+  """
+  _check(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids, impl)
+  resolve(impl)
+  branches = _per_platform(impl)
+
+  def call(q, k, v, g, *seg):  # seg: () or (segment_ids,); platform_dependent takes arrays.
+    def run(kernel):
+      return lambda q, k, v, g, *seg: kernel(q, k, v, g, segment_ids=seg[0] if seg else None)
+    if len(branches) == 1:
+      return run(next(iter(branches.values())))(q, k, v, g, *seg)
+    return jax.lax.platform_dependent(q, k, v, g, *seg, **{
+        platform: run(kernel) for platform, kernel in branches.items()})
+
+  return per_shard.run(lambda q, k, v, g, seg: call(q, k, v, g, *(() if seg is None else (seg,))),
+                       (q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH), segment_ids,
+                       batch_axes=batch_axes, head_axes=head_axes)

@@ -1,0 +1,70 @@
+"""Gated linear attention (GLA, Yang et al. 2023, "Gated Linear Attention Transformers with
+Hardware-Efficient Training"): the second local mixer, pattern letter L.
+
+  q, k, v = x W_Q, x W_K, x W_V                         per head, GQA as in attention
+  log α_t = logsigmoid(x_t W_1 W_2 + b) / τ              a low-rank data-dependent gate per kv
+                                                         head and key channel (rank 16, τ = 16)
+  S_t = diag(α_t) S_{t−1} + k_t v_tᵀ,  o_t = H^(−1/2) q_tᵀ S_t   kernels.linear_attention
+  y_t = W_O (RMSNorm_head(o_t) ⊙ swish(x_t W_G))         per-head output norm, swish output gate
+
+No position encoding inside: the decay alone orders the past, which is what makes it a local
+mixer whose recency scale is 1 / (1 − α) (analysis.theory.linear_cosine). The temperature keeps
+α near 1 at init (logsigmoid(0) / 16 → α ≈ 0.958, a scale of ~24 tokens), as published.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_nope import kernels
+from hybrid_nope.model.attention import BTKH, BTNH
+from hybrid_nope.model.layers import constrain, default_init, mesh_axes, param, project
+
+GATE_RANK = 16
+GATE_TEMPERATURE = 16.0
+
+
+class GatedLinearAttention(nnx.Module):
+
+  def __init__(self, *, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int,
+               norm_eps: float, impl: str, dtype, rngs: nnx.Rngs):
+    D, N, K, H, R = d_model, num_heads, num_kv_heads, head_dim, GATE_RANK
+    self.impl, self.dtype, self.norm_eps = impl, dtype, norm_eps
+    self.wq_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
+    self.wk_DKH = param(rngs, default_init, (D, K, H), ("embed", "kv_heads", "kv"))
+    self.wv_DKH = param(rngs, default_init, (D, K, H), ("embed", "kv_heads", "kv"))
+    self.w_gate_down_DR = param(rngs, default_init, (D, R), ("embed", None))
+    self.w_gate_up_RKH = param(rngs, default_init, (R, K, H), (None, "kv_heads", "kv"))
+    self.gate_bias_KH = nnx.Param(jnp.zeros((K, H), jnp.float32),
+                                  out_sharding=("kv_heads", "kv"), eager_sharding=False)
+    self.w_out_gate_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
+    self.out_norm_scale_H = nnx.Param(jnp.ones((H,), jnp.float32), out_sharding=("kv",),
+                                      eager_sharding=False)
+    self.wo_NHD = param(rngs, default_init, (N, H, D), ("heads", "kv", "embed"), in_axes=(0, 1))
+
+  def log_decay(self, x_BTD: jax.Array) -> jax.Array:
+    """log α [B, T, K, H], float32, in (−∞, 0): the gate, also read by the recency hook."""
+    x_BTD = x_BTD.astype(self.dtype)
+    low_BTR = project(x_BTD, self.w_gate_down_DR[...].astype(self.dtype))
+    logits_BTKH = project(low_BTR, self.w_gate_up_RKH[...].astype(self.dtype))
+    logits_BTKH = logits_BTKH.astype(jnp.float32) + self.gate_bias_KH[...]
+    return constrain(jax.nn.log_sigmoid(logits_BTKH) / GATE_TEMPERATURE, BTKH)
+
+  def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
+               segment_ids_BT: jax.Array | None) -> jax.Array:
+    del positions_BT  # No position encoding: the decay orders the past.
+    x_BTD = x_BTD.astype(self.dtype)
+    q_BTNH = constrain(project(x_BTD, self.wq_DNH[...].astype(self.dtype)), BTNH)
+    k_BTKH = constrain(project(x_BTD, self.wk_DKH[...].astype(self.dtype)), BTKH)
+    v_BTKH = constrain(project(x_BTD, self.wv_DKH[...].astype(self.dtype)), BTKH)
+    log_decay_BTKH = self.log_decay(x_BTD)  # float32 whatever the compute dtype: α is near 1.
+    batch_axes, _, head_axes, _ = mesh_axes(BTNH)
+    out_BTNH = kernels.linear_attention(
+        q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids=segment_ids_BT,
+        impl=self.impl, batch_axes=batch_axes, head_axes=head_axes)
+    o32 = out_BTNH.astype(jnp.float32)
+    normed = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, -1, keepdims=True) + self.norm_eps)
+    gate_BTNH = jax.nn.silu(project(x_BTD, self.w_out_gate_DNH[...].astype(self.dtype)))
+    y_BTNH = (normed * self.out_norm_scale_H[...]).astype(self.dtype) * gate_BTNH
+    return project(constrain(y_BTNH, BTNH), self.wo_NHD[...].astype(self.dtype), contract=2)
