@@ -2,6 +2,7 @@
 
   python benchmarks/train_step.py                       # the table in docs/performance.md
   python benchmarks/train_step.py --sizes=120m --seq_lens=2048 --patterns=SG
+  python benchmarks/train_step.py --sizes=120m --seq_lens=8192 --patterns=SG,LG,G
 
 MFU counts model FLOPs honestly (hybrid_nope.train.flops.flops_per_token: 6 × matmul params
 incl. the output head, plus attention over the query-key pairs actually attended) against
@@ -112,7 +113,8 @@ def main():
   p = argparse.ArgumentParser()
   p.add_argument("--sizes", default="demo,120m,350m")
   p.add_argument("--seq_lens", default="2048,8192")
-  p.add_argument("--patterns", default="SG,G", help="SG = hybrid (window 256), G = baseline")
+  p.add_argument("--patterns", default="SG,G", help="SG = SWA hybrid (window 256), LG = gated "
+                 "linear attention hybrid, G = global-NoPE baseline")
   p.add_argument("--batch_size", type=int, default=1)
   p.add_argument("--vocab", type=int, default=32000)
   p.add_argument("--steps", type=int, default=2)
@@ -163,8 +165,8 @@ def main():
               f"{tokens_per_second:.0f} | {fpt / 1e9:.3f} | {100 * mfu:.1f}% |", flush=True)
   print()
   for (size, seq_len, pattern), rate in rates.items():
-    if pattern == "SG" and (size, seq_len, "G") in rates:
-      print(f"{size} seq_len {seq_len}: hybrid / global-NoPE tokens/s = "
+    if pattern != "G" and (size, seq_len, "G") in rates:
+      print(f"{size} seq_len {seq_len}: {pattern} hybrid / global-NoPE tokens/s = "
             f"{rate / rates[(size, seq_len, 'G')]:.2f}x")
 
 
