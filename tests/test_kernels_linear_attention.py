@@ -70,7 +70,7 @@ def check(fn, T, gqa, segments, decay, *, dtype=jnp.float32, tol=1e-5, B=2, N=4,
 
 # Chunk boundaries fall inside segments: random runs start anywhere, T is rarely a multiple of
 # the chunk, and PACKED below puts boundaries just off (and once exactly on) chunk edges.
-# (T, gqa, segments, decay, chunk); chunk None is the tuned linear_xla.CHUNK (64).
+# (T, gqa, segments, decay, chunk); chunk None is the tuned linear_xla.CHUNK (32).
 XLA_CASES = [
     (1, 4, True, "mixed", None),
     (17, 1, True, "mixed", 8),

@@ -28,12 +28,41 @@ so dG = q ⊙ dq − k ⊙ dk and dg is its in-run reverse cumulative sum; the p
 is rowsum(S_out ⊙ dS_out). The diagonal terms, which cancel exactly in dG, are left out of it so
 that a true dg of ~0 (decay near 0) is not buried in their rounding.
 
-Measured on the 2-core AVX-512 CPU this was written on (T=8192, B=1, N=K=4, H=64, float32, one
-device, a loaded machine): forward+backward 217 ms with this custom VJP against 396 ms by
-autodiff through the forward scan (which stacks every chunk's intermediates); forward 105 vs
-83 ms (noise-level: the same scan). Chunk 64 beat 32 (277 ms) and 128 (302 ms). Tried and
-slower: full-chunk masked level dots instead of half-row ones (+50% forward), scan unrolling (no
-gain). benchmarks/attention.py prints the current figures beside SWA and global attention.
+Data movement: each scan step slices its chunk straight out of the caller's [B, T, ., H] arrays
+(a small in-cache transpose to heads-major [B·K, C, ., H]) and hands its outputs back as the
+scan's stacked ys, which for B = 1 already are the caller's layout: no whole-array transposes in
+or out, forward or backward, and no pad when T is a multiple of C. Segment masks are built per
+chunk inside the loop from the [B, T] run ids. The per-level block totals are reductions of g
+(_levels); taking them as the previous level's prefix at the half's end made XLA re-evaluate the
+whole chain of levels inside every level's fusion (2^level loads per element).
+
+Measured on the 2-core AVX-512 CPU this was written on (benchmarks/attention.py --T
+2048,4096,8192,16384 --windows 256,global --impls xla --no-dense; T=8192, B=1, N=K=4, H=64,
+float32; one run, another user's jobs on the machine at times), before -> after this layout:
+  linear-xla     fwd 91.8 -> 47.3 ms, fwd+bwd 274.3 -> 138.5 ms (SWA w=256, same run: 154 ms)
+  linear-xla/2d  fwd 74.5 -> 23.6 ms, fwd+bwd 245.4 -> 72.8 ms (two devices now scale ~1.9x)
+  time(T=16384)/time(T=4096) fwd+bwd 4.20 (one device), 4.04 (two).
+In FLOPs as the benchmark counts them for chunk 64 (3.62 GFLOP fwd+bwd at T=8192) that is 11%
+(one device) and 21% (two) of the 233 GFLOP/s two-core matmul roofline; the benchmark counts
+chunk 32's own, smaller number (2.52 GFLOP) and prints 8% and 15%. Chunk 32 beat 16 and 64 by
+~13% (fwd+bwd at T=8192: 170, 150, 172 ms in one interleaved run). Still against autodiff: the
+custom VJP measured 217 vs 396 ms (at the old layout), autodiff stacking every chunk's
+intermediates.
+
+What limits it: the 4 dots of a chunk without the exponentials or levels already take ~22 ms of
+forward at chunk 64 (~50 GFLOP/s: batched [64, 64] dots); the rest is XLA:CPU loop fusions over
+small per-chunk arrays (~2-3 G elements/s, exps included) and per-op overhead across the scan's
+steps; the backward runs ~20 dots per chunk. Tried and slower: all chunks' intra-chunk terms
+batched outside the scan, only the state recurrence inside (+10-25% forward: whole-sequence
+intermediates; one elementwise pass writing a fresh 32 MB buffer took 10 ms against 0.8 ms for
+16 MB, the mmap'd allocation page-faulting on every call); a time-major chunk layout [C, B·K, H] (bitcast
+slices, dots batched over a middle axis: +60% forward); the block totals built with where-masks
+instead of concatenate (+55% forward, from fusion choices alone); one batched dot stacking all
+levels (2x forward); optimization barriers (no effect: XLA:CPU drops them before fusion); full
+chunk masked level dots instead of half-row ones (+50% forward, at the old layout); scan
+unrolling (no gain). Not tried: fla's secondary chunking (chunk_gla); per level it needs the
+same O(C·H) exponentials and scalings as the halving levels plus a scaled k copy per sub-chunk,
+and its diagonal sub-blocks still need an exact scheme, so no large win was expected here.
 """
 from __future__ import annotations
 
@@ -44,7 +73,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-CHUNK = 64  # Tuned on CPU (module docstring): 32 loops more, 128 spends more in the levels.
+CHUNK = 32  # Tuned on CPU (module docstring): 16 and 64 measured ~13% slower at T=8192.
 
 
 def _mm(spec, a, b):
@@ -53,17 +82,23 @@ def _mm(spec, a, b):
 
 def _levels(g_RCH, C):
   """[(pre_h, suf_h) for h = 1, 2, ..., C/2], (P, U) for the whole chunk: pre_h[i] = Σ g over
-  [start of i's aligned h-block, i], suf_h[j] = Σ g over (j, end of j's h-block]."""
+  [start of i's aligned h-block, i], suf_h[j] = Σ g over (j, end of j's h-block].
+
+  Built from the aligned block totals B_h (direct sums): pre_2h = pre_h + (second half) B_h of
+  the first half, suf_2h = suf_h + (first half) B_h of the second half. Each level reads the
+  previous one at the same position only, so XLA's fusion of the chain costs O(levels) per
+  element (indexing the previous level's prefix at a half's end instead duplicated the whole
+  chain at every level: exponential work inside one fusion)."""
   R, _, H = g_RCH.shape
   pre, suf, h, out = g_RCH, jnp.zeros_like(g_RCH), 1, []
   while h < C:
     out.append((pre, suf))
+    total = jnp.sum(g_RCH.reshape(R, C // (2 * h), 2, h, H), axis=3, keepdims=True)
+    first, second = total[:, :, :1], total[:, :, 1:]
+    zero = jnp.zeros_like(first)
     shape = (R, C // (2 * h), 2, h, H)
-    p, s = pre.reshape(shape), suf.reshape(shape)
-    second = jnp.arange(2).reshape(1, 1, 2, 1, 1)
-    # The first half's total is its prefix at its end; the second half's, likewise.
-    pre = (p + jnp.where(second == 1, p[:, :, :1, -1:], 0.0)).reshape(R, C, H)
-    suf = (s + jnp.where(second == 0, p[:, :, 1:, -1:], 0.0)).reshape(R, C, H)
+    pre = pre + jnp.broadcast_to(jnp.concatenate([zero, first], axis=2), shape).reshape(R, C, H)
+    suf = suf + jnp.broadcast_to(jnp.concatenate([second, zero], axis=2), shape).reshape(R, C, H)
     h *= 2
   return out, pre, suf
 
@@ -119,26 +154,52 @@ def _scatter_half(x, h, half, C):
 
 
 class _Masks(NamedTuple):
-  """Per chunk [n, R, ...] run masks (None without segment ids: one run, all valid)."""
-  pair: jax.Array   # [n, R, C, C] j <= i in one run, i not padding
-  read: jax.Array   # [n, R, C]    reads the state entering the chunk
-  write: jax.Array  # [n, R, C]    writes the state leaving it (the chunk's last run)
-  carry: jax.Array  # [n, R]       the entering state survives the chunk (no run starts in it)
-  start: jax.Array  # [n, R, C]    a run starts here, or padding: dlog_decay is 0
+  """Run masks of one chunk, [R, ...] (or [n, R, ...] for all chunks, from _masks); None
+  without segment ids: one run, all valid."""
+  pair: jax.Array   # [R, C, C] j <= i in one run, i not padding
+  read: jax.Array   # [R, C]    reads the state entering the chunk
+  write: jax.Array  # [R, C]    writes the state leaving it (the chunk's last run)
+  carry: jax.Array  # [R]       the entering state survives the chunk (no run starts in it)
+  start: jax.Array  # [R, C]    a run starts here, or padding: dlog_decay is 0
 
 
 def _masks(segment_ids, B, K, n, C) -> _Masks:
-  """Runs of equal nonzero ids over the padded [B, n·C] ids (tail padding is id 0)."""
-  seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, n * C - segment_ids.shape[1])))
-  change = jnp.concatenate([jnp.ones((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-  run = jnp.cumsum(change, axis=1, dtype=jnp.int32)
+  """All chunks' [n, B·K, ...] masks at once (linear_pallas's forward reads them)."""
+  run_all, valid_all = _runs(segment_ids, n * C)
   per_chunk = lambda x: jnp.repeat(x.reshape(B, n, C).swapaxes(0, 1), K, axis=1)
-  run, valid, change = per_chunk(run), per_chunk(seg != 0), per_chunk(change)
+  change = jnp.concatenate([jnp.ones((B, 1), bool), run_all[:, 1:] != run_all[:, :-1]], axis=1)
+  run, valid, change = per_chunk(run_all), per_chunk(valid_all), per_chunk(change)
   prev = jnp.concatenate([jnp.full((1, B * K), -1, jnp.int32), run[:-1, :, -1]], axis=0)
   tril = jnp.tril(jnp.ones((C, C), bool))
   pair = (run[..., :, None] == run[..., None, :]) & valid[..., :, None] & tril
   return _Masks(pair, valid & (run == prev[..., None]), valid & (run == run[..., -1:]),
                 run[..., -1] == prev, change | ~valid)
+
+
+def _runs(segment_ids, Tp):
+  """Run ids [B, Tp] (a cumsum of id changes; tail padding is id 0) and valid [B, Tp]."""
+  B = segment_ids.shape[0]
+  seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, Tp - segment_ids.shape[1])))
+  change = jnp.concatenate([jnp.ones((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  return jnp.cumsum(change, axis=1, dtype=jnp.int32), seg != 0
+
+
+def _chunk_masks(runs, c, C, K) -> _Masks:
+  """The masks of chunk c (traced) from the [B, Tp] run ids, repeated over the K kv heads."""
+  run_all, valid_all = runs
+  B = run_all.shape[0]
+  run = lax.dynamic_slice_in_dim(run_all, c * C, C, axis=1)
+  valid = lax.dynamic_slice_in_dim(valid_all, c * C, C, axis=1)
+  prev = lax.dynamic_slice_in_dim(run_all, jnp.maximum(c * C - 1, 0), 1, axis=1)
+  prev = jnp.where(c > 0, prev, -1)  # [B, 1]: the run of the position before the chunk
+  change = jnp.concatenate([run[:, :1] != prev, run[:, 1:] != run[:, :-1]], axis=1)
+  rep = lambda x: jnp.broadcast_to(x[:, None], (B, K) + x.shape[1:]).reshape(
+      (B * K,) + x.shape[1:])
+  run, valid, change, prev = rep(run), rep(valid), rep(change), rep(prev)
+  tril = jnp.tril(jnp.ones((C, C), bool))
+  pair = (run[:, :, None] == run[:, None, :]) & valid[:, :, None] & tril
+  return _Masks(pair, valid & (run == prev), valid & (run == run[:, -1:]),
+                run[:, -1] == prev[:, 0], change | ~valid)
 
 
 def _chunk(q, k, v, g, m, C):
@@ -156,19 +217,63 @@ def _chunk(q, k, v, g, m, C):
   return (q, k, v), levels, A, ep, eu, decay
 
 
-def _forward(xs, masks, C, scale, S0):
-  def body(S, x):
-    q, k, v, g, m = x
-    (q, k, v), _, A, ep, eu, decay = _chunk(q, k, v, g, m, C)
-    out = scale * (_mm("rigj,rjh->righ", A, v) + _mm("rigd,rde->rige", q * ep[:, :, None], S))
-    return decay[..., None] * S + _mm("rjd,rje->rde", k * eu, v), (out, S)
-  return lax.scan(body, S0, (*xs, masks))[1]
+def _heads_major(x, B, K):
+  """[B, C, K, (G,) H] -> [B·K, C, (G,) H]: one chunk, a small in-cache transpose."""
+  x = jnp.moveaxis(x, 2, 1)
+  return x.reshape(B * K, *x.shape[2:])
 
 
-def _backward(xs, masks, S_in, dout, C, scale):
-  """Reverse scan over chunks carrying dS, the gradient of the state leaving the chunk."""
+def _time_major(x, B, K):
+  """Inverse of _heads_major, to [B, C, K·(G), H]."""
+  x = x.reshape(B, K, *x.shape[1:])
+  x = jnp.moveaxis(x, 1, 2)
+  return x.reshape(B, x.shape[1], -1, x.shape[-1])
+
+
+def _slices(arrays, c, C, B, K, G):
+  """Chunk c of the caller-layout [B, Tp, ., H] arrays (q, k, v, g[, dout]), heads-major."""
+  sl = lambda x: lax.dynamic_slice_in_dim(x, c * C, C, axis=1)
+  q = _heads_major(sl(arrays[0]).reshape(B, C, K, G, -1), B, K)
+  rest = [_heads_major(sl(x), B, K) for x in arrays[1:4]]
+  extra = [_heads_major(sl(x).reshape(B, C, K, G, -1), B, K) for x in arrays[4:]]
+  return (q, *rest, *extra)
+
+
+def _forward(q, k, v, g, runs, C, scale):
+  """Scan over chunks reading the caller's layout; returns (out [B, Tp, N, H], S_in)."""
+  B, Tp, N, H = q.shape
+  K = k.shape[2]
+  G, n = N // K, Tp // C
+
+  def body(S, c):
+    qc, kc, vc, gc = _slices((q, k, v, g), c, C, B, K, G)
+    m = None if runs is None else _chunk_masks(runs, c, C, K)
+    (qc, kc, vc), _, A, ep, eu, decay = _chunk(qc, kc, vc, gc, m, C)
+    out = scale * (_mm("rigj,rjh->righ", A, vc) + _mm("rigd,rde->rige", qc * ep[:, :, None], S))
+    S_next = decay[..., None] * S + _mm("rjd,rje->rde", kc * eu, vc)
+    return S_next, (_time_major(out, B, K).astype(q.dtype), S)
+
+  _, (out, S_in) = lax.scan(body, jnp.zeros((B * K, H, H), jnp.float32), jnp.arange(n))
+  return _unstack(out), S_in
+
+
+def _unstack(x):
+  """Scan outputs [n, B, C, ...] -> [B, n·C, ...] (free for B = 1)."""
+  n, B, C = x.shape[:3]
+  return jnp.moveaxis(x, 0, 1).reshape(B, n * C, *x.shape[3:])
+
+
+def _backward(xs, runs, S_in, dout, C, scale):
+  """Reverse scan over chunks carrying dS, the gradient of the state leaving the chunk, and
+  the gradient buffers (caller layout)."""
+  B, Tp, N, H = xs[0].shape
+  K = xs[1].shape[2]
+  G = N // K
+
   def body(dS, x):
-    q0, k0, v0, g0, m, S, do = x
+    c, S = x
+    q0, k0, v0, g0, do = _slices((*xs, dout), c, C, B, K, G)
+    m = None if runs is None else _chunk_masks(runs, c, C, K)
     (q, k, v), levels, A, ep, eu, decay = _chunk(q0, k0, v0, g0, m, C)
     qt, kt = q * ep[:, :, None], k * eu
     do = scale * do.astype(jnp.float32)
@@ -198,39 +303,21 @@ def _backward(xs, masks, S_in, dout, C, scale):
     if m is not None:
       dg = dg + jnp.where(m.write[..., None], tail[:, None], 0.0)
       dg = jnp.where(m.start[..., None], 0.0, dg)
-    else:
+    else:  # g at t = 0 multiplies the zero initial state.
       dg = dg + tail[:, None]
+      dg = jnp.where((c == 0) & (jnp.arange(C) == 0)[None, :, None], 0.0, dg)
     dS_prev = decay[..., None] * dS + _mm("rigd,rige->rde", qt, do)
-    grads = tuple(x.astype(x0.dtype) for x, x0 in zip((dq, dk, dv, dg), (q0, k0, v0, g0)))
-    return dS_prev, grads
-  R, H = S_in.shape[1], S_in.shape[-1]
-  return lax.scan(body, jnp.zeros((R, H, H), jnp.float32), (*xs, masks, S_in, dout),
-                  reverse=True)[1]
+    return dS_prev, tuple(_time_major(x, B, K).astype(x0.dtype)
+                          for x, x0 in zip((dq, dk, dv, dg), xs))
+
+  _, grads = lax.scan(body, jnp.zeros((B * K, H, H), jnp.float32),
+                      (jnp.arange(S_in.shape[0]), S_in), reverse=True)
+  return tuple(_unstack(x) for x in grads)
 
 
-def _to_chunks(x, B, n, C, K):
-  """[B, n·C, K, (G,) H] -> [n, B·K, C, (G,) H]."""
-  x = x.reshape(B, n, C, K, *x.shape[3:])
-  x = jnp.moveaxis(x, 3, 2).swapaxes(0, 1)
-  return x.reshape(n, B * K, C, *x.shape[4:])
-
-
-def _from_chunks(x, B, K):
-  """Inverse of _to_chunks."""
-  n, _, C = x.shape[:3]
-  x = x.reshape(n, B, K, C, *x.shape[3:]).swapaxes(0, 1)
-  return jnp.moveaxis(x, 2, 3).reshape(B, n * C, K, *x.shape[4:])
-
-
-def _prepare(q, k, v, g, segment_ids, C):
-  B, T, N, H = q.shape
-  K = k.shape[2]
-  n = -(-T // C)
-  pad = lambda x: jnp.pad(x, ((0, 0), (0, n * C - T)) + ((0, 0),) * (x.ndim - 2))
-  xs = (_to_chunks(pad(q).reshape(B, n * C, K, N // K, H), B, n, C, K),
-        *(_to_chunks(pad(x), B, n, C, K) for x in (k, v, g)))
-  masks = None if segment_ids is None else _masks(segment_ids, B, K, n, C)
-  return xs, masks
+def _pad(x, Tp):
+  T = x.shape[1]
+  return x if T == Tp else jnp.pad(x, ((0, 0), (0, Tp - T)) + ((0, 0),) * (x.ndim - 2))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -238,26 +325,26 @@ def _gla(q, k, v, g, segment_ids, C):
   return _gla_fwd(q, k, v, g, segment_ids, C)[0]
 
 
+def _prepare(q, k, v, g, segment_ids, C):
+  """(q, k, v, g padded to whole chunks, run ids or None): with the per-chunk input states,
+  the residuals _gla_bwd takes (linear_pallas's forward builds them this way too)."""
+  Tp = -(-q.shape[1] // C) * C
+  xs = tuple(_pad(x, Tp) for x in (q, k, v, g))
+  return xs, None if segment_ids is None else _runs(segment_ids, Tp)
+
+
 def _gla_fwd(q, k, v, g, segment_ids, C):
   B, T, N, H = q.shape
-  xs, masks = _prepare(q, k, v, g, segment_ids, C)
-  out, S_in = _forward(xs, masks, C, H**-0.5, jnp.zeros((B * k.shape[2], H, H), jnp.float32))
-  out = _from_chunks(out, B, k.shape[2]).reshape(B, -1, N, H)[:, :T].astype(q.dtype)
-  return out, (xs, masks, S_in)
+  xs, runs = _prepare(q, k, v, g, segment_ids, C)
+  out, S_in = _forward(*xs, runs, C, H**-0.5)
+  return out[:, :T], (xs, runs, S_in)
 
 
 def _gla_bwd(C, residuals, dout):
-  xs, masks, S_in = residuals
+  xs, runs, S_in = residuals
   B, T, N, H = dout.shape
-  K = xs[1].shape[1] // B
-  n = S_in.shape[0]
-  dout = jnp.pad(dout, ((0, 0), (0, n * C - T), (0, 0), (0, 0))).reshape(B, n * C, K, N // K, H)
-  dq, dk, dv, dg = _backward(xs, masks, S_in, _to_chunks(dout, B, n, C, K), C, H**-0.5)
-  dq = _from_chunks(dq, B, K).reshape(B, n * C, N, H)[:, :T]
-  dk, dv, dg = (_from_chunks(x, B, K)[:, :T] for x in (dk, dv, dg))
-  if masks is None:  # g at t = 0 multiplies the zero initial state.
-    dg = dg.at[:, 0].set(0)
-  return dq, dk, dv, dg, None
+  grads = _backward(xs, runs, S_in, _pad(dout, xs[0].shape[1]), C, H**-0.5)
+  return (*(x[:, :T] for x in grads), None)
 
 
 _gla.defvjp(_gla_fwd, _gla_bwd)
