@@ -99,6 +99,8 @@ def get_config() -> ml_collections.ConfigDict:
       query_positions=1024,    # Evenly spaced query positions averaged over; 0 = all.
       # How often the recency hook runs (step 0 always); follows checkpoint.every_steps unless set.
       every_steps=c.checkpoint.get_ref("every_steps") * 1,
+      figures=True,            # Also draw the recency figures into TensorBoard and W&B at each
+                               # measurement (host-side; ~1.5 s at 120m).
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.logging = ml_collections.ConfigDict(dict(

@@ -155,7 +155,7 @@ def validate(config, *, check_paths: bool = True) -> None:
            and len(set(multiples)) == len(multiples) and 1 in multiples,
            "eval.length_multiples", multiples, "distinct integers >= 1 including 1, e.g. (1, 2, 4) "
            "(eval rows of k × data.seq_len)")
-  for key in ("data.verify_hashes", "data.allow_changed_data"):
+  for key in ("data.verify_hashes", "data.allow_changed_data", "metrics.figures"):
     boolean(config, key)
   int_in(config, "checkpoint.restore_step", 0, None, "an integer >= 0 (0 = the newest checkpoint)")
   int_in(config, "train.profile_steps", 0, None, "an integer >= 0 (0 = no profile)")

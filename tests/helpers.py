@@ -18,6 +18,8 @@ TINY = {
     "train.steps": 8, "train.warmup_steps": 2, "train.log_every_steps": 1,
     "checkpoint.every_steps": 4, "checkpoint.keep": 100,
     "metrics.far_lag": 32, "metrics.probe_batch_size": 2,
+    # Figures cost ~0.5 s per measurement; test_analysis_hook checks the hook draws them.
+    "metrics.figures": False,
 }
 
 

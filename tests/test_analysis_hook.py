@@ -229,3 +229,19 @@ def test_gated_linear_attention_layers_are_local_mixers_with_their_mean_decay():
     assert r["recency_scale"] == pytest.approx(1 / (1 - want), rel=1e-5)
   assert not any("mean_decay" in r for r in records if r["layer_type"] != "linear")
   assert any("logit_gap" in r for r in records if r["layer"] == 1)
+
+
+@pytest.mark.parametrize("figures", [True, False])
+def test_each_measurement_draws_the_figures_unless_switched_off(tmp_path, figures):
+  config = tiny_config(metrics__figures=figures)
+  model_def, params = init_model(config.model, seed=0)
+  writer = MetricsWriter(str(tmp_path))
+  drawn = []
+  writer.write_images = lambda step, images: drawn.append((step, sorted(images)))
+  run = RunContext(config=config, model_def=model_def, eval_batches=pipeline.eval_batches(config),
+                   writer=writer, replicate=lambda tree: tree)
+  RecencyHook.for_run(run)(4, params)
+  writer.close()
+  assert drawn == ([(4, ["recency/floor_heatmap", "recency/gap_heatmap",
+                         "recency/global_input_profiles", "recency/logit_profiles"])]
+                   if figures else [])

@@ -20,11 +20,6 @@ def test_a_profile_of_two_steps_is_written_and_the_run_trains_to_the_end(tmp_pat
     assert sorted(json.loads(l)["step"] for l in f if '"loss"' in l) == list(range(1, 9))
 
 
-def test_no_profile_by_default(tmp_path):
-  loop.train(tiny_config(train__steps=2, train__warmup_steps=1), str(tmp_path))
-  assert not os.path.exists(tmp_path / "profile")
-
-
 @pytest.mark.parametrize("start, steps", [(0, 2), (-1, 0), (1, -1)])
 def test_bad_profile_keys_fail_by_name(start, steps):
   with pytest.raises(ConfigError, match="config.train.profile_"):

@@ -36,6 +36,7 @@ def test_each_logged_step_carries_seconds_per_step_eta_and_memory(tmp_path, capl
     assert r["memory_bytes"] > 1e6
   lines = [m for m in caplog.messages if m.startswith("step 8/8")]
   assert lines and "s/step | ETA 0m00s | host peak RSS" in lines[0]
+  assert not (tmp_path / "profile").exists()  # No trace unless train.profile_steps asks.
   eta = [m for m in caplog.messages if m.startswith("step 2/8")][0]
   seconds = records[0]["seconds_per_step"] * 6  # Six steps to go at step 2.
   assert f"ETA {progress._duration(seconds)}" in eta

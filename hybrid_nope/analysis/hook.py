@@ -193,7 +193,8 @@ class RecencyHook:
     if self.writer.active:  # Host-side figures, on process 0 only.
       from hybrid_nope.analysis import live_figures  # Here: it imports plots, which imports us.
       self.writer.write_table("recency", step, records)
-      self.writer.write_images(step, live_figures.figures(records, self.config))
+      if self.config.metrics.figures:
+        self.writer.write_images(step, live_figures.figures(records, self.config))
     for r in records:
       if r["layer"] == DATA_LAYER:
         logging.info("recency step %d | data control P(t_i = t_i-d): gap %.4f (%d documents)",
