@@ -92,7 +92,7 @@ def test_at_init_the_state_follows_the_decay_law_and_the_output_does_not():
   cosine is ~0 at every d >= 1: unlike SWA, whose softmax is uniform at init, a random GLA
   layer plants no recency in its output until W_Q learns to read the state."""
   layer = make_layer(d_model=128, num_heads=4, num_kv_heads=4, head_dim=32)
-  B, T, prefix = 16, 768, 256
+  B, T, prefix = 8, 768, 256
   x = jax.random.normal(jax.random.key(5), (B, T, 128))
   lags = np.array([1, 2, 4, 8, 16, 32, 64])
   log_alpha = layer.log_decay(x)

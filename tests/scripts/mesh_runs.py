@@ -47,11 +47,9 @@ def main(workdir):
     loop.train(config_for(mesh), os.path.join(workdir, name), hooks=[RecencyHook.for_run])
     out["losses"][name] = losses(os.path.join(workdir, name))
     out["recency"][name] = recency_profiles(os.path.join(workdir, name))
-  remat_dir = os.path.join(workdir, REMAT_MESH + "_remat")
-  loop.train(config_for(MESHES[REMAT_MESH], model__remat=True), remat_dir)
-  out["losses"][REMAT_MESH + "_remat"] = losses(remat_dir)
   # Gated linear attention (LG) runs per shard like attention: on the mesh that splits both
-  # batch and heads, under remat (the scan over stacked blocks), with the hook.
+  # batch and heads, under remat (the scan over stacked blocks, whose stack must keep each
+  # parameter's sharding), with the hook.
   run_dir = os.path.join(workdir, f"gla_{REMAT_MESH}_remat")
   loop.train(config_for(MESHES[REMAT_MESH], model__pattern="LG", model__remat=True), run_dir,
              hooks=[RecencyHook.for_run])
