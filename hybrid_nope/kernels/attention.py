@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -148,17 +147,5 @@ def attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, *,
   """
   _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl)
   resolve(impl, q_BTNH, segment_ids)
-  branches = _per_platform(impl)
-
-  def call(q, k, v, *seg):  # seg: () or (segment_ids,); platform_dependent takes arrays only.
-    def run(kernel):
-      return lambda q, k, v, *seg: kernel(q, k, v, window=window,
-                                          segment_ids=seg[0] if seg else None)
-    if len(branches) == 1:
-      return run(branches["default"])(q, k, v, *seg)
-    return jax.lax.platform_dependent(q, k, v, *seg, **{
-        platform: run(kernel) for platform, kernel in branches.items()})
-
-  return per_shard.run(lambda q, k, v, seg: call(q, k, v, *(() if seg is None else (seg,))),
-                       (q_BTNH, k_BTKH, v_BTKH), segment_ids, batch_axes=batch_axes,
-                       head_axes=head_axes)
+  return per_shard.run_on_platforms(_per_platform(impl), (q_BTNH, k_BTKH, v_BTKH), segment_ids,
+                                    batch_axes=batch_axes, head_axes=head_axes, window=window)

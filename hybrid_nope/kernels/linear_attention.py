@@ -94,16 +94,6 @@ def linear_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   """
   _check(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids, impl)
   resolve(impl)
-  branches = _per_platform(impl)
-
-  def call(q, k, v, g, *seg):  # seg: () or (segment_ids,); platform_dependent takes arrays.
-    def run(kernel):
-      return lambda q, k, v, g, *seg: kernel(q, k, v, g, segment_ids=seg[0] if seg else None)
-    if len(branches) == 1:
-      return run(next(iter(branches.values())))(q, k, v, g, *seg)
-    return jax.lax.platform_dependent(q, k, v, g, *seg, **{
-        platform: run(kernel) for platform, kernel in branches.items()})
-
-  return per_shard.run(lambda q, k, v, g, seg: call(q, k, v, g, *(() if seg is None else (seg,))),
-                       (q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH), segment_ids,
-                       batch_axes=batch_axes, head_axes=head_axes)
+  return per_shard.run_on_platforms(_per_platform(impl),
+                                    (q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH), segment_ids,
+                                    batch_axes=batch_axes, head_axes=head_axes)

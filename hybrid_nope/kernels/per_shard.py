@@ -76,3 +76,23 @@ def run(fn: Callable, arrays_BTxH: tuple, segment_ids, *, batch_axes: AxisNames,
                          out_specs=spec_BTxH, check_vma=False)(*arrays_BTxH)
   return jax.shard_map(fn, mesh=mesh, in_specs=specs + (P(batch, None),), out_specs=spec_BTxH,
                        check_vma=False)(*arrays_BTxH, segment_ids)
+
+
+def run_on_platforms(branches: dict, arrays_BTxH: tuple, segment_ids, *, batch_axes: AxisNames,
+                     head_axes: AxisNames, **kernel_kwargs):
+  """`branches` (platform -> kernel(*arrays, segment_ids=, **kernel_kwargs), "default" for the
+  rest) run per shard as `run` does, the lowered platform's branch picked by
+  jax.lax.platform_dependent; a single branch is called directly."""
+  def on_shard(*operands):
+    *arrays, seg = operands
+    seg = () if seg is None else (seg,)  # platform_dependent takes arrays only.
+
+    def bind(kernel):
+      return lambda *ops: kernel(*ops[:len(arrays)], segment_ids=ops[len(arrays)] if seg else None,
+                                 **kernel_kwargs)
+    if len(branches) == 1:
+      return bind(next(iter(branches.values())))(*arrays, *seg)
+    return jax.lax.platform_dependent(*arrays, *seg, **{
+        platform: bind(kernel) for platform, kernel in branches.items()})
+
+  return run(on_shard, arrays_BTxH, segment_ids, batch_axes=batch_axes, head_axes=head_axes)
