@@ -148,7 +148,7 @@ def _gla(q, k, v, g, segment_ids, C, interpret):
 def _gla_fwd(q, k, v, g, segment_ids, C, interpret):
   out, S_in = _forward(q, k, v, g, segment_ids, C, interpret)
   xs, masks = linear_xla._prepare(q, k, v, g, segment_ids, C)
-  return out, (xs, masks, S_in)
+  return out, (xs, masks, (S_in,))
 
 
 def _gla_bwd(C, interpret, residuals, dout):
