@@ -21,11 +21,12 @@ changes); masks drop cross-run pairs, the state read before a run's first chunk 
 state carried across a run start and the writes of every run but a chunk's last. Padding (id 0)
 is a run that writes nothing and reads nothing, so it outputs 0 and its gradients are 0.
 
-Backward: a custom VJP, a reverse scan over chunks that recomputes each chunk's A and factors
-from the saved per-chunk input states. The log-decay gradient needs no backprop through the
+Backward: a custom VJP, a reverse scan over chunks that recomputes each chunk's level factors
+from the saved per-chunk input states and intra-chunk weights A. The log-decay gradient needs no backprop through the
 exponentials: out depends on g only through q ⊙ e^{G}, k ⊙ e^{-G} (G the in-run cumulative sum),
-so dG = q ⊙ dq − k ⊙ dk and dg is its in-run reverse cumulative sum; the part from later chunks
-is rowsum(S_out ⊙ dS_out). The diagonal terms, which cancel exactly in dG, are left out of it so
+so dG = q ⊙ dq − k ⊙ dk (full gradients, through the state too) and dg is its in-run reverse
+cumulative sum: within the chunk a masked triangular dot, from later chunks their in-run sum of
+dG, carried by the reverse scan as one [H] vector per head (no S_out recomputed, no [H, H] pass). The diagonal terms, which cancel exactly in dG, are left out of it so
 that a true dg of ~0 (decay near 0) is not buried in their rounding.
 
 Data movement: each scan step slices its chunk straight out of the caller's [B, T, ., H] arrays
@@ -278,7 +279,8 @@ def _backward(xs, runs, chunk_residuals, dout, C, scale):
   K = xs[1].shape[2]
   G = N // K
 
-  def body(dS, x):
+  def body(carry, x):
+    dS, dg_later = carry  # dg_later: Σ dG over later chunks in this chunk's last run
     c, S, *A = x
     q0, k0, v0, g0, do = _slices((*xs, dout), c, C, B, K, G)
     m = None if runs is None else _chunk_masks(runs, c, C, K)
@@ -296,29 +298,30 @@ def _backward(xs, runs, chunk_residuals, dout, C, scale):
       dq = dq + _scatter_half(_mm("rigj,rjd->rigd", dX, ks) * fq[:, :, None], h, 1, C)
       dk = dk + _scatter_half(_mm("rigj,rigd->rjd", dX, qs) * fk, h, 0, C)
     # out depends on g through q ⊙ e^G and k ⊙ e^-G only: dG = q ⊙ dq - k ⊙ dk; dg is its
-    # in-run reverse cumulative sum, the later chunks' part being rowsum(S_out ⊙ dS_out).
+    # in-run reverse cumulative sum, the later chunks' part being dg_later.
     # The diagonal (i = j) terms cancel exactly in dG, so they join dq, dk only after it: else
     # their rounding would swamp a true dg of ~0 (decay near 0).
     dG = jnp.sum(q * dq, axis=2) - k * dk
     diag = jnp.diagonal(dA, axis1=1, axis2=3).transpose(0, 2, 1)  # [R, C, G]
     dq = dq + diag[..., None] * k[:, :, None]
     dk = dk + jnp.einsum("rig,rigd->rid", diag, q)
-    S_out = decay[..., None] * S + _mm("rjd,rje->rde", kt, v)
-    tail = jnp.sum(S_out * dS, axis=-1)
     suffix = jnp.swapaxes(m.pair, 1, 2) if m is not None else jnp.tri(C, dtype=bool).T
     dg = jnp.einsum("rit,rtd->rid", jnp.broadcast_to(suffix, dG.shape[:1] + (C, C)).astype(
         jnp.float32), dG, precision=lax.Precision.HIGHEST)
     if m is not None:
-      dg = dg + jnp.where(m.write[..., None], tail[:, None], 0.0)
+      dg = dg + jnp.where(m.write[..., None], dg_later[:, None], 0.0)
+      dg_earlier = jnp.where(m.read[:, :1], dg[:, 0], 0.0)  # position 0 continues a run
       dg = jnp.where(m.start[..., None], 0.0, dg)
     else:  # g at t = 0 multiplies the zero initial state.
-      dg = dg + tail[:, None]
+      dg = dg + dg_later[:, None]
+      dg_earlier = dg[:, 0]
       dg = jnp.where((c == 0) & (jnp.arange(C) == 0)[None, :, None], 0.0, dg)
     dS_prev = decay[..., None] * dS + _mm("rigd,rige->rde", qt, do)
-    return dS_prev, tuple(_time_major(x, B, K).astype(x0.dtype)
-                          for x, x0 in zip((dq, dk, dv, dg), xs))
+    return (dS_prev, dg_earlier), tuple(_time_major(x, B, K).astype(x0.dtype)
+                                        for x, x0 in zip((dq, dk, dv, dg), xs))
 
-  _, grads = lax.scan(body, jnp.zeros((B * K, H, H), jnp.float32),
+  zeros = (jnp.zeros((B * K, H, H), jnp.float32), jnp.zeros((B * K, H), jnp.float32))
+  _, grads = lax.scan(body, zeros,
                       (jnp.arange(chunk_residuals[0].shape[0]), *chunk_residuals), reverse=True)
   return tuple(_unstack(x) for x in grads)
 
