@@ -26,8 +26,9 @@ from the saved per-chunk input states and intra-chunk weights A. The log-decay g
 exponentials: out depends on g only through q ⊙ e^{G}, k ⊙ e^{-G} (G the in-run cumulative sum),
 so dG = q ⊙ dq − k ⊙ dk (full gradients, through the state too) and dg is its in-run reverse
 cumulative sum: within the chunk a masked triangular dot, from later chunks their in-run sum of
-dG, carried by the reverse scan as one [H] vector per head (no S_out recomputed, no [H, H] pass). The diagonal terms, which cancel exactly in dG, are left out of it so
-that a true dg of ~0 (decay near 0) is not buried in their rounding.
+dG, carried by the reverse scan as one [H] vector per head (no S_out recomputed, no [H, H]
+pass). The diagonal terms, which cancel exactly in dG, are left out of it so that a true dg of
+~0 (decay near 0) is not buried in their rounding.
 
 Data movement: each scan step slices its chunk straight out of the caller's [B, T, ., H] arrays
 (a small in-cache transpose to heads-major [B·K, C, ., H]) and hands its outputs back as the
@@ -39,31 +40,35 @@ whole chain of levels inside every level's fusion (2^level loads per element).
 
 Measured on the 2-core AVX-512 CPU this was written on (benchmarks/attention.py --T
 2048,4096,8192,16384 --windows 256,global --impls xla --no-dense; T=8192, B=1, N=K=4, H=64,
-float32; one run, another user's jobs on the machine at times), before -> after this layout:
-  linear-xla     fwd 91.8 -> 47.3 ms, fwd+bwd 274.3 -> 138.5 ms (SWA w=256, same run: 154 ms)
-  linear-xla/2d  fwd 74.5 -> 23.6 ms, fwd+bwd 245.4 -> 72.8 ms (two devices now scale ~1.9x)
-  time(T=16384)/time(T=4096) fwd+bwd 4.20 (one device), 4.04 (two).
-In FLOPs as the benchmark counts them for chunk 64 (3.62 GFLOP fwd+bwd at T=8192) that is 11%
-(one device) and 21% (two) of the 233 GFLOP/s two-core matmul roofline; the benchmark counts
-chunk 32's own, smaller number (2.52 GFLOP) and prints 8% and 15%. Chunk 32 beat 16 and 64 by
-~13% (fwd+bwd at T=8192: 170, 150, 172 ms in one interleaved run). Still against autodiff: the
-custom VJP measured 217 vs 396 ms (at the old layout), autodiff stacking every chunk's
-intermediates.
+float32, 246.7 GFLOP/s matmul roofline; one run per column, at 8b3269e and at 7279bc4):
+                 8b3269e (the layout above)    7279bc4 (+ saved A, carried dg)   SWA w=256
+  linear-xla     fwd 45.3  fwd+bwd 143.3 ms    fwd 47.0  fwd+bwd 116.9 ms        146.6 ms
+  linear-xla/2d  fwd 23.3  fwd+bwd  72.2 ms    fwd 23.8  fwd+bwd  66.2 ms         79.0 ms
+  time(T=16384)/time(T=4096) fwd+bwd 4.24 (one device), 4.22 (two).
+The benchmark counts chunk 32's dots (2.52 GFLOP fwd+bwd at T=8192): 9% (one device) and 15%
+(two: 16% in a 5-rep run, 61.9 ms) of the roofline, against the 20% target. Saving each chunk's
+masked A for the backward took ~10% off forward+backward, carrying the later chunks' dlog_decay
+as a vector (instead of rowsum(S_out ⊙ dS_out), which recomputed S_out) ~5%. Chunk 32 against
+16 and 64 after both, fwd+bwd on one core with 2 heads (the two-device case): 56.6, 56.5,
+64.6 ms; 32 kept. The old layout (before the one above) took 274.3 ms; the custom VJP measured
+217 vs autodiff's 396 ms there, autodiff stacking every chunk's intermediates.
 
-What limits it: the 4 dots of a chunk without the exponentials or levels already take ~22 ms of
-forward at chunk 64 (~50 GFLOP/s: batched [64, 64] dots); the rest is XLA:CPU loop fusions over
-small per-chunk arrays (~2-3 G elements/s, exps included) and per-op overhead across the scan's
-steps; the backward runs ~20 dots per chunk. Tried and slower: all chunks' intra-chunk terms
-batched outside the scan, only the state recurrence inside (+10-25% forward: whole-sequence
-intermediates; one elementwise pass writing a fresh 32 MB buffer took 10 ms against 0.8 ms for
-16 MB, the mmap'd allocation page-faulting on every call); a time-major chunk layout [C, B·K, H] (bitcast
-slices, dots batched over a middle axis: +60% forward); the block totals built with where-masks
-instead of concatenate (+55% forward, from fusion choices alone); one batched dot stacking all
-levels (2x forward); optimization barriers (no effect: XLA:CPU drops them before fusion); full
-chunk masked level dots instead of half-row ones (+50% forward, at the old layout); scan
-unrolling (no gain). Not tried: fla's secondary chunking (chunk_gla); per level it needs the
-same O(C·H) exponentials and scalings as the halving levels plus a scaled k copy per sub-chunk,
-and its diagonal sub-blocks still need an exact scheme, so no large win was expected here.
+What limits it: per chunk the backward runs ~20 dots of [16..64]-sized operands, which XLA:CPU
+executes at ~40-50 GFLOP/s on a core (a third of its large-matmul rate), and ~300 small fusions
+(transposes into and out of the heads-major chunk, exponentials, scalings, masks) at ~2-3 G
+elements/s. Per-op overhead is not it: at H=4 the same op count takes 15 of 66 ms, and batching
+more chunks per scan step (B=8 or 32 rows of shorter sequences) was slower, out of cache. Tried
+and slower or no gain: the in-chunk reverse cumulative sum as lax.cumsum (reduce-window: +25%)
+or as Hillis-Steele doubling (XLA fused its shifted reads, re-evaluating each level: +5-20%);
+the low levels as block-batched dots ([h, h] per block, no masked waste: -1%, noise); the heads
+split into two independent scans so that XLA:CPU might run them on two threads (it ran them one
+after the other: +40%); YNNPACK fusions off (no change); all chunks' intra-chunk terms batched
+outside the scan (+10-25% forward: one elementwise pass writing a fresh 32 MB buffer took 10 ms
+against 0.8 ms for 16 MB, the mmap'd allocation page-faulting on every call); a time-major chunk
+layout [C, B·K, H] (+60% forward); the block totals built with where-masks (+55% forward); one
+batched dot stacking all levels (2x forward); optimization barriers (XLA:CPU drops them); scan
+unrolling (no gain). What would change it is one fused kernel per chunk; on CPU, JAX has none
+(Pallas runs there only in interpret mode), so the fused forward is linear_pallas's, for TPU.
 """
 from __future__ import annotations
 
