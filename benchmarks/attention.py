@@ -22,9 +22,10 @@ over --dense-budget-gb (estimated from its T² score tensors) or predicted to ex
 
 Rows "linear-IMPL" (w column "gla") time the gated linear attention mixer
 (kernels.linear_attention, log decays uniform in [-1, 0]) at the same T, heads and dtype. Its
-useful FLOPs are the dots of the chunked algorithm (kernels/linear_xla.py, chunk C, L = log2 C
-hierarchy levels), per chunk and kv head: G·(L·C²·H/2 + 2·C²·H + 2·C·H²) + 2·C·H² forward
-(intra-chunk levels, A·V, q·S, kᵀ·v), three times that forward+backward; recomputation is not
+useful FLOPs are the chunked algorithm's at the kernel's chunk C, counted as the model counts
+them (train/flops.linear_attention_flops_per_token): within a chunk q·k and A·v over the causal
+pairs only (as the attention rows count in-window pairs only), across chunks q·S per query head
+and kᵀv per kv head; three times that forward+backward; masked and recomputed work is not
 counted. --linear-impls none leaves them out.
 """
 from __future__ import annotations
@@ -49,7 +50,8 @@ import numpy as np  # noqa: E402
 
 from hybrid_nope import kernels  # noqa: E402
 from hybrid_nope.kernels import linear_xla  # noqa: E402
-from hybrid_nope.train.flops import peak_flops_per_device  # noqa: E402
+from hybrid_nope.train.flops import (  # noqa: E402
+    linear_attention_flops_per_token, peak_flops_per_device)
 
 PRESETS = {
     "cpu": dict(T="2048,4096,8192,16384", windows="64,256,1024", impls="available",
@@ -84,12 +86,8 @@ def in_window_pairs(T, w):
 
 
 def linear_flops(B, T, N, K, H, chunk):
-  """Forward FLOPs of the chunked linear attention (module docstring); T padded to the chunk."""
-  C, G = min(chunk, T), N // K
-  C = 1 << (C - 1).bit_length()  # the kernel's chunk is a power of two
-  levels = C.bit_length() - 1
-  per_chunk = G * (levels * C * C * H / 2 + 2 * C * C * H + 2 * C * H * H) + 2 * C * H * H
-  return B * K * -(-T // C) * per_chunk
+  """Useful forward FLOPs of the chunked linear attention (module docstring)."""
+  return B * T * linear_attention_flops_per_token(N, K, H, chunk)
 
 
 def timed_linear(impl, q, k, v, g, reps):
