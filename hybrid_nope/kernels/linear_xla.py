@@ -69,7 +69,7 @@ outside the scan (whole-array transposes: +30%); the state saved transposed for 
 change); the in-chunk reverse cumulative sum as lax.cumsum (reduce-window: +25%) or as
 Hillis-Steele doubling (XLA fused its shifted reads, re-evaluating each level: +5-20%); the
 heads split into two independent scans so that XLA:CPU might run them on two threads (it ran
-them one after the other: +40%); YNNPACK fusions off (no change); all chunks' intra-chunk terms
+them one after the other: +36%); YNNPACK fusions off (no change); all chunks' intra-chunk terms
 batched outside the scan (+10-25% forward: one elementwise pass writing a fresh 32 MB buffer
 took 10 ms against 0.8 ms for 16 MB, the mmap'd allocation page-faulting on every call); a
 time-major chunk layout [C, B·K, H] (+60% forward); the block totals built with where-masks
