@@ -54,7 +54,8 @@ chunk's masked A for the backward (a quarter of S_in's size at C=32; no levels' 
 assembly in the backward): -10%; the later chunks' dlog_decay carried as a vector instead of
 rowsum(S_out ⊙ dS_out), which recomputed S_out: -5%; every decay factor a product of a = e^g
 (one exponential per element instead of one per level and factor): -10%; the levels as block
-dots: -3%. Chunk 32 against 16 and 64 (before the last two): 56.6, 56.5, 64.6 ms; 32 kept. The
+dots: -3%. Chunk 32 against 16 and 64 after all four: 30.1, 32.3, 32.3 ms (the shared machine
+in a fast phase: its roofline read 358.5 GFLOP/s then, and every row scaled alike); 32 kept. The
 layout before the one above took 274.3 ms; the custom VJP measured 217 vs autodiff's 396 ms
 there, autodiff stacking every chunk's intermediates.
 
@@ -87,7 +88,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-CHUNK = 32  # Tuned on CPU (module docstring): 16 ties it, 64 is ~14% slower at T=8192.
+CHUNK = 32  # Tuned on CPU (module docstring): 16 and 64 are ~7% slower at T=8192.
 
 
 def _mm(spec, a, b):
