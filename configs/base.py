@@ -51,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
       domains=PROLONG_DOMAINS,
       seq_len=8192,
       batch_size=64,           # Global, in sequences.
-      seed=0,
+      seed=0,                  # The data order; follows train.seed unless set (below).
       eval_fraction=0.05,      # stdlib only: held-out share of documents.
       document_masking=True,   # False: one sequence per packed sample (ProLong single_seq).
       cache_dir="",            # Where zstd MDS shards are decompressed; "" = ~/.cache/hybrid_nope.
@@ -94,14 +94,18 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   c.metrics = ml_collections.ConfigDict(dict(
       far_lag=4096,            # L: floor = f(L), gap = f(1) − f(L); must be < data.seq_len.
-      probe_batch_size=16,     # Eval rows the recency hook measures, chosen to span as many
-                               # documents as the eval set holds.
+      probe_batch_size=32,     # Eval rows the recency hook measures, chosen from the first
+      probe_pool_rows=256,     # probe_pool_rows eval rows to span as many documents as they hold.
       query_positions=1024,    # Evenly spaced query positions averaged over; 0 = all.
       # How often the recency hook runs (step 0 always); follows checkpoint.every_steps unless set.
       every_steps=c.checkpoint.get_ref("every_steps") * 1,
       figures=True,            # Also draw the recency figures into TensorBoard and W&B at each
                                # measurement (host-side; ~1.5 s at 120m).
   ))
+  # One seed per run: train.seed draws the initialisation and the training data order (the
+  # eval set, the probe and its shuffled control never depend on a seed, so runs pair). Set
+  # data.seed on its own to vary the order alone.
+  c.data.seed = c.train.get_ref("seed")
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.logging = ml_collections.ConfigDict(dict(
       wandb_project="",        # Weights & Biases project to log to; "" = off. Needs

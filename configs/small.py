@@ -1,24 +1,40 @@
 """CPU-sized sweep reproducing the recency mechanism (docs/results.md): the demo's shape
-(4 layers, d_model 128, seq_len 1024, stdlib bytes), 160 steps of 4 sequences, recency
-every 16 steps.
+(4 layers, d_model 128, seq_len 1024, stdlib bytes), 640 steps of 4 sequences, recency every
+32 steps, each experiment at several seeds (train.seed draws the init and the data order).
 
-  python launch/train.py --config=configs/small.py:swa64 --workdir=workdirs/small/swa64
+  python launch/train.py --config=configs/small.py:swa64 --config.train.seed=0 \\
+      --workdir=workdirs/sweep/swa64/seed0
+  python launch/sweep.py --experiments=swa16,nope --seeds=0,1,2,3,4      # resumable sweep
 
 Experiments: swa{16,64,256} (RoPE in SWA), nopeswa{64,256} (NoPE in SWA), gla (gated linear
-attention in place of SWA), nope (global only).
-About 2 minutes each on 2 idle CPU cores.
+attention in place of SWA), nope (global only), and swa<W>_flops<V>: window W trained for the
+FLOPs that window V spends in 640 steps (the compute-matched pair for the window claim).
+docs/performance.md has the measured cost of a run and of the sweep.
 
-Cost (small.py:swa64): 7.07 MFLOP/token × 655 k tokens (160 steps × 4 × 1024) = 4.6e12 FLOPs.
+Cost (small.py:swa64): 7.07 MFLOP/token × 2.62 M tokens (640 steps × 4 × 1024) = 1.9e13 FLOPs.
 """
 import re
 
 from configs import demo
+from hybrid_nope.train import flops
+
+STEPS = 640
+
+
+def _steps_for_flops_of(c, window: int) -> int:
+  """Steps at which config c spends what window `window` spends in STEPS steps."""
+  other = c.model.copy_and_resolve_references()
+  other.window = window
+  ratio = (flops.flops_per_token(other, c.data.seq_len)
+           / flops.flops_per_token(c.model, c.data.seq_len))
+  return round(STEPS * ratio)
 
 
 def get_config(experiment: str = "swa64"):
-  match = re.fullmatch(r"(swa|nopeswa)(\d+)|nope|gla", experiment)
+  match = re.fullmatch(r"(swa|nopeswa)(\d+)(?:_flops(\d+))?|nope|gla", experiment)
   if not match:
-    raise ValueError(f"experiment={experiment!r}: expected swa<W>, nopeswa<W>, gla or nope")
+    raise ValueError(f"experiment={experiment!r}: expected swa<W>, nopeswa<W>, "
+                     "swa<W>_flops<V>, gla or nope")
   c = demo.get_config()
   if experiment == "nope":
     c.model.pattern = "G"
@@ -28,7 +44,9 @@ def get_config(experiment: str = "swa64"):
     c.model.window = int(match.group(2))
     c.model.swa_pos = "nope" if match.group(1) == "nopeswa" else "rope"
   c.data.batch_size = 4
-  c.train.update(dict(steps=160, warmup_steps=16))
-  c.checkpoint.update(dict(every_steps=16, keep=2))
-  c.eval.every_steps = 32
+  steps = _steps_for_flops_of(c, int(match.group(3))) if match and match.group(3) else STEPS
+  c.train.update(dict(steps=steps, warmup_steps=STEPS // 10))
+  c.checkpoint.update(dict(every_steps=64, keep=2))
+  c.metrics.every_steps = 32
+  c.eval.every_steps = 64
   return c

@@ -18,6 +18,9 @@ from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.pattern import layer_kinds, window_of
 from hybrid_nope.model.transformer import DTYPES
 
+# Where rows come from (data/pipeline.py's ROW_SOURCES holds one reader per name).
+DATA_SOURCES = ("stdlib", "mds")
+
 
 
 class ConfigError(UserError):
@@ -132,14 +135,13 @@ def validate(config, *, check_paths: bool = True) -> None:
   _require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,
            "metrics.far_lag", config.metrics.far_lag,
            f"an integer in [1, data.seq_len={d.seq_len}) (the far lag L must fit in a sequence)")
-  eval_rows = config.eval.batch_size * config.eval.num_batches
-  _require(config.metrics.probe_batch_size <= eval_rows,
+  pool = int_in(config, "metrics.probe_pool_rows", 1, None,
+                "a positive int (eval rows the recency probe is chosen from)")
+  _require(config.metrics.probe_batch_size <= pool,
            "metrics.probe_batch_size", config.metrics.probe_batch_size,
-           f"at most eval.batch_size x eval.num_batches = {eval_rows} (the probe is chosen from "
-           "the eval rows)")
+           f"at most metrics.probe_pool_rows = {pool} (the probe is chosen from those eval rows)")
   int_in(config, "metrics.query_positions", 0, None, "an integer >= 0 (0 = every position)")
-  from hybrid_nope.data.pipeline import ROW_SOURCES  # pylint: disable=g-import-not-at-top
-  one_of(config, "data.source", ROW_SOURCES)  # (pipeline reads its keys through this module)
+  one_of(config, "data.source", DATA_SOURCES)
   data_seed(config)
   if d.source == "stdlib":
     eval_fraction(config)

@@ -1,7 +1,7 @@
 """Analyse a run's checkpoint: recency at any length, loss by position, length extrapolation.
 
   python launch/analyze.py --workdir=DIR [--step=N] [--seq_len=T] [--lengths=1,2,4]
-      [--config.eval.path=/path/to/textbook_chapters] [--config.a.b=v ...]
+      [--init_seeds=K] [--config.eval.path=/path/to/textbook_chapters] [--config.a.b=v ...]
 
 Writes JSON and PNG figures to DIR/analysis/step_<N>/ (docs/analysis.md). --config.* overrides
 the run's DIR/config.json (e.g. where its eval data lives on this machine).
@@ -24,6 +24,9 @@ flags.DEFINE_integer("step", None, "Checkpoint step to analyse; default the late
 flags.DEFINE_integer("seq_len", None, "Analysis length; default the training length.")
 flags.DEFINE_list("lengths", [str(k) for k in report.DEFAULT_LENGTHS],
                   "Multiples of the training length scored for extrapolation; empty to skip.")
+flags.DEFINE_integer("init_seeds", 0,
+                     "Also measure this many fresh initialisations on the same probe (the "
+                     "empirical init null, analysis/step_<N>/init_null_T<T>.json); 0 = skip.")
 flags.DEFINE_integer("rows_per_call", None,
                      "Eval rows per forward pass (memory at long lengths); default a batch.")
 cli.define_config_dict("config", base.get_config(),
@@ -38,7 +41,7 @@ def main(argv):
       flags.FLAGS.workdir, step=flags.FLAGS.step, seq_len=flags.FLAGS.seq_len,
       lengths=[int(k) for k in flags.FLAGS.lengths],
       overrides=config_flags.get_override_values(flags.FLAGS["config"]),
-      rows_per_call=flags.FLAGS.rows_per_call)
+      rows_per_call=flags.FLAGS.rows_per_call, init_seeds=flags.FLAGS.init_seeds)
   for path in result["files"]:
     logging.info("wrote %s", path)
   print(report.summary_text(result))

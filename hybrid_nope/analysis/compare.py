@@ -25,7 +25,7 @@ import numpy as np
 import scipy.stats
 
 from hybrid_nope import storage
-from hybrid_nope.analysis import checkpoints, report, sweep_plots
+from hybrid_nope.analysis import checkpoints, init_null, report, sweep_plots
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
@@ -34,10 +34,13 @@ SIGNIFICANT_SE = 2  # A logit-gap sign counts only beyond this many standard err
 SEED_KEY = ("train", "seed")
 # Row values aggregated over seeds (mean ± SE); for one seed the ± is the measurement standard
 # error named here, where the summary has one.
-AGGREGATED = ("eval_loss", "gap", "floor", "logit_gap", "alignment", "alignment_null",
-              "data_gap", "logit_gap_sign_flips", "extrapolation_gap",
+AGGREGATED = ("eval_loss", "gap", "floor", "gap_matched", "shuffled_gap", "logit_gap",
+              "alignment", "data_gap", "logit_gap_sign_flips", "extrapolation_gap",
               "extrapolation_logit_gap", "mean_decay", "recency_scale")
+# Summary statistics shown as z against the empirical init null (analyze.py --init_seeds).
+NULL_Z = ("gap", "floor", "logit_gap", "alignment")
 MEASUREMENT_SE = {"gap": "gap_stderr", "logit_gap": "logit_gap_stderr",
+                  "alignment": "alignment_stderr",
                   "extrapolation_gap": "extrapolation_gap_stderr",
                   "extrapolation_logit_gap": "extrapolation_logit_gap_stderr"}
 STEP_KEYS = ("gap", "logit_gap")  # The per-step series (gap_vs_step.png).
@@ -60,6 +63,21 @@ def _latest_extrapolation(workdir: str) -> dict | None:
     return None
   return json.loads(storage.read_text(
       storage.join(root, f"step_{max(steps)}", report.EXTRAPOLATION_FILE)))
+
+
+def _latest_init_null(workdir: str) -> dict | None:
+  """The summary moments of the newest analysis/step_<N>/init_null_T<T>.json at the training
+  length, or None."""
+  root = storage.join(workdir, report.ANALYSIS_DIR)
+  for name in sorted((storage.listdir(root) if storage.isdir(root) else []),
+                     key=lambda n: -int(n.split("_")[-1]) if n.startswith("step_") else 0):
+    if not name.startswith("step_"):
+      continue
+    files = [f for f in storage.listdir(storage.join(root, name))
+             if f.startswith(init_null.INIT_NULL_FILE)]
+    if files:
+      return json.loads(storage.read_text(storage.join(root, name, sorted(files)[0])))["summary"]
+  return None
 
 
 def _known(value) -> bool:
@@ -123,6 +141,7 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
       "extrapolation_step": None, "extrapolation_gap": None, "extrapolation_logit_gap": None,
       "extrapolation_gap_stderr": None, "extrapolation_logit_gap_stderr": None,
       "ratio": {},
+      "init_null": _latest_init_null(workdir),
   }
   ext = _latest_extrapolation(workdir)
   if ext is not None:
@@ -216,6 +235,16 @@ def _row(members: Sequence[dict]) -> dict[str, Any]:
       row[key], row[f"{key}_se"] = first[key], first.get(se_key) if se_key else None
     else:
       row[key], row[f"{key}_se"] = _mean_se([m[key] for m in members])
+  for key in ("logit_gap_null", "alignment_null"):  # Random-M nulls of one run's head mean.
+    row[key] = _mean_se([m.get(key) for m in members])[0]
+  null = next((m["init_null"] for m in members if m.get("init_null")), None)
+  row["init_null"] = null
+  for key in NULL_Z:
+    # A mean of n seeds against the null of a mean of n independent initialisations.
+    moments = (null or {}).get(key)
+    scaled = dict(moments, sd=moments["sd"] / math.sqrt(n)) if moments and moments["sd"] else None
+    row[f"{key}_null_z"] = init_null.zscore(row[key], scaled)
+  row["members_by_seed"] = {m["seed"]: m for m in members}
   factors = sorted({k for m in members for k in m["ratio"]})
   ratios = {k: _mean_se([m["ratio"].get(k) for m in members]) for k in factors}
   row["ratio"] = {k: v[0] for k, v in ratios.items()}
@@ -231,6 +260,26 @@ def aggregate_seeds(runs: Sequence[dict]) -> list[dict]:
   for run in runs:
     groups.setdefault(run["config_key"], []).append(run)
   return [_row(members) for members in groups.values()]
+
+
+PAIRED_KEYS = ("eval_loss", "gap", "floor", "logit_gap")
+
+
+def paired_difference(row: dict, reference: dict, key: str) -> dict[str, Any]:
+  """row − reference for `key`, paired by seed: the mean over the seeds both hold of the
+  per-seed differences ± its standard error (ddof 1), and those seeds. Seeds pair runs whose
+  shapes agree at init (one seed, one initialisation), so what they share cancels."""
+  seeds = sorted(set(row["members_by_seed"]) & set(reference["members_by_seed"]))
+  diffs = [row["members_by_seed"][s][key] - reference["members_by_seed"][s][key] for s in seeds
+           if _known(row["members_by_seed"][s].get(key))
+           and _known(reference["members_by_seed"][s].get(key))]
+  mean, se = _mean_se(diffs)
+  return {"mean": mean, "se": se, "seeds": seeds, "n": len(diffs)}
+
+
+def reference_row(rows: Sequence[dict]) -> dict | None:
+  """The global-only baseline (pattern G) if there is one with several seeds, else None."""
+  return next((r for r in rows if r["pattern"] == "G" and r["n_seeds"] > 1), None)
 
 
 def correlations(runs: Sequence[dict]) -> dict[int, dict[str, dict]]:
@@ -265,14 +314,20 @@ COLUMNS = (
     ("eval step", "eval_step", ""),
     ("final eval loss", "eval_loss", ".4f"), ("recency step", "step", ""),
     ("gap", "gap", ".4f"), ("floor", "floor", ".4f"), ("data gap", "data_gap", ".4f"),
-    ("logit gap", "logit_gap", "+.4f"), ("alignment", "alignment", "+.4f"),
-    ("alignment null", "alignment_null", ".3g"),  # 1/d_model: significant digits.
+    ("gap z (init null)", "gap_null_z", "+.1f"),
+    ("gap, queries with far lag", "gap_matched", ".4f"),
+    ("shuffled-token gap", "shuffled_gap", ".4f"),
+    ("logit gap", "logit_gap", "+.4f"), ("logit gap random-M null", "logit_gap_null", ".3g"),
+    ("logit gap z (init null)", "logit_gap_null_z", "+.1f"),
+    ("alignment", "alignment", "+.4f"),
+    ("alignment null", "alignment_null", ".3g"),  # 1/(d_model sqrt(heads)): significant digits.
+    ("alignment z (init null)", "alignment_null_z", "+.1f"),
     ("logit-gap sign flips", "logit_gap_sign_flips", ".1f"),
 )
 
 
 def _value_cell(row: dict, key: str, spec: str) -> str:
-  value = row[key]
+  value = row.get(key)
   if key == "seeds":
     return ", ".join(map(str, value))
   if key == "logit_gap_sign_flips" and row["n_seeds"] == 1:
@@ -300,9 +355,16 @@ def markdown(rows: Sequence[dict], corr: dict) -> str:
       "- final eval loss: the last eval record of metrics.jsonl.",
       "- gap, floor: mean over global layers at `pre_mixer_norm` (the normalised input global "
       "attention reads) at the last step of recency.jsonl; logit gap, alignment: mean over "
-      "global NoPE layers and heads; alignment null: the standard deviation of the alignment "
-      "of a random M (1/d_model); data gap: the gap of P(t_i = t_{i-d}) on the probe at step 0, "
-      "the recency of the data itself.",
+      "global NoPE layers and heads; random-M nulls: the standard deviation of that head mean "
+      "for a Haar-rotated M of each head's norm (alignment: 1/(d_model sqrt(heads))); data gap: "
+      "the gap of P(t_i = t_{i-d}) on the probe at step 0, a description of the data (a "
+      "probability, never a baseline for cosines).",
+      "- gap, queries with far lag: f(1) over the queries that also have the far lag, minus "
+      "f(L), so both terms average the same queries; shuffled-token gap: the same model and "
+      "step on the probe with tokens shuffled inside each document (the like-for-like "
+      "control).",
+      "- z (init null): (row mean − mean over fresh initialisations) / (their SD / sqrt(n "
+      "seeds)), from `launch/analyze.py --init_seeds=K` on the probe; — where not measured.",
       f"- logit-gap sign flips: over the recorded steps after init, how often the logit gap "
       f"changes sign by more than {SIGNIFICANT_SE} standard errors: only values with |logit gap| "
       f"> {SIGNIFICANT_SE}·se count, and one flips when its sign differs from the last such "
@@ -317,6 +379,21 @@ def markdown(rows: Sequence[dict], corr: dict) -> str:
       f"## Correlation with length extrapolation (across rows; Spearman ρ on ranks, Pearson r "
       f"on values; needs ≥ {MIN_RUNS_FOR_CORRELATION} rows)", "",
   ]
+  reference = reference_row(rows)
+  if reference is not None:
+    parts += [f"## Paired by seed against {reference['name']}", "",
+              "Each cell: mean over the seeds both rows hold of (row − baseline) ± its standard "
+              "error; seeds pair initialisations where shapes agree.", "",
+              "| run | " + " | ".join(PAIRED_KEYS) + " | seeds |",
+              "|" + "---|" * (len(PAIRED_KEYS) + 2)]
+    for r in rows:
+      if r is reference or r["n_seeds"] < 2:
+        continue
+      cells = [paired_difference(r, reference, key) for key in PAIRED_KEYS]
+      parts.append(f"| {r['name']} | " + " | ".join(_cell(c["mean"], "+.4f", c["se"])
+                                                    for c in cells)
+                   + f" | {', '.join(map(str, cells[0]['seeds']))} |")
+    parts.append("")
   missing = [r["name"] for r in rows if r["extrapolation_step"] is None]
   if missing:
     parts.append(f"No extrapolation analysis for {', '.join(missing)}: run `python "
@@ -336,15 +413,19 @@ def _json_run(run: dict) -> dict:
   return {k: v for k, v in run.items() if k != "config_key"}  # The whole config, repeated.
 
 
+def _json_row(row: dict) -> dict:
+  return {k: v for k, v in row.items() if k != "members_by_seed"}  # The runs, repeated.
+
+
 def compare(workdirs: Sequence[str], out_dir: str | None = None,
-            figures: bool = True) -> dict[str, Any]:
+            figures: bool = True, names: Sequence[str] | None = None) -> dict[str, Any]:
   """Loads every run, aggregates seeds into rows, writes compare.md, compare.json and figures
   to `out_dir` (default: <common parent of the workdirs>/compare). Returns {"runs" (one per
   workdir), "rows" (the table's, `aggregate_seeds`), "correlations" (over rows), "markdown",
   "files"}."""
   if not workdirs:
     raise checkpoints.AnalysisError("compare needs at least one workdir")
-  names = [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  names = list(names or [os.path.basename(os.path.normpath(w)) for w in workdirs])
   if len(set(names)) < len(names):
     names = [os.path.normpath(w) for w in workdirs]
   runs = [load_run(w, n) for w, n in zip(workdirs, names)]
@@ -358,7 +439,7 @@ def compare(workdirs: Sequence[str], out_dir: str | None = None,
   with open(files[0], "w") as f:
     f.write(text)
   with open(files[1], "w") as f:
-    json.dump({"runs": [_json_run(r) for r in runs], "rows": rows,
+    json.dump({"runs": [_json_run(r) for r in runs], "rows": [_json_row(r) for r in rows],
                "correlations": {str(k): v for k, v in corr.items()}}, f)
   if figures:
     files.append(sweep_plots.metrics_vs_window(

@@ -18,25 +18,23 @@ import numpy as np
 from absl import logging
 
 from hybrid_nope import storage
+from hybrid_nope.analysis import live_figures
 from hybrid_nope.analysis import probe as probe_lib
 from hybrid_nope.analysis import recency
-from hybrid_nope.analysis.theory import linear_recency_scale
+from hybrid_nope.analysis import records as records_lib
+from hybrid_nope.analysis.records import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE  # noqa: F401
 from hybrid_nope.model.pattern import layer_kinds, layer_type, window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 
 RECORD_FILE = "recency.jsonl"
 PROBE_FILE = "recency_probe.json"
-DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE = -1, "data", "tokens"
+SHUFFLE_SEED = 0  # The shuffled control's permutation: fixed, so runs and steps pair.
 
 
 def _concat(batches) -> dict[str, np.ndarray]:
   if isinstance(batches, dict):
     batches = [batches]
   return {k: np.concatenate([np.asarray(b[k]) for b in batches]) for k in batches[0]}
-
-
-def _floats(values) -> list:
-  return [float(v) for v in np.asarray(values, np.float64).ravel()]
 
 
 def _mean_decay(log_decay_BTKH, segment_ids_BT):
@@ -52,9 +50,10 @@ class RecencyHook:
   record_files = (RECORD_FILE,)  # Its records at a step are redone whole if it was cut short.
 
   def __init__(self, config, model_def, eval_batches, writer, lags=None, place=None):
-    """`eval_batches`: the eval rows (a list of batches, or one batch) the probe is chosen from;
-    `lags` defaults to 1, 2, 4, ... far_lag plus the window (others must include 1 and L);
-    `place` puts the probe on devices (default: as is)."""
+    """`eval_batches`: the rows (a list of batches, or one batch: the probe pool,
+    `data.pipeline.probe_pool`) the probe is chosen from; `lags` defaults to 1, 2, 4, ...
+    far_lag plus the window (others must include 1 and L); `place` puts the probe on devices
+    (default: as is)."""
     m, metrics = config.model, config.metrics
     self.config = config
     self.model_def = model_def
@@ -77,8 +76,16 @@ class RecencyHook:
     self.rows = probe_lib.choose_rows(doc_ids_RT, metrics.probe_batch_size)
     self.doc_ids_BT = doc_ids_RT[self.rows]
     clusters_BT, self.num_clusters = probe_lib.clusters(self.doc_ids_BT)
+    if self.num_clusters < probe_lib.MIN_CLUSTERS:
+      logging.warning(
+          "recency probe: %d documents in %d rows (fewer than %d): its standard errors are "
+          "unreliable; raise metrics.probe_batch_size or metrics.probe_pool_rows, or use an "
+          "eval set with more documents", self.num_clusters, len(self.rows),
+          probe_lib.MIN_CLUSTERS)
     batch = {k: v[self.rows] for k, v in rows.items()}
     batch["clusters"] = clusters_BT
+    batch["shuffled_inputs"] = probe_lib.shuffled_within_documents(
+        batch["inputs"], self.doc_ids_BT, SHUFFLE_SEED)
     self.probe = (place or (lambda tree: tree))(batch)
     self._measure = jax.jit(self._measure_fn)
 
@@ -86,98 +93,93 @@ class RecencyHook:
   def for_run(cls, run):
     """The loop's hook factory (`train.hooks.RunContext` -> hook(step, params)); writes
     recency_probe.json once."""
-    hook = cls(run.config, run.model_def, run.eval_batches, run.writer, place=run.replicate)
+    hook = cls(run.config, run.model_def, run.probe_rows, run.writer, place=run.replicate)
     if run.writer is not None and run.writer.active:
       path = storage.join(run.writer.workdir, PROBE_FILE)
       if not storage.exists(path):
         storage.write_text(path, json.dumps(hook.describe()) + "\n")
     return hook
 
-  def _sums(self, batch, fn, x, *args):
-    return fn(x, *args, self.lags, self.positions, batch["segment_ids"], batch["clusters"],
-              self.num_clusters)
+  def _sums(self, batch, fn, x, *args, lags=None, **kwargs):
+    return fn(x, *args, lags or self.lags, self.positions, batch["segment_ids"],
+              batch["clusters"], self.num_clusters, **kwargs)
 
   def _measure_fn(self, params, batch):
     model = self.model_def.bind(params)
-    out = {"pairs": self._sums(batch, recency.match_sums, batch["inputs"])}
+    tokens, counts = self._sums(batch, recency.match_sums, batch["inputs"])
+    out = {"tokens": tokens, "counts": counts}
+    out["matched_counts"] = self._sums(batch, recency.cosine_sums, batch["inputs"][..., None],
+                                       lags=(1,), matched_lag=self.far)[1][0]
 
     def observe(layer, name, x_BTD):
-      out[f"{layer}/{name}"] = self._sums(batch, recency.cosine_sums, x_BTD)[0]
+      key = f"{layer}/{name}"
+      out[key] = self._sums(batch, recency.cosine_sums, x_BTD)[0]
+      out[f"{key}/matched"] = self._sums(batch, recency.cosine_sums, x_BTD, lags=(1,),
+                                         matched_lag=self.far)[0][0]
       if name == "pre_mixer_norm" and layer in self.readout_layers:
         attn = model.blocks[layer].attn
         wq, wk = attn.wq_DNH[...], attn.wk_DKH[...]
         out[f"{layer}/logit"] = self._sums(batch, recency.logit_sums, x_BTD, wq, wk)[0]
-        out[f"{layer}/alignment"] = recency.alignment(
-            x_BTD, wq, wk, near=1, far=self.far, positions=self.positions,
-            segment_ids=batch["segment_ids"])
+        out[f"{layer}/m_norms"] = recency.m_norms(wq, wk)
+        out[f"{layer}/delta_norm"] = recency.delta_norm(x_BTD, 1, self.far, self.positions,
+                                                        batch["segment_ids"])
       if name == "pre_mixer_norm" and layer in self.linear_layers:
         out[f"{layer}/decay"] = _mean_decay(model.blocks[layer].attn.log_decay(x_BTD),
                                             batch["segment_ids"])
       return x_BTD
 
+    def observe_shuffled(layer, name, x_BTD):
+      out[f"{layer}/{name}/shuffled"] = self._sums(batch, recency.cosine_sums, x_BTD,
+                                                   lags=(1, self.far))[0]
+      return x_BTD
+
     # The logits are unused, so XLA drops the output head from this computation.
-    model(batch["inputs"], positions_BT=batch["positions"], segment_ids_BT=batch["segment_ids"],
-          observe=observe)
+    for inputs, fn in (("inputs", observe), ("shuffled_inputs", observe_shuffled)):
+      model(batch[inputs], positions_BT=batch["positions"],
+            segment_ids_BT=batch["segment_ids"], observe=fn)
     return out
 
   def describe(self) -> dict:
-    """What recency_probe.json holds: the probe's rows, documents, tokens and pairs per lag."""
+    """What recency_probe.json holds: the probe's rows, documents (= clusters), tokens, pairs
+    per lag and documents with a pair per lag."""
     p = self.probe
     _, counts = jax.device_get(self._sums(p, recency.match_sums, p["inputs"]))
+    counts = np.asarray(counts)
     return {"rows": self.rows.tolist(), "documents": int(self.num_docs),
+            "clusters": int(self.num_clusters),
             "tokens": int(np.sum(self.doc_ids_BT != probe_lib.NOT_A_DOCUMENT)),
-            "lags": list(self.lags), "pairs": np.asarray(counts).sum(-1).astype(int).tolist(),
+            "lags": list(self.lags), "pairs": counts.sum(-1).astype(int).tolist(),
+            "documents_with_pairs": (counts > 0).sum(-1).astype(int).tolist(),
             "query_positions": None if self.positions is None else len(self.positions)}
 
   @property
   def num_docs(self) -> int:
     return len(np.unique(self.doc_ids_BT[self.doc_ids_BT != probe_lib.NOT_A_DOCUMENT]))
 
-  def _record(self, step, layer, layer_type, module, sums, counts, **extra) -> dict:
-    profile, stderr, pairs = recency.mean_and_stderr(sums, counts)
-    floor, gap = recency.floor_and_gap(profile, self.lags, far=self.far)
-    return {"step": int(step), "layer": layer, "layer_type": layer_type, "module": module,
-            "lags": list(self.lags), "far_lag": self.far, "profile": _floats(profile),
-            "floor": float(floor),
-            "gap": float(gap), "pairs": pairs.tolist(), "stderr": _floats(stderr), **extra}
+  def sums(self, params) -> dict:
+    """One measurement's per-cluster sums (host numpy; `analysis.records` describes them)."""
+    return {k: np.asarray(v) for k, v in jax.device_get(self._measure(params, self.probe)).items()}
 
-  def _readout(self, out, layer, counts_LC) -> dict:
-    sums_LCN = np.asarray(out[f"{layer}/logit"], np.float64)
-    sums_NLC = np.moveaxis(sums_LCN, -1, 0)
-    logit_NL = recency.mean_and_stderr(sums_NLC, counts_LC[None])[0]
-    near, far = self.lags.index(1), self.lags.index(self.far)
-    gap_stderr = recency.difference_stderr(sums_NLC[:, near], counts_LC[near],
-                                           sums_NLC[:, far], counts_LC[far])
-    return {"logit_profile": [_floats(row) for row in logit_NL],
-            "logit_gap": _floats(logit_NL[:, near] - logit_NL[:, far]),
-            "logit_gap_stderr": _floats(gap_stderr),
-            "alignment": _floats(out[f"{layer}/alignment"]),
-            "alignment_null": _floats(recency.alignment_null(self.d_model, len(logit_NL)))}
+  def build_records(self, step: int, sums: dict, *, data_control: bool) -> list[dict]:
+    return records_lib.build(
+        step, sums, kinds=self.kinds, layer_types=[layer_type(k) for k in self.kinds],
+        boundaries=BOUNDARIES, final_boundary=FINAL_BOUNDARY, lags=self.lags, far=self.far,
+        d_model=self.d_model, readout_layers=self.readout_layers,
+        linear_layers=self.linear_layers, data_control=data_control)
 
   def records(self, step: int, params, *, data_control: bool | None = None) -> list[dict]:
     """Measures and returns the records without writing them: the data control (at step 0,
     or when `data_control`), then one per layer and boundary, and the final norm."""
-    out = jax.device_get(self._measure(params, self.probe))
-    counts_LC = np.asarray(out["pairs"][1], np.float64)
-    records = []
-    if data_control if data_control is not None else step == 0:
-      records.append(self._record(step, DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE,
-                                  out["pairs"][0], counts_LC))
-    last = len(self.kinds) - 1
-    for layer, kind in enumerate(self.kinds):
-      readout = self._readout(out, layer, counts_LC) if layer in self.readout_layers else {}
-      if layer in self.linear_layers:
-        decay = float(out[f"{layer}/decay"])
-        readout = {"mean_decay": decay, "recency_scale": float(linear_recency_scale(decay))}
-      modules = BOUNDARIES + ((FINAL_BOUNDARY,) if layer == last else ())
-      for name in modules:
-        records.append(self._record(step, layer, layer_type(kind), name,
-                                    out[f"{layer}/{name}"], counts_LC, **readout))
-    return records
+    return self.build_records(step, self.sums(params),
+                              data_control=step == 0 if data_control is None else data_control)
 
   def __call__(self, step: int, params) -> None:
     """Measures, writes recency.jsonl and TensorBoard, logs a line per layer."""
-    records = self.records(step, params)
+    sums = self.sums(params)
+    records = self.build_records(step, sums, data_control=step == 0)
+    if self.writer.active:  # Per-cluster sums, for paired comparisons across steps and runs.
+      storage.write_bytes(storage.join(self.writer.workdir, records_lib.sums_file(step)),
+                          records_lib.encode_sums(sums, self.lags, self.far))
     scalars = {}
     for r in records:
       tag = (f"recency/data_{r['module']}" if r["layer"] == DATA_LAYER
@@ -191,7 +193,6 @@ class RecencyHook:
       self.writer.write_record(RECORD_FILE, r)
     self.writer.write_scalars(step, scalars)
     if self.writer.active:  # Host-side figures, on process 0 only.
-      from hybrid_nope.analysis import live_figures  # Here: it imports plots, which imports us.
       self.writer.write_table("recency", step, records)
       if self.config.metrics.figures:
         self.writer.write_images(step, live_figures.figures(records, self.config))
@@ -202,10 +203,10 @@ class RecencyHook:
       elif r["module"] == "residual_2":
         extra = ""
         if "logit_gap" in r:
-          # ± the mean head standard error, as compare.py's tables (heads share the probe).
-          extra = (f" | logit gap {np.mean(r['logit_gap']):+.4f} ± "
-                   f"{np.mean(r['logit_gap_stderr']):.4f}"
+          # The head mean beside its own random-M null (not one head's).
+          extra = (f" | logit gap {np.mean(r['logit_gap']):+.4f} (random-M null ± "
+                   f"{r['logit_gap_mean_null']:.4f})"
                    f" alignment {np.mean(r['alignment']):+.4f} (null ± "
-                   f"{r['alignment_null'][0]:.4f})")
+                   f"{r['alignment_mean_null']:.4f})")
         logging.info("recency step %d | layer %d %-6s | floor %.4f gap %.4f (block output)%s",
                      step, r["layer"], r["layer_type"], r["floor"], r["gap"], extra)

@@ -24,7 +24,8 @@ import ml_collections
 
 from hybrid_nope import storage
 from hybrid_nope.analysis import checkpoints, compare, plots, training_plots
-from hybrid_nope.analysis.hook import DATA_LAYER, PROBE_FILE, RECORD_FILE
+from hybrid_nope.analysis.hook import PROBE_FILE, RECORD_FILE
+from hybrid_nope.analysis.records import DATA_LAYER
 
 METRICS_FILE = "metrics.jsonl"
 READOUT_MODULE = "pre_mixer_norm"  # Where the logit read-out of a global NoPE layer is measured.

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from hybrid_nope.analysis import plots, recency, theory
-from hybrid_nope.analysis.hook import DATA_LAYER
+from hybrid_nope.analysis.records import DATA_LAYER
 from hybrid_nope.analysis.plots import NOISE_SE, nan_array
 from hybrid_nope.model.pattern import window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY

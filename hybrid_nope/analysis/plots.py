@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from hybrid_nope import storage
-from hybrid_nope.analysis.hook import DATA_LAYER
+from hybrid_nope.analysis.records import DATA_LAYER
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 
 BOUNDARY_LABELS = {"input": "in", "pre_mixer_norm": "norm", "mixer": "mixer",

@@ -56,17 +56,35 @@ def choose_rows(doc_ids_RT: np.ndarray, count: int) -> np.ndarray:
   return np.array(sorted(chosen), np.int64)
 
 
-def clusters(doc_ids_BT: np.ndarray) -> tuple[np.ndarray, int]:
-  """int32 [B, T] cluster ids 0..C-1, one per (row, document) piece, and C (padding gets 0;
-  its pairs never count).
+MIN_CLUSTERS = 20  # Fewer documents than this: a cluster-robust standard error is unreliable.
 
-  Standard errors are over these pieces: a document's pairs inside a row are correlated and
-  are kept together, pieces in different rows are treated as independent. (Whole documents
-  would leave a probe of one long document with a single cluster and no error estimate.)
+
+def clusters(doc_ids_BT: np.ndarray) -> tuple[np.ndarray, int]:
+  """int32 [B, T] cluster ids 0..C-1, one per probe document, and C (padding gets 0; its pairs
+  never count).
+
+  Standard errors are over documents: pairs of one document are correlated, in one row or
+  across rows (a document continued into the next row is one cluster, not two independent ones),
+  and distinct documents are independent.
   """
-  B = doc_ids_BT.shape[0]
-  piece = np.where(doc_ids_BT == NOT_A_DOCUMENT, -1,
-                   np.arange(B)[:, None] * (int(doc_ids_BT.max(initial=0)) + 1) + doc_ids_BT)
-  pieces = np.unique(piece[piece >= 0])
-  dense = np.searchsorted(pieces, np.where(piece < 0, pieces[0] if pieces.size else 0, piece))
-  return dense.astype(np.int32), max(int(pieces.size), 1)
+  docs = np.unique(doc_ids_BT[doc_ids_BT != NOT_A_DOCUMENT])
+  dense = np.searchsorted(docs, np.where(doc_ids_BT == NOT_A_DOCUMENT,
+                                         docs[0] if docs.size else 0, doc_ids_BT))
+  return dense.astype(np.int32), max(int(docs.size), 1)
+
+
+def shuffled_within_documents(tokens_BT: np.ndarray, doc_ids_BT: np.ndarray,
+                              seed: int = 0) -> np.ndarray:
+  """The tokens with each row's piece of each document permuted at random (padding stays).
+
+  The shuffled-token control: the same tokens, documents, positions and pairs, with the order
+  inside a document destroyed. The permutation depends only on `seed` and the probe, so every
+  run and step sees the same control.
+  """
+  rng = np.random.default_rng(seed)
+  out = np.array(tokens_BT, copy=True)
+  for b in range(out.shape[0]):
+    for doc in np.unique(doc_ids_BT[b][doc_ids_BT[b] != NOT_A_DOCUMENT]):
+      where = np.flatnonzero(doc_ids_BT[b] == doc)
+      out[b, where] = out[b, rng.permutation(where)]
+  return out

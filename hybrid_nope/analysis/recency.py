@@ -68,19 +68,24 @@ def pair_weights(segment_ids_BT, shape_BT: tuple[int, int], lag: int, i: np.ndar
 
 
 def _lagged_sums(pair_value: Callable, x_BT, lags, positions, segment_ids_BT, clusters_BT,
-                 num_clusters: int | None):
+                 num_clusters: int | None, matched_lag: int | None = None):
   """For each lag, Σ w · pair_value(x_i, x_{i-d}) and Σ w over counted pairs.
 
   pair_value maps [B, P, ...] slices to [B, P, E]. Without clusters: sums [L, E], counts [L];
   with `clusters_BT` (int [B, T] in [0, num_clusters); the query token's cluster is the pair's):
-  sums [L, C, E], counts [L, C].
+  sums [L, C, E], counts [L, C]. `matched_lag`: count only the queries i whose pair
+  (i, i − matched_lag) also counts, so every lag averages the same queries as that one.
+  Uncounted pairs are dropped with `where`, so a NaN or inf on padding never reaches a sum.
   """
   B, T = x_BT.shape[:2]
   sums, counts = [], []
   for lag in lags:
-    i = _query_index(T, lag, positions)
+    i = _query_index(T, max(lag, matched_lag or 0), positions)
     w_BP = pair_weights(segment_ids_BT, (B, T), lag, i)
-    v_BPE = pair_value(x_BT[:, i], x_BT[:, i - lag]) * w_BP[..., None]
+    if matched_lag is not None:
+      w_BP = w_BP * pair_weights(segment_ids_BT, (B, T), matched_lag, i)
+    value_BPE = pair_value(x_BT[:, i], x_BT[:, i - lag])
+    v_BPE = jnp.where(w_BP[..., None] > 0, value_BPE, 0.0) * w_BP[..., None]
     if clusters_BT is None:
       sums.append(jnp.sum(v_BPE, axis=(0, 1)))
       counts.append(jnp.sum(w_BP))
@@ -106,10 +111,10 @@ def _dot(a, b):
 
 
 def cosine_sums(x_BTD, lags, positions=None, segment_ids=None, clusters_BT=None,
-                num_clusters=None):
+                num_clusters=None, matched_lag=None):
   """Σ cos(x_i, x_{i-d}) and pair counts per lag (and cluster): see `_lagged_sums`."""
   sums, counts = _lagged_sums(_dot, _unit(x_BTD), lags, positions, segment_ids, clusters_BT,
-                              num_clusters)
+                              num_clusters, matched_lag)
   return sums[..., 0], counts
 
 
@@ -171,7 +176,9 @@ def cross_moment(x_BTD: jax.Array, lag: int, positions=None, segment_ids=None) -
   B, T, D = x.shape
   i = _query_index(T, lag, positions)
   w_BP = pair_weights(segment_ids, (B, T), lag, i)
-  total = jnp.einsum("bp,bpd,bpe->de", w_BP, x[:, i], x[:, i - lag])
+  counted = w_BP[..., None] > 0  # `where`, so a NaN on padding never reaches the sum.
+  total = jnp.einsum("bp,bpd,bpe->de", w_BP, jnp.where(counted, x[:, i], 0.0),
+                     jnp.where(counted, x[:, i - lag], 0.0))
   return _mean(total, jnp.sum(w_BP))
 
 
@@ -186,18 +193,22 @@ def m_norms(wq_DNH: jax.Array, wk_DKH: jax.Array) -> jax.Array:
   return jnp.sqrt(jnp.einsum("nhg,ngh->n", gram_q, gram_k)) * H**-0.5
 
 
+def delta_norm(x_BTD: jax.Array, near: int, far: int, positions=None,
+               segment_ids=None) -> jax.Array:
+  """‖ΔG‖_F with ΔG = G_X(near) − G_X(far): one D x D matrix, formed from the two lags only."""
+  return jnp.linalg.norm(cross_moment(x_BTD, near, positions, segment_ids)
+                         - cross_moment(x_BTD, far, positions, segment_ids))
+
+
 def alignment(x_BTD: jax.Array, wq_DNH: jax.Array, wk_DKH: jax.Array, near: int = 1,
               far: int = 4096, positions=None, segment_ids=None) -> jax.Array:
   """Frobenius cosine of M_h and ΔG = G_X(near) − G_X(far), per head: [N].
 
-  ⟨M_h, ΔG⟩ is the logit gap (no D x D work); ‖M_h‖ comes from H x H Gram matrices; ‖ΔG‖ needs
-  one D x D matrix per layer, formed from the two lags only.
+  ⟨M_h, ΔG⟩ is the logit gap (no D x D work); ‖M_h‖ comes from H x H Gram matrices.
   """
   gap_N = jnp.diff(logit_profile(x_BTD, wq_DNH, wk_DKH, (far, near), positions, segment_ids),
                    axis=1)[:, 0]
-  delta_DD = (cross_moment(x_BTD, near, positions, segment_ids)
-              - cross_moment(x_BTD, far, positions, segment_ids))
-  return gap_N / (m_norms(wq_DNH, wk_DKH) * jnp.linalg.norm(delta_DD))
+  return gap_N / (m_norms(wq_DNH, wk_DKH) * delta_norm(x_BTD, near, far, positions, segment_ids))
 
 
 def alignment_null(d_model: int, num_heads: int) -> np.ndarray:
@@ -211,6 +222,21 @@ def alignment_null(d_model: int, num_heads: int) -> np.ndarray:
   tests/test_analysis_recency.py checks both by Monte Carlo against a real, anisotropic ΔG.
   """
   return np.full(num_heads, 1.0 / d_model)
+
+
+def logit_gap_null(m_norms_N, delta_norm_value, d_model: int) -> np.ndarray:
+  """Per head [N]: the standard deviation of the logit gap ⟨M'_h, ΔG⟩ under a random M'_h of
+  M_h's Frobenius norm (Haar-rotated, M' = U M_h Vᵀ): ‖M_h‖ ‖ΔG‖ / D, by the same identity as
+  `alignment_null` (its mean is 0)."""
+  return np.asarray(m_norms_N, np.float64) * float(delta_norm_value) / d_model
+
+
+def null_of_mean(null_sds) -> float:
+  """The null standard deviation of a mean of n statistics whose random-M nulls are independent
+  with these standard deviations (heads, or heads of several layers, each rotated on its own):
+  sqrt(Σ σ²) / n. For n heads of alignment null 1/D it is 1/(D sqrt(n))."""
+  sds = np.asarray(null_sds, np.float64).ravel()
+  return float(np.sqrt(np.sum(sds**2)) / sds.size)
 
 
 # ---- host-side statistics over per-cluster sums ----------------------------------------------
@@ -232,19 +258,27 @@ def mean_and_stderr(sums_LC, counts_LC) -> tuple[np.ndarray, np.ndarray, np.ndar
   return mean, stderr, total.astype(np.int64)
 
 
-def difference_stderr(sums_a_C, counts_a_C, sums_b_C, counts_b_C) -> np.ndarray:
-  """Standard error over clusters of mean_a − mean_b (two ratio means on the same clusters).
+def contrast_stderr(terms) -> np.ndarray:
+  """Standard error over clusters of Σ_k a_k m_k, a contrast of ratio means on the same clusters.
 
-  Each cluster's influence is (s_a − m_a n_a)/N_a − (s_b − m_b n_b)/N_b; the clusters are
-  independent, so the variance is K/(K−1) Σ influence². Leading axes (e.g. heads) broadcast;
-  clusters are the last axis.
+  `terms`: (a_k, sums_C, counts_C) per mean. Cluster c's influence is
+  Σ_k a_k (s_kc − m_k n_kc) / N_k; the clusters are independent, so the variance is
+  K/(K−1) Σ_c influence_c² over the K clusters with a pair in any term (NaN if K < 2). Leading
+  axes (e.g. heads) broadcast; clusters are the last axis. Paired: what the means share cancels.
   """
-  sa, na = np.asarray(sums_a_C, np.float64), np.asarray(counts_a_C, np.float64)
-  sb, nb = np.asarray(sums_b_C, np.float64), np.asarray(counts_b_C, np.float64)
-  Na, Nb = na.sum(-1, keepdims=True), nb.sum(-1, keepdims=True)
+  influence, has_pair = 0.0, False
   with np.errstate(invalid="ignore", divide="ignore"):
-    ma, mb = sa.sum(-1, keepdims=True) / Na, sb.sum(-1, keepdims=True) / Nb
-    influence = (sa - ma * na) / Na - (sb - mb * nb) / Nb
-    k = ((na > 0) | (nb > 0)).sum(-1)
+    for coef, sums_C, counts_C in terms:
+      s, n = np.asarray(sums_C, np.float64), np.asarray(counts_C, np.float64)
+      N = n.sum(-1, keepdims=True)
+      m = s.sum(-1, keepdims=True) / N
+      influence = influence + coef * np.where(n > 0, s - m * n, 0.0) / N
+      has_pair = has_pair | (n > 0)
+    k = np.sum(np.broadcast_to(has_pair, np.shape(influence)), -1)
     var = np.where(k >= 2, k / np.maximum(k - 1, 1) * (influence**2).sum(-1), np.nan)
   return np.sqrt(var)
+
+
+def difference_stderr(sums_a_C, counts_a_C, sums_b_C, counts_b_C) -> np.ndarray:
+  """Standard error over clusters of mean_a − mean_b (two ratio means on the same clusters)."""
+  return contrast_stderr([(1.0, sums_a_C, counts_a_C), (-1.0, sums_b_C, counts_b_C)])

@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 
 from hybrid_nope import storage
-from hybrid_nope.analysis import checkpoints, plots, recency
+from hybrid_nope.analysis import checkpoints, init_null, plots, recency
 from hybrid_nope.analysis.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.model.definition import ModelDef, init_model
@@ -57,11 +57,11 @@ def summarize(records: Sequence[dict]) -> dict[str, float | None]:
   """Run gap, floor, logit gap and alignment (see module docstring), their noise levels, and
   the data control's gap; None where undefined.
 
-  gap_stderr: sqrt(stderr(f(1))² + stderr(f(L))²) averaged over the global layers (the two lags
-  share documents, and positively correlated errors make this an upper bound). logit_gap_stderr:
-  the mean of the per-head standard errors, the bound for fully correlated heads (they share the
-  probe), so a crossing of zero by more than twice it is not noise. alignment_null: the per-head
-  null standard deviation 1/D (`recency.alignment_null`).
+  gap_stderr: the layers' paired (per-document) gap SEs averaged, the bound for fully correlated
+  layers (they share the probe); likewise logit_gap_stderr over heads and layers.
+  logit_gap_null and alignment_null: the random-M null standard deviation of the mean that is
+  shown (over every head of every global NoPE layer, `recency.null_of_mean`), not one head's.
+  shuffled_gap: the same model on the probe with tokens shuffled in each document.
   """
   inputs = [r for r in records if r["layer_type"] == "global" and r["module"] == SUMMARY_MODULE]
   readout = [r for r in inputs if "logit_gap" in r]
@@ -71,21 +71,27 @@ def summarize(records: Sequence[dict]) -> dict[str, float | None]:
   def mean(values):
     return float(np.mean(values)) if len(values) else None
 
-  def gap_stderr(r):
-    se = r["stderr"]
-    return float(np.hypot(se[r["lags"].index(1)], se[r["lags"].index(r["far_lag"])]))
+  def field(key, rs=inputs):
+    return mean([r[key] for r in rs if key in r])
 
-  gap_se = [gap_stderr(r) for r in inputs]  # NaN where a lag has fewer than two documents
-  return {"gap": mean([r["gap"] for r in inputs]), "floor": mean([r["floor"] for r in inputs]),
-          "gap_stderr": mean(gap_se),
-          "logit_gap": mean([g for r in readout for g in r["logit_gap"]]),
-          "logit_gap_stderr": mean([s for r in readout for s in r["logit_gap_stderr"]]),
-          "alignment": mean([a for r in readout for a in r["alignment"]]),
-          "alignment_null": mean([a for r in readout for a in r["alignment_null"]]),
-          "data_gap": mean([r["gap"] for r in data]),
+  def heads(key):
+    return [v for r in readout for v in r.get(key, [])]
+
+  return {"gap": field("gap"), "floor": field("floor"), "gap_stderr": field("gap_stderr"),
+          "gap_matched": field("gap_matched"), "shuffled_gap": field("shuffled_gap"),
+          "shuffled_floor": field("shuffled_floor"),
+          "logit_gap": mean(heads("logit_gap")),
+          "logit_gap_stderr": mean(heads("logit_gap_stderr")),
+          "logit_gap_null": (recency.null_of_mean(heads("logit_gap_null"))
+                             if heads("logit_gap_null") else None),
+          "alignment": mean(heads("alignment")),
+          "alignment_stderr": mean(heads("alignment_stderr")),
+          "alignment_null": (recency.null_of_mean(heads("alignment_null"))
+                             if heads("alignment_null") else None),
+          "data_gap": field("gap", data),
           # Gated linear attention layers: their gate's mean α and its recency scale 1/(1 − α).
-          "mean_decay": mean([r["mean_decay"] for r in linear]),
-          "recency_scale": mean([r["recency_scale"] for r in linear])}
+          "mean_decay": field("mean_decay", linear),
+          "recency_scale": field("recency_scale", linear)}
 
 
 def context_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
@@ -128,6 +134,9 @@ def _hook(config, model_def: ModelDef, eval_batches: Sequence[dict], lags) -> Re
 
 def _with_seq_len(config, seq_len: int) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict(config.to_dict())
+  # The probe's pool keeps its tokens (so its documents) at any length: rows scale inversely.
+  pool = config.metrics.probe_pool_rows * config.data.seq_len // seq_len
+  config.metrics.probe_pool_rows = max(pool, config.metrics.probe_batch_size)
   config.data.seq_len = seq_len
   far = config.metrics.far_lag
   if not 1 <= far < seq_len:
@@ -196,7 +205,7 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
   batches = pipeline.eval_batches(config)
   lags = analysis_lags(seq_len, config.metrics.far_lag,
                        window_of(config.model))
-  hook = _hook(config, model_def, batches, lags)
+  hook = _hook(config, model_def, pipeline.probe_pool(config), lags)
   result = {"seq_len": seq_len, "lags": list(lags),
             "probe_sequences": int(config.metrics.probe_batch_size), "probe": hook.describe(),
             "records": hook.records(step, params, data_control=True)}
@@ -231,8 +240,12 @@ def _write_json(path: str, obj) -> str:
 def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None,
             lengths: Sequence[int] = DEFAULT_LENGTHS,
             overrides: Mapping[str, Any] | None = None, out_dir: str | None = None,
-            rows_per_call: int | None = None, figures: bool = True) -> dict[str, Any]:
+            rows_per_call: int | None = None, figures: bool = True,
+            init_seeds: int = 0) -> dict[str, Any]:
   """Analyses checkpoint `step` (None = latest) of the run in `workdir`.
+
+  `init_seeds`: also measure K fresh initialisations on the same probe (the empirical init
+  null, `analysis.init_null`), written to init_null_T<seq_len>.json; 0 = skip.
 
   `seq_len`: analysis length (None = the training length); `lengths`: factors of the training
   length to score for extrapolation (empty = skip); `overrides`: {"eval.path": ...} applied to
@@ -266,6 +279,15 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
               "far_lag": int(config.metrics.far_lag),
               "summary": {"init": summarize(main["init_records"]),
                           "step": summarize(main["records"])}, **main}
+  if init_seeds:
+    at_length = _with_seq_len(config, seq_len)
+    hook = _hook(at_length, model_def, pipeline.probe_pool(at_length), main["lags"])
+    place = init_null.on_device_of(params)
+    null = init_null.measure(lambda p: hook.records(0, p),
+                             lambda seed: place(init_model(config.model, seed)[1]),
+                             summarize, init_seeds)
+    analysis["init_null"] = null["summary"]
+    _write_json(storage.join(out_dir, f"{init_null.INIT_NULL_FILE}_T{seq_len}.json"), null)
   files = [_write_json(storage.join(out_dir, f"analysis_T{seq_len}.json"), analysis)]
   if figures:
     files += plots.run_figures(analysis, out_dir, suffix=f"_T{seq_len}")

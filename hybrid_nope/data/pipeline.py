@@ -43,6 +43,12 @@ def _stdlib_packed(split: str, seq_len: int, eval_fraction: float) -> dict[str, 
   return rows
 
 
+def _eval_rows_wanted(config) -> int:
+  """Eval rows the run reads: its eval batches, or the recency probe's pool if that is more."""
+  return max(_positive_int(config, "eval.batch_size") * _positive_int(config, "eval.num_batches"),
+             _positive_int(config, "metrics.probe_pool_rows"))
+
+
 def _stdlib_rows(config, split: str) -> dict[str, np.ndarray]:
   return _stdlib_packed(split, _positive_int(config, "data.seq_len"),
                        validate.eval_fraction(config))
@@ -50,17 +56,17 @@ def _stdlib_rows(config, split: str) -> dict[str, np.ndarray]:
 
 def _mds_rows(config, split: str):
   """Train split: the ProLong mixture, an infinite grain MapDataset of rows (element k is the
-  k-th row of the global stream). Eval split: TextbookChapters rows, in memory."""
+  k-th row of the global stream). Eval split: TextbookChapters rows, in memory (the first rows
+  of a fixed order, as many as the eval batches or the probe's pool need)."""
   seq_len = _positive_int(config, "data.seq_len")
   vocab_size = _positive_int(config, "model.vocab_size")
   if split == "eval":
     from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
     path = validate.string(config, "eval.path", "the prepared TextbookChapters directory",
                            nonempty=True)
-    num_rows = _positive_int(config, "eval.batch_size") * _positive_int(config,
-                                                                        "eval.num_batches")
-    return textbook_chapters.eval_rows(path, seq_len=seq_len, num_rows=num_rows,
-                                       vocab_size=vocab_size)
+    return textbook_chapters.eval_rows(path, seq_len=seq_len, num_rows=_eval_rows_wanted(config),
+                                       vocab_size=vocab_size,
+                                       num_rows_key="eval.num_batches or metrics.probe_pool_rows")
   if split != "train":
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
   from hybrid_nope.data import prolong  # pylint: disable=g-import-not-at-top
@@ -77,11 +83,12 @@ Rows = Union[dict[str, np.ndarray], grain.MapDataset]
 # name -> fn(config, split) -> rows: a dict of in-memory [S, T] arrays, or (train) an infinite
 # grain.MapDataset of row dicts that is already shuffled.
 ROW_SOURCES: dict[str, Callable[..., Rows]] = {"stdlib": _stdlib_rows, "mds": _mds_rows}
+assert tuple(ROW_SOURCES) == validate.DATA_SOURCES, "one reader per validate.DATA_SOURCES name"
 
 
 def packed_rows(config, split: str) -> Rows:
   """Rows of `split` ("train" or "eval") from the source named by config.data.source."""
-  return ROW_SOURCES[validate.one_of(config, "data.source", ROW_SOURCES)](config, split)
+  return ROW_SOURCES[validate.one_of(config, "data.source", validate.DATA_SOURCES)](config, split)
 
 
 # ---- pipelines ------------------------------------------------------------------------------
@@ -143,6 +150,18 @@ def eval_batches(config) -> list[dict[str, np.ndarray]]:
         f"{needed} rows but the eval split has only {len(rows['inputs'])}")
   return [{k: np.array(rows[k][i * batch_size:(i + 1) * batch_size]) for k in BATCH_KEYS}
           for i in range(num_batches)]
+
+
+def probe_pool(config) -> dict[str, np.ndarray]:
+  """The first metrics.probe_pool_rows rows of the eval split, in order: the pool the recency
+  probe is chosen from (hybrid_nope.analysis.probe). It depends on the eval data and these keys
+  only, never on a seed, so every run of a sweep is measured on the same documents."""
+  count = _positive_int(config, "metrics.probe_pool_rows")
+  rows = packed_rows(config, "eval")
+  if count > len(rows["inputs"]):
+    raise ValueError(f"config.metrics.probe_pool_rows={count} but the eval split has only "
+                     f"{len(rows['inputs'])} rows")
+  return {k: np.array(rows[k][:count]) for k in BATCH_KEYS}
 
 
 def position_buckets(seq_len: int, bucket_size: int) -> np.ndarray:

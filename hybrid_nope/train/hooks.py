@@ -22,6 +22,7 @@ class RunContext:
   config: Any                         # the run's ConfigDict (validated)
   model_def: Any                      # hybrid_nope.model.definition.ModelDef
   eval_batches: Sequence[dict]        # every process's whole eval set, host numpy, in order
+  probe_rows: dict                    # the recency probe's pool (data.pipeline.probe_pool)
   writer: Any                         # hybrid_nope.train.metrics_writer.MetricsWriter
   replicate: Callable[[Any], Any]     # host tree -> the same tree replicated on the mesh
 

@@ -262,7 +262,8 @@ def _start(config, workdir: str):
     train_step = _compile_train_step(config, mesh, model_def, tx, state_shardings)
     eval_sets = _eval_sets(config, mesh, model_def, state_shardings, eval_rows)
   run_context = RunContext(config=config, model_def=model_def, eval_batches=eval_rows,
-                           writer=writer, replicate=_replicator(mesh))
+                           probe_rows=pipeline.probe_pool(config), writer=writer,
+                           replicate=_replicator(mesh))
   run = _Run(config=config, mesh=mesh, model_def=model_def, state_shardings=state_shardings,
              data_iter=data_iter, eval_sets=eval_sets, run_context=run_context,
              fingerprint=fingerprint, ckpt=ckpt, writer=writer, train_step=train_step)

@@ -1,0 +1,238 @@
+"""docs/results.md from the sweep's committed records, with no retraining.
+
+`build(records_dir, out_md, figures_dir)` unpacks every `<experiment>/seed<k>.tar.gz` (packed by
+hybrid_nope/sweep.py), loads the runs as compare.py does, turns each published finding into one
+statistic per seed (`analysis.findings`), and writes the page: the sweep table (seed means ±
+seed-level SEs, init-null z), the verdicts with their statistic, error and null, and figures.
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import subprocess
+import tempfile
+from typing import Callable
+
+import numpy as np
+
+from hybrid_nope import sweep
+from hybrid_nope.analysis import compare
+from hybrid_nope.analysis.findings import Verdict, clustered_correlation, paired
+
+INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
+
+
+def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, str]]:
+  """experiment -> seed -> unpacked run directory."""
+  runs: dict[str, dict[int, str]] = collections.defaultdict(dict)
+  for path in sorted(glob.glob(os.path.join(records_dir, "*", "seed*.tar.gz"))):
+    experiment = os.path.basename(os.path.dirname(path))
+    seed = int(os.path.basename(path)[len("seed"):-len(".tar.gz")])
+    runs[experiment][seed] = sweep.unpack_records(path, os.path.join(into, experiment,
+                                                                    f"seed{seed}"))
+  return dict(runs)
+
+
+class Run:
+  """One run's recency records by step, and its compare summary."""
+
+  def __init__(self, workdir: str, name: str):
+    self.summary = compare.load_run(workdir, name)
+    self.by_step = collections.defaultdict(list)
+    for r in compare.read_jsonl(os.path.join(workdir, "recency.jsonl")):
+      self.by_step[r["step"]].append(r)
+    self.final = max(self.by_step)
+
+  def records(self, step: int, module: str, layer_type: str | None = None) -> list[dict]:
+    return [r for r in self.by_step[step] if r["module"] == module
+            and (layer_type is None or r["layer_type"] == layer_type)]
+
+  def mean(self, step: int, module: str, key: str, layer_type: str | None = None) -> float:
+    values = [float(np.mean(r[key])) for r in self.records(step, module, layer_type) if key in r]
+    return float(np.mean(values)) if values else float("nan")
+
+  def global_input(self, step: int, key: str) -> float:
+    return self.mean(step, INPUT, key, "global")
+
+  def steepness(self, step: int, lag: int) -> float:
+    """f(1) − f(lag) at the global layers' input."""
+    values = [r["profile"][0] - r["profile"][r["lags"].index(lag)]
+              for r in self.records(step, INPUT, "global") if lag in r["lags"]]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def per_seed(runs: dict[int, Run], fn: Callable[[Run], float]) -> dict[int, float]:
+  return {seed: fn(run) for seed, run in sorted(runs.items())}
+
+
+def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Verdict]:
+  """Each published finding (DESIGN.md) that the runs present can decide."""
+  out = []
+  have = lambda *names: all(n in runs and len(runs[n]) >= 2 for n in names)
+  local = [e for e in ("swa16", "swa64", "swa256", "nopeswa64", "nopeswa256", "gla")
+           if have(e)]
+  for e in local + (["nope"] if have("nope") else []):
+    rs = runs[e]
+    out.append(Verdict(
+        f"{e}: recency exists at init", "gap − shuffled-token gap at the global layers' "
+        "input, step 0", "the same model on tokens shuffled within documents",
+        list(per_seed(rs, lambda r: r.global_input(0, "gap")
+                      - r.global_input(0, "shuffled_gap")).values())))
+    out.append(Verdict(
+        f"{e}: recency strengthens with training", "gap(final) − gap(step 0), global input",
+        "no change (paired within each run)",
+        list(per_seed(rs, lambda r: r.global_input(r.final, "gap")
+                      - r.global_input(0, "gap")).values())))
+    out.append(Verdict(
+        f"{e}: recency strengthens with depth", "gap at the last global layer's input − at the "
+        "first, final step", "no change with depth",
+        list(per_seed(rs, lambda r: _depth(r)).values())))
+  for e in local:
+    rs = runs[e]
+    out.append(Verdict(
+        f"{e}: norms lower the floor", "floor change of pre_mixer_norm and pre_mlp_norm "
+        "(norm output − its input), mean over layers, final", "no change", list(per_seed(
+            rs, lambda r: np.mean([r.mean(r.final, m, "floor_change")
+                                   for m in ("pre_mixer_norm", "pre_mlp_norm")])).values()),
+        sign=-1))
+    out.append(Verdict(
+        f"{e}: norms raise the gap", "gap change of the two norms, mean over layers, final",
+        "no change", list(per_seed(rs, lambda r: np.mean([
+            r.mean(r.final, m, "gap_change") for m in ("pre_mixer_norm", "pre_mlp_norm")
+        ])).values())))
+    kind = "linear" if e == "gla" else "swa"
+    out.append(Verdict(
+        f"{e}: the local mixer raises the gap most", "gap change of the local mixer branch − "
+        "the largest of the other modules' (norms, MLP, global mixer), final",
+        "the local mixer is not above the rest", list(per_seed(
+            rs, lambda r: r.mean(r.final, "mixer", "gap_change", kind) - max(
+                r.mean(r.final, "mixer", "gap_change", "global"),
+                r.mean(r.final, "mlp", "gap_change"),
+                r.mean(r.final, "pre_mixer_norm", "gap_change"),
+                r.mean(r.final, "pre_mlp_norm", "gap_change"))).values())))
+    for module, what in (("residual_1", "the mixer's residual add"),
+                         ("residual_2", "the MLP's residual add")):
+      out.append(Verdict(
+          f"{e}: {what} lowers the gap", f"gap of {module} − gap of the stream it adds to, "
+          "mean over layers, final", "no change", list(per_seed(
+              rs, lambda r, m=module: r.mean(r.final, m, "gap_change")).values()), sign=-1))
+      out.append(Verdict(
+          f"{e}: {what} raises the floor", f"floor of {module} − floor of the stream it adds "
+          "to, final", "no change", list(per_seed(
+              rs, lambda r, m=module: r.mean(r.final, m, "floor_change")).values())))
+    out.append(Verdict(
+        f"{e}: the MLP lowers the gap", "gap of the MLP output − of its normalised input, "
+        "final", "no change", list(per_seed(
+            rs, lambda r: r.mean(r.final, "mlp", "gap_change")).values()), sign=-1))
+    out.append(Verdict(
+        f"{e}: global NoPE attention raises the gap (weakly)", "gap of the global mixer output "
+        "− of its normalised input, final", "no change", list(per_seed(
+            rs, lambda r: r.mean(r.final, "mixer", "gap_change", "global")).values())))
+  for e in local + (["nope"] if have("nope") else []):
+    null = (nulls.get(e) or {}).get("logit_gap") or {}
+    mu = null.get("mean") or 0.0
+    out.append(Verdict(
+        f"{e}: logit recency appears with training", "head- and layer-mean logit gap at the "
+        "final step − the init-null mean", f"the empirical init null (mean {mu:+.4f}, SD "
+        f"{null.get('sd') or float('nan'):.4f} over fresh initialisations)",
+        list(per_seed(runs[e], lambda r: r.summary["logit_gap"] - mu).values())))
+  if have("swa16", "swa256"):
+    out.append(Verdict(
+        "smaller windows give steeper profiles", "f(1) − f(16) at the global input, swa16 − "
+        "swa256, paired by seed, final", "no difference",
+        paired(per_seed(runs["swa16"], lambda r: r.steepness(r.final, 16)),
+               per_seed(runs["swa256"], lambda r: r.steepness(r.final, 16)))))
+    out.append(Verdict(
+        "smaller windows reach lower loss", "final eval loss, swa16 − swa256, paired by seed",
+        "no difference", paired(
+            per_seed(runs["swa16"], lambda r: r.summary["eval_loss"]),
+            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), sign=-1))
+  if have("swa16_flops256", "swa256"):
+    out.append(Verdict(
+        "smaller windows reach lower loss at equal FLOPs", "final eval loss, swa16 trained for "
+        "swa256's FLOPs − swa256, paired by seed", "no difference", paired(
+            per_seed(runs["swa16_flops256"], lambda r: r.summary["eval_loss"]),
+            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), sign=-1))
+  if have("nopeswa256", "swa256"):
+    out.append(Verdict(
+        "NoPE-in-SWA with a large window: the logit gap swings in sign",
+        "significant logit-gap sign flips, nopeswa256 − swa256, paired by seed",
+        "no difference", paired(
+            per_seed(runs["nopeswa256"], lambda r: r.summary["logit_gap_sign_flips"]),
+            per_seed(runs["swa256"], lambda r: r.summary["logit_gap_sign_flips"]))))
+    out.append(Verdict(
+        "NoPE-in-SWA with a large window: the loss collapses (is worse)",
+        "final eval loss, nopeswa256 − swa256, paired by seed", "no difference", paired(
+            per_seed(runs["nopeswa256"], lambda r: r.summary["eval_loss"]),
+            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"]))))
+  return out
+
+
+def _depth(r: Run) -> float:
+  recs = sorted(r.records(r.final, INPUT, "global"), key=lambda x: x["layer"])
+  return recs[-1]["gap"] - recs[0]["gap"] if len(recs) >= 2 else float("nan")
+
+
+def extrapolation_correlation(runs: dict[str, dict[int, Run]]) -> dict:
+  """Pearson r of the 2x extrapolation ratio with the gap, over all runs, seeds clustered by
+  config in the bootstrap."""
+  xs, ys = [], []
+  for rs in runs.values():
+    pairs = [(r.summary["extrapolation_gap"], r.summary["ratio"].get(2)) for r in rs.values()]
+    pairs = [p for p in pairs if p[0] is not None and p[1] is not None]
+    xs.append([p[0] for p in pairs])
+    ys.append([p[1] for p in pairs])
+  return clustered_correlation(xs, ys)
+
+
+def _git_head() -> str:
+  try:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=sweep.REPO, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def _fmt(v, spec):
+  return "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) else format(v, spec)
+
+
+def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro: str) -> str:
+  lines = [intro, "", f"Records: {sum(counts.values())} runs — " + ", ".join(
+      f"{e} ×{n}" for e, n in sorted(counts.items())) + ".", "", "## The sweep", "",
+      compare.table(rows), "", "## Verdicts", "",
+      "| finding | statistic (per seed) | null | seeds | mean ± seed SE | verdict | why |",
+      "|---|---|---|---|---|---|---|"]
+  for v in found:
+    lines.append(f"| {v.finding} | {v.statistic} | {v.null} | {v.n} | "
+                 f"{_fmt(v.mean, '+.4f')} ± {_fmt(v.se, '.4f')} | **{v.verdict}** | {v.note} |")
+  lines += ["", "## Length extrapolation and recency", "",
+            f"Pearson r of the 2× extrapolation ratio with the gap (global input, training "
+            f"length), over {corr.get('points', 0)} runs in {corr['groups']} configs: "
+            f"{_fmt(corr['r'], '+.3f')}, 95% interval [{_fmt(corr['low'], '+.3f')}, "
+            f"{_fmt(corr['high'], '+.3f')}] by a bootstrap that resamples whole configs "
+            f"(seeds of one config are not independent evidence about configs).", ""]
+  return "\n".join(lines) + "\n"
+
+
+def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) -> dict:
+  with tempfile.TemporaryDirectory() as tmp:
+    dirs = unpack_all(records_dir, tmp)
+    if not dirs:
+      raise FileNotFoundError(f"no <experiment>/seed<k>.tar.gz under {records_dir}")
+    runs = {e: {s: Run(d, f"{e}_seed{s}") for s, d in by_seed.items()}
+            for e, by_seed in dirs.items()}
+    workdirs = [d for by_seed in dirs.values() for d in by_seed.values()]
+    names = [f"{e}_seed{s}" for e, by_seed in dirs.items() for s in by_seed]
+    result = compare.compare(workdirs, out_dir=figures_dir or os.path.join(tmp, "compare"),
+                             figures=figures_dir is not None, names=names)
+    nulls = {e: next((r.summary["init_null"] for r in rs.values() if r.summary["init_null"]),
+                     None) for e, rs in runs.items()}
+    found = verdicts(runs, nulls)
+    corr = extrapolation_correlation(runs)
+    text = render(result["rows"], found, corr, {e: len(v) for e, v in runs.items()},
+                  intro.format(commit=_git_head()))
+  with open(out_md, "w") as f:
+    f.write(text)
+  return {"rows": result["rows"], "verdicts": [v.row() for v in found], "correlation": corr}

@@ -1,0 +1,208 @@
+"""A resumable sweep: configs x seeds, each run trained, analysed and its records packed.
+
+A run is `ROOT/<experiment>/seed<k>` (`--config=configs/<file>:<experiment>
+--config.train.seed=k`). The runner skips a run whose `sweep_done.json` exists, resumes a
+partial one (launch/train.py resumes from the workdir's newest checkpoint, analyze.py is
+rerun whole), and starts the rest. After a run finishes, its records (config, metrics,
+recency, per-cluster sums, probe, analysis JSON; never checkpoints) are packed into one
+`<records_dir>/<experiment>/seed<k>.tar.gz`, so results regenerate with no retraining.
+
+Runs go `parallel` at a time, each pinned to `threads` cores of its own
+(benchmarks/sweep_parallel.py measured which split is faster; docs/performance.md).
+This module runs the launch scripts as subprocesses: it imports neither train nor analysis.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from concurrent import futures
+from typing import Callable, Sequence
+
+DONE_FILE = "sweep_done.json"
+# What a run's records are: everything the results need, nothing that grows with the model.
+RECORD_PATTERNS = ("config.json", "metrics.jsonl", "recency.jsonl", "recency_probe.json",
+                   "recency_sums/*.npz", "analysis/*/*.json", "analysis/*.json")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  config_file: str      # e.g. "configs/small.py"
+  experiment: str       # the config's argument, e.g. "swa16"
+  seed: int
+  root: str
+
+  @property
+  def name(self) -> str:
+    return f"{self.experiment}/seed{self.seed}"
+
+  @property
+  def workdir(self) -> str:
+    return os.path.join(self.root, self.experiment, f"seed{self.seed}")
+
+  @property
+  def done(self) -> bool:
+    return os.path.exists(os.path.join(self.workdir, DONE_FILE))
+
+
+def plan(config_file: str, experiments: Sequence[str], seeds: Sequence[int],
+         root: str) -> list[Run]:
+  """Every (experiment, seed) run, seed-major within each experiment group as listed."""
+  if not experiments or not seeds:
+    raise ValueError("a sweep needs at least one experiment and one seed")
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f"seeds {list(seeds)} repeat a seed")
+  return [Run(config_file, e, int(s), root) for s in seeds for e in experiments]
+
+
+def commands(run: Run, python: str = sys.executable, analyze_args: Sequence[str] = (),
+             train_args: Sequence[str] = (), init_seeds: int = 0) -> list[list[str]]:
+  """train.py (which resumes a partial run by itself), then analyze.py."""
+  config = f"--config={run.config_file}:{run.experiment}"
+  analyze = [python, os.path.join(REPO, "launch/analyze.py"), f"--workdir={run.workdir}",
+             *analyze_args]
+  if init_seeds:
+    analyze.append(f"--init_seeds={init_seeds}")
+  return [[python, os.path.join(REPO, "launch/train.py"), config,
+           f"--config.train.seed={run.seed}", f"--workdir={run.workdir}", *train_args], analyze]
+
+
+def record_files(workdir: str) -> list[str]:
+  """The run's record files, relative to its workdir, sorted. Of the per-cluster sums only
+  step 0's and the last step's are kept (~120 kB each at the small sweep's size): they pair
+  init with trained, and runs with runs; the records of every step are in recency.jsonl."""
+  found = set()
+  for pattern in RECORD_PATTERNS:
+    found |= {os.path.relpath(p, workdir) for p in glob.glob(os.path.join(workdir, pattern))}
+  sums = sorted(f for f in found if f.startswith("recency_sums/"))
+  found -= set(sums[1:-1])
+  return sorted(found)
+
+
+def pack_records(workdir: str, out_path: str) -> str:
+  """Writes the run's records as one reproducible .tar.gz (sorted, mtime 0); returns its path."""
+  files = record_files(workdir)
+  if "recency.jsonl" not in files or "metrics.jsonl" not in files:
+    raise FileNotFoundError(f"{workdir} holds no recency.jsonl or metrics.jsonl: not a run")
+  buffer = io.BytesIO()
+  with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=9) as tar:
+    for rel in files:
+      with open(os.path.join(workdir, rel), "rb") as f:
+        data = f.read()
+      info = tarfile.TarInfo(rel)
+      info.size, info.mtime = len(data), 0
+      tar.addfile(info, io.BytesIO(data))
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  with open(out_path + ".tmp", "wb") as f:
+    f.write(buffer.getvalue())
+  os.replace(out_path + ".tmp", out_path)
+  return out_path
+
+
+def unpack_records(pack_path: str, workdir: str) -> str:
+  """Extracts a pack into `workdir` (a run directory without checkpoints); returns it."""
+  with tarfile.open(pack_path, "r:gz") as tar:
+    for member in tar.getmembers():
+      if member.name.startswith("/") or ".." in member.name.split("/"):
+        raise ValueError(f"{pack_path}: member {member.name!r} leaves the run directory")
+    tar.extractall(workdir)
+  return workdir
+
+
+def pack_path(records_dir: str, run: Run) -> str:
+  return os.path.join(records_dir, run.experiment, f"seed{run.seed}.tar.gz")
+
+
+def _cores(slot: int, threads: int) -> set[int]:
+  available = sorted(os.sched_getaffinity(0))
+  chosen = available[slot * threads:(slot + 1) * threads]
+  if len(chosen) < threads:
+    raise ValueError(f"slot {slot} x {threads} threads needs more than the {len(available)} "
+                     "cores this process may use")
+  return set(chosen)
+
+
+def execute(run: Run, *, slot: int, threads: int, log: Callable[[str], None],
+            **command_args) -> float:
+  """Trains and analyses one run pinned to its cores; returns its seconds. Raises on failure,
+  naming the run and its log file."""
+  os.makedirs(run.workdir, exist_ok=True)
+  log_path = os.path.join(run.workdir, "sweep.log")
+  cores = _cores(slot, threads)
+  start = time.time()
+  with open(log_path, "a") as out:
+    for command in commands(run, **command_args):
+      result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                              preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False)
+      if result.returncode:
+        raise RuntimeError(f"{run.name}: `{' '.join(command)}` exited {result.returncode}; "
+                           f"see {log_path}")
+  seconds = time.time() - start
+  log(f"{run.name} finished in {seconds:.0f} s on cores {sorted(cores)}")
+  return seconds
+
+
+def mark_done(run: Run, seconds: float) -> None:
+  with open(os.path.join(run.workdir, DONE_FILE), "w") as f:
+    json.dump({"seconds": seconds, "experiment": run.experiment, "seed": run.seed}, f)
+
+
+def sweep(runs: Sequence[Run], *, parallel: int, threads: int, records_dir: str | None,
+          on_packed: Callable[[str, Run], None] | None = None,
+          log: Callable[[str], None] = print, init_seeds: int = 0,
+          init_seed_of: int | None = None, **command_args) -> dict[str, str]:
+  """Runs every run not yet done, `parallel` at a time; returns name -> "done"/"skipped"/error.
+
+  A failed run is reported and left partial (the next sweep resumes it); the others go on.
+  `init_seeds` fresh initialisations are measured for the runs of seed `init_seed_of` only:
+  the init null depends on the config, not on the run's seed.
+  """
+  status = {r.name: "skipped" for r in runs if r.done}
+  todo = [r for r in runs if not r.done]
+  log(f"sweep: {len(status)} of {len(runs)} runs done, {len(todo)} to run, {parallel} at a time "
+      f"x {threads} threads")
+  free_slots = list(range(parallel))
+
+  def one(run: Run) -> None:
+    slot = free_slots.pop()
+    try:
+      seconds = execute(run, slot=slot, threads=threads, log=log,
+                        init_seeds=init_seeds if run.seed == init_seed_of else 0,
+                        **command_args)
+      if records_dir:
+        path = pack_records(run.workdir, pack_path(records_dir, run))
+        if on_packed:
+          on_packed(path, run)
+      mark_done(run, seconds)
+      status[run.name] = "done"
+    except Exception as e:  # pylint: disable=broad-except  (one run's failure stops only it)
+      status[run.name] = f"failed: {e}"
+      log(f"{run.name} FAILED: {e}")
+    finally:
+      free_slots.append(slot)
+
+  with futures.ThreadPoolExecutor(parallel) as pool:
+    list(pool.map(one, todo))
+  return status
+
+
+def git_commit(path: str, run: Run) -> None:
+  """Commits one pack by itself (`git commit --only`), retrying while another git holds the
+  index lock."""
+  for attempt in range(30):
+    add = subprocess.run(["git", "add", "--", path], cwd=REPO, capture_output=True, text=True)
+    if add.returncode == 0:
+      commit = subprocess.run(
+          ["git", "commit", "-q", "-m", f"docs/results/runs: records of {run.name}", "--only",
+           "--", path], cwd=REPO, capture_output=True, text=True)
+      if commit.returncode == 0 or "nothing to commit" in commit.stdout + commit.stderr:
+        return
+    time.sleep(2 + attempt)
+  raise RuntimeError(f"could not commit {path}")

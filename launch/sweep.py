@@ -1,0 +1,47 @@
+"""Train and analyse configs x seeds, resumably: python launch/sweep.py --experiments=swa16,nope
+    --seeds=0,1,2,3,4 [--config_file=configs/small.py] [--root=workdirs/sweep]
+    [--records_dir=docs/results/runs] [--commit] [--parallel=2 --threads=1] [--init_seeds=10]
+
+Finished runs are skipped, partial ones resumed (hybrid_nope/sweep.py); each finished run's
+records are packed under --records_dir (and committed by themselves with --commit).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+
+from hybrid_nope import sweep  # noqa: E402
+
+flags.DEFINE_string("config_file", "configs/small.py", "Config file taking an experiment name.")
+flags.DEFINE_list("experiments", None, "Experiment names the config file takes.")
+flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "train.seed of each run.")
+flags.DEFINE_string("root", "workdirs/sweep", "Run directories go to ROOT/<experiment>/seed<k>.")
+flags.DEFINE_string("records_dir", "docs/results/runs", "Where packed records go; '' = none.")
+flags.DEFINE_bool("commit", False, "git-commit each pack as its run finishes.")
+flags.DEFINE_integer("parallel", 2, "Runs at a time.")
+flags.DEFINE_integer("threads", 1, "Cores pinned to each run.")
+flags.DEFINE_integer("init_seeds", 10, "Fresh inits for the init null (first seed's runs only).")
+flags.DEFINE_list("analyze_args", ["--lengths=1,2"], "Extra arguments of launch/analyze.py.")
+flags.DEFINE_list("train_args", [], "Extra arguments of launch/train.py (e.g. overrides).")
+flags.mark_flags_as_required(["experiments"])
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  runs = sweep.plan(f.config_file, f.experiments, [int(s) for s in f.seeds], f.root)
+  status = sweep.sweep(runs, parallel=f.parallel, threads=f.threads,
+                       records_dir=f.records_dir or None,
+                       on_packed=sweep.git_commit if f.commit else None, log=logging.info,
+                       analyze_args=f.analyze_args, train_args=f.train_args, init_seeds=f.init_seeds,
+                       init_seed_of=int(f.seeds[0]))
+  failed = {k: v for k, v in status.items() if v.startswith("failed")}
+  for name, why in failed.items():
+    logging.error("%s %s", name, why)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  app.run(main)
