@@ -196,12 +196,14 @@ def sweep(runs: Sequence[Run], *, parallel: int, threads: int, records_dir: str 
 def git_commit(path: str, run: Run) -> None:
   """Commits one pack by itself (`git commit --only`), retrying while another git holds the
   index lock."""
+  repo = os.path.dirname(os.path.abspath(path))  # The repository that holds the pack.
   for attempt in range(30):
-    add = subprocess.run(["git", "add", "--", path], cwd=REPO, capture_output=True, text=True)
+    add = subprocess.run(["git", "add", "--", os.path.abspath(path)], cwd=repo,
+                         capture_output=True, text=True)
     if add.returncode == 0:
       commit = subprocess.run(
           ["git", "commit", "-q", "-m", f"docs/results/runs: records of {run.name}", "--only",
-           "--", path], cwd=REPO, capture_output=True, text=True)
+           "--", os.path.abspath(path)], cwd=repo, capture_output=True, text=True)
       if commit.returncode == 0 or "nothing to commit" in commit.stdout + commit.stderr:
         return
     time.sleep(2 + attempt)
