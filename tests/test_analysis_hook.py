@@ -17,7 +17,8 @@ from tests.helpers import tiny_config
 
 
 def reference(values_fn, seg, docs, lags, positions):
-  """Per lag: mean over counted pairs, cluster standard error over (row, document) pieces, and
+  """Per lag: mean over counted pairs, cluster standard error over documents (a document split
+  across rows is one cluster), and
   the pair count."""
   out = []
   for d in lags:
@@ -25,7 +26,7 @@ def reference(values_fn, seg, docs, lags, positions):
     for b in range(seg.shape[0]):
       for i in positions[positions >= d]:
         if seg[b, i] == seg[b, i - d] != 0:
-          by_doc.setdefault((b, docs[b, i]), []).append(values_fn(b, i, i - d))
+          by_doc.setdefault(docs[b, i], []).append(values_fn(b, i, i - d))
     s = np.array([np.sum(v) for v in by_doc.values()])
     n = np.array([len(v) for v in by_doc.values()])
     m = s.sum() / n.sum() if n.sum() else np.nan
@@ -68,6 +69,11 @@ def test_records_match_loops_over_document_pairs(measured):
   model = model_def.bind(params)
   p = hook.probe
   model(p["inputs"], positions_BT=p["positions"], segment_ids_BT=p["segment_ids"], observe=save)
+  shuffled, saved = saved, {}
+  model(p["shuffled_inputs"], positions_BT=p["positions"], segment_ids_BT=p["segment_ids"],
+        observe=save)
+  shuffled, saved = saved, shuffled
+  by_key = {(r["layer"], r["module"]): r for r in records}
   seg, docs, tokens = np.asarray(p["segment_ids"]), hook.doc_ids_BT, np.asarray(p["inputs"])
   lags, far = hook.lags, config.metrics.far_lag
   T = config.data.seq_len
@@ -97,6 +103,21 @@ def test_records_match_loops_over_document_pairs(measured):
     assert r["pairs"] == pairs.tolist()
     assert r["floor"] == pytest.approx(mean[-1], abs=1e-5)
     assert r["gap"] == pytest.approx(mean[0] - mean[-1], abs=1e-5)
+    # Matched queries: f(1) over the queries whose far pair also counts.
+    matched = [u[b, i] @ u[b, i - 1] for b in range(seg.shape[0])
+               for i in positions[positions >= far]
+               if seg[b, i] == seg[b, i - 1] == seg[b, i - far] != 0]
+    assert r["gap_matched"] == pytest.approx(np.mean(matched) - mean[-1], abs=1e-5)
+    # The shuffled-token control: the same model on the probe shuffled within documents.
+    xs = shuffled[(r["layer"], r["module"])]
+    us = xs / np.linalg.norm(xs, axis=-1, keepdims=True)
+    sh, _, _ = reference(lambda b, i, j: us[b, i] @ us[b, j], seg, docs, (1, far), positions)
+    assert r["shuffled_gap"] == pytest.approx(sh[0] - sh[1], abs=1e-5)
+    assert r["shuffled_floor"] == pytest.approx(sh[1], abs=1e-5)
+    if "compared_with" in r:
+      before = by_key[(r["layer"], r["compared_with"])]
+      assert r["gap_change"] == pytest.approx(r["gap"] - before["gap"], abs=1e-6)
+      assert r["floor_change"] == pytest.approx(r["floor"] - before["floor"], abs=1e-6)
     if r["layer_type"] != "global":
       assert "logit_gap" not in r
       continue
@@ -118,12 +139,13 @@ def test_records_match_loops_over_document_pairs(measured):
                    if seg[b, i] == seg[b, i - d] != 0]
         mean_d = np.mean([xin[b, i] @ m @ xin[b, i - d] for b, i in pairs_d])
         for b, i in pairs_d:
-          infl[(b, docs[b, i])] = infl.get((b, docs[b, i]), 0.0) + sign * (
+          infl[docs[b, i]] = infl.get(docs[b, i], 0.0) + sign * (
               xin[b, i] @ m @ xin[b, i - d] - mean_d) / len(pairs_d)
       k = len(infl)
       want_se = np.sqrt(k / (k - 1) * np.sum(np.square(list(infl.values()))))
       assert r["logit_gap_stderr"][h] == pytest.approx(want_se, rel=1e-3)
     assert r["alignment_null"] == [1 / config.model.d_model] * N
+    assert r["alignment_mean_null"] == pytest.approx(1 / (config.model.d_model * np.sqrt(N)))
 
 
 def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):
@@ -131,6 +153,7 @@ def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):
   model_def, params = init_model(config.model, seed=0)
   writer = MetricsWriter(str(tmp_path))
   run = RunContext(config=config, model_def=model_def, eval_batches=pipeline.eval_batches(config),
+                   probe_rows=pipeline.probe_pool(config),
                    writer=writer, replicate=lambda tree: tree)
   hook = RecencyHook.for_run(run)
   hook(0, params)
@@ -239,6 +262,7 @@ def test_each_measurement_draws_the_figures_unless_switched_off(tmp_path, figure
   drawn = []
   writer.write_images = lambda step, images: drawn.append((step, sorted(images)))
   run = RunContext(config=config, model_def=model_def, eval_batches=pipeline.eval_batches(config),
+                   probe_rows=pipeline.probe_pool(config),
                    writer=writer, replicate=lambda tree: tree)
   RecencyHook.for_run(run)(4, params)
   writer.close()

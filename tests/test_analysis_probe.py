@@ -61,6 +61,22 @@ def test_demo_probe_spans_more_documents_than_the_first_eval_rows():
   assert covered(doc_ids, chosen) > covered(doc_ids, [0, 1, 2, 3])
 
 
-def test_clusters_are_row_document_pieces_numbered_densely():
+def test_clusters_are_documents_numbered_densely_across_rows():
+  # Document 9 continues from row 0 into row 1: one cluster, not two independent pieces.
   dense, count = probe.clusters(np.array([[5, 5, 9], [9, 12, -1]]))
-  assert count == 4 and dense.tolist() == [[0, 0, 1], [2, 3, 0]]
+  assert count == 3 and dense.tolist() == [[0, 0, 1], [1, 2, 0]]
+
+
+def test_shuffled_control_permutes_within_each_document_only():
+  tokens = np.arange(24).reshape(2, 12)
+  doc_ids = np.array([[0] * 5 + [1] * 7, [1] * 4 + [2] * 6 + [-1] * 2])
+  shuffled = probe.shuffled_within_documents(tokens, doc_ids, seed=3)
+  assert not np.array_equal(shuffled, tokens)
+  for b in range(2):
+    for doc in np.unique(doc_ids[b]):
+      where = doc_ids[b] == doc
+      if doc == probe.NOT_A_DOCUMENT:
+        np.testing.assert_array_equal(shuffled[b, where], tokens[b, where])  # padding stays
+      else:
+        assert sorted(shuffled[b, where]) == sorted(tokens[b, where])
+  np.testing.assert_array_equal(shuffled, probe.shuffled_within_documents(tokens, doc_ids, 3))
