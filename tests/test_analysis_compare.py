@@ -11,7 +11,7 @@ import scipy.stats
 
 from matplotlib import image
 
-from hybrid_nope.analysis import checkpoints, compare, report
+from hybrid_nope.analysis import checkpoints, compare, report, seed_stats
 from hybrid_nope.analysis.hook import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from tests.analysis_runs import analyzed_run
@@ -52,8 +52,9 @@ def _recency(step, gap, logit_gap, *, gap_se, logit_se, data_gap):
                  alignment=[0.5 * logit_gap, 0.5 * logit_gap],
                  alignment_null=[1 / 32, 1 / 32])
         if module == "pre_mixer_norm":
-          # The summarised record: gap_stderr = hypot(se, se) = gap_se.
-          r.update(gap=gap, floor=0.1 + gap / 10, stderr=[gap_se / np.sqrt(2)] * 2)
+          # The summarised record, with its paired (per-document) gap SE.
+          r.update(gap=gap, floor=0.1 + gap / 10, stderr=[gap_se / np.sqrt(2)] * 2,
+                   gap_stderr=gap_se)
       out.append(r)
   return out
 
@@ -139,7 +140,9 @@ def test_table_values_are_the_files_numbers(sweep, tmp_path):
     assert _value(row["logit gap"]) == (pytest.approx(2 * logit, abs=5e-5),  # mean of l, 3l
                                         pytest.approx(logit_se, abs=5e-5))
     assert _value(row["alignment"]) == (pytest.approx(0.5 * logit, abs=5e-5), None)
-    assert _value(row["alignment null"]) == (pytest.approx(1 / 32, rel=2e-3), None)
+    # The null of the mean shown (2 heads of null 1/32 each): 1/(32 sqrt(2)), not one head's.
+    assert _value(row["alignment null"]) == (pytest.approx(1 / (32 * np.sqrt(2)), rel=2e-3),
+                                             None)
     # The data control exists only at step 0, yet the row (at step 8) shows it.
     assert _value(row["data gap"]) == (pytest.approx(0.05, abs=5e-5), None)
     if spec["ratios"]:
@@ -225,14 +228,15 @@ def test_real_run_table_matches_its_files(tmp_path_factory, tmp_path):
   inputs = [r for r in last if r["layer_type"] == "global" and r["module"] == "pre_mixer_norm"]
   gap, gap_se = _value(row["gap"])
   assert gap == pytest.approx(np.mean([r["gap"] for r in inputs]), abs=5e-5)
-  assert gap_se == pytest.approx(np.mean([np.hypot(r["stderr"][r["lags"].index(1)],
-                                                   r["stderr"][r["lags"].index(r["far_lag"])])
-                                          for r in inputs]), abs=5e-5)
+  # The paired per-document SE of f(1) − f(L), not the hypot of the two lags' SEs.
+  assert gap_se == pytest.approx(np.mean([r["gap_stderr"] for r in inputs]), abs=5e-5)
   logit, logit_se = _value(row["logit gap"])
   assert logit == pytest.approx(np.mean([g for r in inputs for g in r["logit_gap"]]), abs=5e-5)
   assert logit_se == pytest.approx(
       np.mean([s for r in inputs for s in r["logit_gap_stderr"]]), abs=5e-5)
-  assert _value(row["alignment null"])[0] == pytest.approx(1 / 32, rel=2e-3)  # 1/d_model.
+  heads = len([a for r in inputs for a in r["alignment_null"]])
+  # The null of the head mean: 1/(d_model sqrt(heads)).
+  assert _value(row["alignment null"])[0] == pytest.approx(1 / (32 * np.sqrt(heads)), rel=2e-3)
   (data,) = [r for r in records if r["layer"] == DATA_LAYER]
   assert data["step"] == 0
   assert _value(row["data gap"])[0] == pytest.approx(data["gap"], abs=5e-5)
@@ -355,3 +359,32 @@ def test_cli_writes_the_table(sweep, tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "| swa4 |" in proc.stdout
   assert (out / "compare.md").read_text() == proc.stdout.rstrip("\n") + "\n"
+
+
+def test_rows_are_paired_by_seed_against_the_baseline_and_set_against_the_init_null(tmp_path):
+  """Two configs over seeds 0-2; the difference is taken per seed (its SE is that of the
+  per-seed differences, far below the unpaired one when seeds share their draw), and a row's
+  mean is a z against the init null of a mean of n initialisations."""
+  shared = {0: 0.10, 1: 0.30, 2: 0.20}  # a per-seed draw both configs share
+  workdirs = []
+  for name, window, pattern, shift in (("swa4", 4, "SG", 0.05), ("nope", 4, "G", 0.0)):
+    for seed, base in shared.items():
+      workdirs.append(fake_run(str(tmp_path), f"{name}_seed{seed}", window=window,
+                               pattern=pattern, seed=seed,
+                               gaps=(0.0, 0.1, base + shift + 0.001 * seed ** 2)))
+  null_dir = os.path.join(workdirs[0], "analysis", "step_8")
+  os.makedirs(null_dir)
+  with open(os.path.join(null_dir, "init_null_T64.json"), "w") as f:
+    json.dump({"summary": {"gap": {"mean": 0.1, "sd": 0.05, "draws": 10}}}, f)
+  result = compare.compare(workdirs, out_dir=str(tmp_path / "out"), figures=False)
+  swa, nope = result["rows"]
+  diffs = [0.05 + 0.001 * s ** 2 - 0.001 * s ** 2 for s in shared]  # the shared draw cancels
+  paired = seed_stats.paired_difference(swa, nope, "gap")
+  assert paired["seeds"] == [0, 1, 2] and paired["mean"] == pytest.approx(np.mean(diffs))
+  assert paired["se"] == pytest.approx(0.0, abs=1e-12)
+  assert swa["gap_se"] > 0.05  # unpaired, the shared draw is all noise
+  assert swa["gap_null_z"] == pytest.approx((swa["gap"] - 0.1) / (0.05 / np.sqrt(3)))
+  assert nope["gap_null_z"] is None  # no init null measured for it
+  text = result["markdown"]
+  assert "## Paired by seed against nope (3 seeds)" in text
+  assert "| swa4 (3 seeds) | " in text.split("## Paired by seed")[1]

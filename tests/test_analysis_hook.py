@@ -31,7 +31,9 @@ def reference(values_fn, seg, docs, lags, positions):
     n = np.array([len(v) for v in by_doc.values()])
     m = s.sum() / n.sum() if n.sum() else np.nan
     k = len(s)
-    se = np.sqrt(k / (k - 1) * np.sum((s - m * n) ** 2)) / n.sum() if k >= 2 else np.nan
+    # Cluster-robust with each document's leverage n_c / N (CR2).
+    se = (np.sqrt(np.sum((s - m * n) ** 2 / (1 - n / n.sum()))) / n.sum() if k >= 2
+          else np.nan)
     out.append((m, se, int(n.sum())))
   return [np.array(v) for v in zip(*out)]
 
@@ -138,11 +140,13 @@ def test_records_match_loops_over_document_pairs(measured):
         pairs_d = [(b, i) for b in range(seg.shape[0]) for i in positions[positions >= d]
                    if seg[b, i] == seg[b, i - d] != 0]
         mean_d = np.mean([xin[b, i] @ m @ xin[b, i - d] for b, i in pairs_d])
+        per_doc = {}
         for b, i in pairs_d:
-          infl[docs[b, i]] = infl.get(docs[b, i], 0.0) + sign * (
-              xin[b, i] @ m @ xin[b, i - d] - mean_d) / len(pairs_d)
-      k = len(infl)
-      want_se = np.sqrt(k / (k - 1) * np.sum(np.square(list(infl.values()))))
+          per_doc.setdefault(docs[b, i], []).append(xin[b, i] @ m @ xin[b, i - d] - mean_d)
+        for doc, resid in per_doc.items():  # CR2: each document's leverage in this lag's mean
+          infl[doc] = infl.get(doc, 0.0) + sign * np.sum(resid) / len(pairs_d) / np.sqrt(
+              1 - len(resid) / len(pairs_d))
+      want_se = np.sqrt(np.sum(np.square(list(infl.values()))))
       assert r["logit_gap_stderr"][h] == pytest.approx(want_se, rel=1e-3)
     assert r["alignment_null"] == [1 / config.model.d_model] * N
     assert r["alignment_mean_null"] == pytest.approx(1 / (config.model.d_model * np.sqrt(N)))

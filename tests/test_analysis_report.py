@@ -146,23 +146,28 @@ def test_analysis_lags():
 
 
 def test_summarize_reads_global_inputs_only_with_noise_and_the_data_control():
-  def rec(layer, kind, module, gap, se=(0.03, 0.04), **kw):
+  def rec(layer, kind, module, gap, se=0.05, **kw):
     return {"layer": layer, "layer_type": kind, "module": module, "gap": gap, "floor": 1 - gap,
-            "lags": [1, 8, 32], "far_lag": 8, "stderr": [se[0], se[1], 9.0], **kw}
-  head = dict(logit_gap_stderr=[0.5, 1.5], alignment_null=[0.125, 0.125])
+            "lags": [1, 8, 32], "far_lag": 8, "stderr": [0.03, 0.04, 9.0], "gap_stderr": se,
+            **kw}
+  head = dict(logit_gap_stderr=[0.5, 1.5], alignment_null=[0.125, 0.125],
+              logit_gap_null=[0.3, 0.4])
   records = [rec(0, "swa", "pre_mixer_norm", 0.9), rec(1, "global", "mixer", 0.8),
-             rec(1, "global", "pre_mixer_norm", 0.2, se=(0.3, 0.4), logit_gap=[1.0, 3.0],
-                 alignment=[0.1, 0.3], **head),
-             rec(3, "global", "pre_mixer_norm", 0.4, se=(0.6, 0.8), logit_gap=[2.0, 6.0],
-                 alignment=[0.0, 0.2], **head),
+             rec(1, "global", "pre_mixer_norm", 0.2, se=0.5, logit_gap=[1.0, 3.0],
+                 alignment=[0.1, 0.3], shuffled_gap=0.01, **head),
+             rec(3, "global", "pre_mixer_norm", 0.4, se=1.0, logit_gap=[2.0, 6.0],
+                 alignment=[0.0, 0.2], shuffled_gap=0.03, **head),
              rec(-1, "data", "tokens", 0.07),
              rec(2, "linear", "pre_mixer_norm", 0.5, mean_decay=0.9, recency_scale=10.0),
              rec(2, "linear", "mlp", 0.5, mean_decay=0.5, recency_scale=2.0)]
   s = report.summarize(records)
-  # gap_stderr reads lag 1 and the far lag 8 (not the last lag): hypot(.3,.4)=.5, hypot(.6,.8)=1.
-  assert s == pytest.approx({"gap": 0.3, "floor": 0.7, "gap_stderr": 0.75, "logit_gap": 3.0,
-                             "logit_gap_stderr": 1.0, "alignment": 0.15,
-                             "alignment_null": 0.125, "data_gap": 0.07, "mean_decay": 0.9,
+  # gap_stderr: the layers' paired SEs averaged; nulls: of the mean over all 4 heads,
+  # sqrt(Σ σ²)/n (alignment: 0.125 / sqrt(4); logit gap: sqrt(2 (0.09 + 0.16)) / 4).
+  assert s == pytest.approx({"gap": 0.3, "floor": 0.7, "gap_stderr": 0.75, "gap_matched": None,
+                             "shuffled_gap": 0.02, "shuffled_floor": None, "logit_gap": 3.0,
+                             "logit_gap_stderr": 1.0, "logit_gap_null": np.sqrt(0.5) / 4,
+                             "alignment": 0.15, "alignment_stderr": None,
+                             "alignment_null": 0.0625, "data_gap": 0.07, "mean_decay": 0.9,
                              "recency_scale": 10.0})
   assert set(report.summarize(records[:1]).values()) == {None}
 

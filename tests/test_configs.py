@@ -85,7 +85,8 @@ def test_demo_runs_on_embedded_data_without_paths():
     ("train.grad_clip", float("inf"), "train.grad_clip"),
     ("model.norm_eps", -1.0, "model.norm_eps"),
     ("model.rope_theta", 0.0, "model.rope_theta"),
-    ("metrics.probe_batch_size", 5, "eval.batch_size x eval.num_batches = 4"),  # tiny: 2 x 2
+    ("metrics.probe_batch_size", 2000, "metrics.probe_pool_rows = 1024"),  # demo pool
+    ("metrics.probe_pool_rows", 0, "metrics.probe_pool_rows"),
 ])
 def test_bad_values_fail_naming_the_key(key, value, message):
   config = tiny_config(**{key.replace(".", "__"): value})

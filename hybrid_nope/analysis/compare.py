@@ -6,7 +6,8 @@ recency.jsonl, and, where `launch/analyze.py` has been run, the latest
 analysis/step_<N>/extrapolation.json. The run gap, logit gap and extrapolation ratio are defined
 in `report.py`.
 
-Runs whose configs differ only in `train.seed` are one configuration: `aggregate_seeds` turns
+Runs whose configs differ only in their seeds (`train.seed`, and `data.seed`, which follows
+it) are one configuration: `aggregate_seeds` turns
 them into one row of seed means ± standard errors (std / sqrt(n), ddof 1). A single-seed row
 carries, where the records have it, the measurement standard error over probe documents
 instead. Table, figures and correlations are over these rows.
@@ -25,13 +26,14 @@ import numpy as np
 import scipy.stats
 
 from hybrid_nope import storage
-from hybrid_nope.analysis import checkpoints, init_null, report, sweep_plots
+from hybrid_nope.analysis import checkpoints, init_null, report, seed_stats, sweep_plots
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
 MIN_RUNS_FOR_CORRELATION = 3
 SIGNIFICANT_SE = 2  # A logit-gap sign counts only beyond this many standard errors from zero.
 SEED_KEY = ("train", "seed")
+DATA_SEED_KEY = ("data", "seed")
 # Row values aggregated over seeds (mean ± SE); for one seed the ± is the measurement standard
 # error named here, where the summary has one.
 AGGREGATED = ("eval_loss", "gap", "floor", "gap_matched", "shuffled_gap", "logit_gap",
@@ -106,6 +108,7 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   config = checkpoints.load_config(workdir)
   seedless = config.to_dict()
   seed = seedless[SEED_KEY[0]].pop(SEED_KEY[1])
+  seedless[DATA_SEED_KEY[0]].pop(DATA_SEED_KEY[1], None)  # Follows train.seed: randomness too.
   m = config.model
   swa = "S" in m.pattern
   evals = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
@@ -173,15 +176,6 @@ def correlation(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
           "spearman": _statistic(scipy.stats.spearmanr, x, y)}
 
 
-def _mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-  """Mean and standard error (std / sqrt(n), ddof 1) of the known values; SE None below 2."""
-  known = np.asarray([v for v in values if _known(v)], float)
-  if not len(known):
-    return None, None
-  se = float(known.std(ddof=1) / np.sqrt(len(known))) if len(known) > 1 else None
-  return float(known.mean()), se
-
-
 def _common(values: Sequence):
   """The value all members share, else their range as text (e.g. steps of runs cut short)."""
   if len(set(values)) == 1:
@@ -211,7 +205,7 @@ def _step_series(members: Sequence[dict]) -> list[tuple[int, dict]]:
       if len(members) == 1:
         point[key], point[f"{key}_se"] = values[0], per_member[0][s].get(MEASUREMENT_SE[key])
       else:
-        point[key], point[f"{key}_se"] = _mean_se(values)
+        point[key], point[f"{key}_se"] = seed_stats.mean_se(values)
     out.append((s, point))
   return out
 
@@ -234,19 +228,16 @@ def _row(members: Sequence[dict]) -> dict[str, Any]:
       se_key = MEASUREMENT_SE.get(key)
       row[key], row[f"{key}_se"] = first[key], first.get(se_key) if se_key else None
     else:
-      row[key], row[f"{key}_se"] = _mean_se([m[key] for m in members])
+      row[key], row[f"{key}_se"] = seed_stats.mean_se([m[key] for m in members])
   for key in ("logit_gap_null", "alignment_null"):  # Random-M nulls of one run's head mean.
-    row[key] = _mean_se([m.get(key) for m in members])[0]
+    row[key] = seed_stats.mean_se([m.get(key) for m in members])[0]
   null = next((m["init_null"] for m in members if m.get("init_null")), None)
   row["init_null"] = null
   for key in NULL_Z:
-    # A mean of n seeds against the null of a mean of n independent initialisations.
-    moments = (null or {}).get(key)
-    scaled = dict(moments, sd=moments["sd"] / math.sqrt(n)) if moments and moments["sd"] else None
-    row[f"{key}_null_z"] = init_null.zscore(row[key], scaled)
+    row[f"{key}_null_z"] = seed_stats.null_z(row[key], (null or {}).get(key), n)
   row["members_by_seed"] = {m["seed"]: m for m in members}
   factors = sorted({k for m in members for k in m["ratio"]})
-  ratios = {k: _mean_se([m["ratio"].get(k) for m in members]) for k in factors}
+  ratios = {k: seed_stats.mean_se([m["ratio"].get(k) for m in members]) for k in factors}
   row["ratio"] = {k: v[0] for k, v in ratios.items()}
   row["ratio_se"] = {k: v[1] for k, v in ratios.items()}
   row["by_step"] = _step_series(members)
@@ -260,26 +251,6 @@ def aggregate_seeds(runs: Sequence[dict]) -> list[dict]:
   for run in runs:
     groups.setdefault(run["config_key"], []).append(run)
   return [_row(members) for members in groups.values()]
-
-
-PAIRED_KEYS = ("eval_loss", "gap", "floor", "logit_gap")
-
-
-def paired_difference(row: dict, reference: dict, key: str) -> dict[str, Any]:
-  """row − reference for `key`, paired by seed: the mean over the seeds both hold of the
-  per-seed differences ± its standard error (ddof 1), and those seeds. Seeds pair runs whose
-  shapes agree at init (one seed, one initialisation), so what they share cancels."""
-  seeds = sorted(set(row["members_by_seed"]) & set(reference["members_by_seed"]))
-  diffs = [row["members_by_seed"][s][key] - reference["members_by_seed"][s][key] for s in seeds
-           if _known(row["members_by_seed"][s].get(key))
-           and _known(reference["members_by_seed"][s].get(key))]
-  mean, se = _mean_se(diffs)
-  return {"mean": mean, "se": se, "seeds": seeds, "n": len(diffs)}
-
-
-def reference_row(rows: Sequence[dict]) -> dict | None:
-  """The global-only baseline (pattern G) if there is one with several seeds, else None."""
-  return next((r for r in rows if r["pattern"] == "G" and r["n_seeds"] > 1), None)
 
 
 def correlations(runs: Sequence[dict]) -> dict[int, dict[str, dict]]:
@@ -379,17 +350,18 @@ def markdown(rows: Sequence[dict], corr: dict) -> str:
       f"## Correlation with length extrapolation (across rows; Spearman ρ on ranks, Pearson r "
       f"on values; needs ≥ {MIN_RUNS_FOR_CORRELATION} rows)", "",
   ]
-  reference = reference_row(rows)
+  reference = seed_stats.reference_row(rows)
   if reference is not None:
     parts += [f"## Paired by seed against {reference['name']}", "",
               "Each cell: mean over the seeds both rows hold of (row − baseline) ± its standard "
               "error; seeds pair initialisations where shapes agree.", "",
-              "| run | " + " | ".join(PAIRED_KEYS) + " | seeds |",
-              "|" + "---|" * (len(PAIRED_KEYS) + 2)]
+              "| run | " + " | ".join(seed_stats.PAIRED_KEYS) + " | seeds |",
+              "|" + "---|" * (len(seed_stats.PAIRED_KEYS) + 2)]
     for r in rows:
       if r is reference or r["n_seeds"] < 2:
         continue
-      cells = [paired_difference(r, reference, key) for key in PAIRED_KEYS]
+      cells = [seed_stats.paired_difference(r, reference, key)
+               for key in seed_stats.PAIRED_KEYS]
       parts.append(f"| {r['name']} | " + " | ".join(_cell(c["mean"], "+.4f", c["se"])
                                                     for c in cells)
                    + f" | {', '.join(map(str, cells[0]['seeds']))} |")

@@ -200,19 +200,26 @@ def module_table(records: Sequence[dict], far_lag: int) -> str:
   read-out (head means) on global NoPE layers' read-out rows; GLA's decay keys where present."""
   layered = sorted((r for r in records if r["layer"] != DATA_LAYER), key=plots._depth)
   extra = [k for k in LINEAR_KEYS if any(k in r for r in layered)]
-  header = ["layer", "type", "module", "floor f(L)", "gap f(1) − f(L)", *extra,
-            "logit gap (head mean)", "alignment (head mean)", "alignment null"]
+  header = ["layer", "type", "module", "floor f(L)", "gap f(1) − f(L)",
+            "effect on gap (vs what it receives)", "shuffled-token gap", *extra,
+            "logit gap (head mean)", "logit gap random-M null", "alignment (head mean)",
+            "alignment null (head mean)"]
   rows = []
   for r in layered:
     readout = r["module"] == READOUT_MODULE and "logit_gap" in r
+    change = (f"{compare._cell(r['gap_change'], '+.4f', r.get('gap_change_stderr'))} "
+              f"(vs {r['compared_with']})" if "gap_change" in r else "")
     rows.append([
         r["layer"], r["layer_type"], r["module"],
         _pm(r, "floor", plots._floor_gap_se(r, "floor", far_lag)),
-        _pm(r, "gap", plots._floor_gap_se(r, "gap", far_lag)),
+        _pm(r, "gap", plots._floor_gap_se(r, "gap", far_lag)), change,
+        _pm(r, "shuffled_gap", r.get("shuffled_gap_stderr")),
         *(plots.fmt(_mean(r.get(k)), ".4g") for k in extra),
         compare._cell(_mean(r["logit_gap"]), "+.4f", plots._head_mean_se(r)) if readout else "",
-        compare._cell(_mean(r["alignment"]), "+.4f") if readout else "",
-        compare._cell(_mean(r.get("alignment_null")), ".3g") if readout else ""])
+        compare._cell(r.get("logit_gap_mean_null"), ".3g") if readout else "",
+        compare._cell(_mean(r["alignment"]), "+.4f", _mean(r.get("alignment_stderr")))
+        if readout else "",
+        compare._cell(r.get("alignment_mean_null"), ".3g") if readout else ""])
   return _table(header, rows, [r["layer_type"] for r in layered])
 
 

@@ -120,10 +120,12 @@ def _depth(r: dict) -> int:
 
 
 def _floor_gap_se(r: dict, key: str, far_lag: int) -> float:
-  """Standard error of the floor f(L), or of the gap f(1) − f(L) (`report.summarize`'s
-  bound: the two errors added in quadrature)."""
+  """Standard error of the floor f(L), or of the gap f(1) − f(L): the record's paired
+  per-document `gap_stderr` (records older than it: the two errors added in quadrature)."""
   if key == "floor":
     return _se_at(r, far_lag)
+  if "gap_stderr" in r:
+    return float(r["gap_stderr"])
   return float(np.hypot(_se_at(r, 1), _se_at(r, far_lag)))
 
 

@@ -241,19 +241,29 @@ def null_of_mean(null_sds) -> float:
 
 # ---- host-side statistics over per-cluster sums ----------------------------------------------
 
+def _leverage_scale(counts_C, total):
+  """1/sqrt(1 − h_c) with h_c = n_c / N, the cluster's leverage in the ratio mean (CR2, Bell &
+  McCaffrey 2002). For K equal clusters it is the usual sqrt(K/(K−1)); with few clusters of
+  unequal size it also undoes the shrinkage of a large cluster's own residual, which
+  K/(K−1) leaves (its SE ~10% low at 5 documents, tests/test_analysis_recency.py)."""
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return 1.0 / np.sqrt(np.maximum(1.0 - counts_C / total, 1e-12))
+
+
 def mean_and_stderr(sums_LC, counts_LC) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Per lag: mean over counted pairs, its standard error over clusters, and the pair count.
 
   The mean is the ratio estimator m = Σ_c s_c / Σ_c n_c; its cluster-robust standard error is
-  sqrt(K/(K−1) Σ_c (s_c − m n_c)²) / Σ_c n_c over the K clusters with pairs (NaN if K < 2).
+  sqrt(Σ_c (s_c − m n_c)² / (1 − n_c/N)) / N with N = Σ_c n_c, over the K clusters with pairs
+  (NaN if K < 2): `_leverage_scale`.
   """
   s, n = np.asarray(sums_LC, np.float64), np.asarray(counts_LC, np.float64)
   total = n.sum(-1)
   with np.errstate(invalid="ignore", divide="ignore"):
     mean = np.where(total > 0, s.sum(-1) / total, np.nan)
-    resid = np.where(n > 0, s - mean[..., None] * n, 0.0)
+    resid = np.where(n > 0, (s - mean[..., None] * n) * _leverage_scale(n, total[..., None]), 0.0)
     k = (n > 0).sum(-1)
-    var = np.where(k >= 2, k / np.maximum(k - 1, 1) * (resid**2).sum(-1), np.nan)
+    var = np.where(k >= 2, (resid**2).sum(-1), np.nan)
     stderr = np.sqrt(var) / total
   return mean, stderr, total.astype(np.int64)
 
@@ -262,9 +272,10 @@ def contrast_stderr(terms) -> np.ndarray:
   """Standard error over clusters of Σ_k a_k m_k, a contrast of ratio means on the same clusters.
 
   `terms`: (a_k, sums_C, counts_C) per mean. Cluster c's influence is
-  Σ_k a_k (s_kc − m_k n_kc) / N_k; the clusters are independent, so the variance is
-  K/(K−1) Σ_c influence_c² over the K clusters with a pair in any term (NaN if K < 2). Leading
-  axes (e.g. heads) broadcast; clusters are the last axis. Paired: what the means share cancels.
+  Σ_k a_k (s_kc − m_k n_kc) / (N_k sqrt(1 − n_kc/N_k)); the clusters are independent, so the
+  variance is Σ_c influence_c² over the K clusters with a pair in any term (NaN if K < 2).
+  Leading axes (e.g. heads) broadcast; clusters are the last axis. Paired: what the means share
+  cancels.
   """
   influence, has_pair = 0.0, False
   with np.errstate(invalid="ignore", divide="ignore"):
@@ -272,10 +283,11 @@ def contrast_stderr(terms) -> np.ndarray:
       s, n = np.asarray(sums_C, np.float64), np.asarray(counts_C, np.float64)
       N = n.sum(-1, keepdims=True)
       m = s.sum(-1, keepdims=True) / N
-      influence = influence + coef * np.where(n > 0, s - m * n, 0.0) / N
+      influence = influence + coef * np.where(
+          n > 0, (s - m * n) * _leverage_scale(n, N), 0.0) / N
       has_pair = has_pair | (n > 0)
     k = np.sum(np.broadcast_to(has_pair, np.shape(influence)), -1)
-    var = np.where(k >= 2, k / np.maximum(k - 1, 1) * (influence**2).sum(-1), np.nan)
+    var = np.where(k >= 2, (influence**2).sum(-1), np.nan)
   return np.sqrt(var)
 
 

@@ -327,6 +327,13 @@ def summary_text(result: dict) -> str:
            f"{fmt(now['alignment_null'])}); data control P(t_i = t_i-d) gap "
            f"{fmt(now['data_gap'])}; probe {a['probe']['documents']} documents in "
            f"{len(a['probe']['rows'])} rows"]
+  null = a.get("init_null")
+  if null:
+    z = {k: init_null.zscore(now.get(k), null.get(k)) for k in ("gap", "logit_gap", "alignment")}
+    lines.append(f"  against {null['gap']['draws']} fresh initialisations (init null): z gap "
+                 f"{fmt(z['gap'], '+.1f')}, logit gap {fmt(z['logit_gap'], '+.1f')}, alignment "
+                 f"{fmt(z['alignment'], '+.1f')}; random-M null of the head-mean logit gap ± "
+                 f"{fmt(now['logit_gap_null'])}")
   for row in (result["extrapolation"] or {}).get("lengths", []):
     lines.append(f"  {row['factor']}x ({row['seq_len']}): loss {row['loss']:.4f}, positions "
                  f"[T/2, T) {fmt(row['loss_near'])}, >= T {fmt(row['loss_beyond'])}, ratio "

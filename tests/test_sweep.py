@@ -1,0 +1,107 @@
+"""The sweep runner: planning, skipping finished runs, resuming partial ones, packing records."""
+import json
+import os
+import sys
+import tarfile
+
+import pytest
+
+from hybrid_nope import sweep
+
+
+def fake_run_dir(workdir, steps=(0, 32, 64)):
+  os.makedirs(os.path.join(workdir, "recency_sums"), exist_ok=True)
+  os.makedirs(os.path.join(workdir, "analysis", "step_64"), exist_ok=True)
+  os.makedirs(os.path.join(workdir, "checkpoints", "64"), exist_ok=True)
+  for name in ("config.json", "metrics.jsonl", "recency.jsonl", "recency_probe.json",
+               "analysis/step_64/analysis_T1024.json", "checkpoints/64/state.bin"):
+    with open(os.path.join(workdir, name), "w") as f:
+      f.write(json.dumps({"name": name}) + "\n")
+  for s in steps:
+    with open(os.path.join(workdir, "recency_sums", f"step_{s:08d}.npz"), "wb") as f:
+      f.write(b"x" * 10)
+
+
+def test_plan_is_seed_major_and_refuses_repeated_seeds(tmp_path):
+  runs = sweep.plan("configs/small.py", ["swa16", "nope"], [0, 1], str(tmp_path))
+  assert [r.name for r in runs] == ["swa16/seed0", "nope/seed0", "swa16/seed1", "nope/seed1"]
+  assert runs[0].workdir == os.path.join(str(tmp_path), "swa16", "seed0")
+  with pytest.raises(ValueError, match="repeat"):
+    sweep.plan("configs/small.py", ["swa16"], [0, 0], str(tmp_path))
+
+
+def test_commands_pass_the_seed_and_the_init_null_only_when_asked(tmp_path):
+  run = sweep.Run("configs/small.py", "swa16", 3, str(tmp_path))
+  train, analyze = sweep.commands(run, python="py", analyze_args=["--lengths=1,2"],
+                                  init_seeds=10)
+  assert "--config=configs/small.py:swa16" in train and "--config.train.seed=3" in train
+  assert analyze[-2:] == ["--lengths=1,2", "--init_seeds=10"]
+  assert not any(a.startswith("--init_seeds") for a in sweep.commands(run, python="py")[1])
+
+
+def test_pack_keeps_records_and_first_and_last_sums_but_no_checkpoint(tmp_path):
+  workdir = str(tmp_path / "run")
+  fake_run_dir(workdir)
+  path = sweep.pack_records(workdir, str(tmp_path / "out" / "seed0.tar.gz"))
+  with tarfile.open(path) as tar:
+    names = sorted(tar.getnames())
+  assert "recency_sums/step_00000000.npz" in names and "recency_sums/step_00000064.npz" in names
+  assert "recency_sums/step_00000032.npz" not in names
+  assert not any(n.startswith("checkpoints") for n in names)
+  assert "analysis/step_64/analysis_T1024.json" in names
+  # Reproducible bytes: packing again gives the same file.
+  with open(path, "rb") as f:
+    first = f.read()
+  with open(sweep.pack_records(workdir, path), "rb") as f:
+    assert f.read() == first
+  out = sweep.unpack_records(path, str(tmp_path / "unpacked"))
+  assert open(os.path.join(out, "recency.jsonl")).read() == open(
+      os.path.join(workdir, "recency.jsonl")).read()
+
+
+def test_pack_refuses_a_directory_that_is_not_a_run(tmp_path):
+  with pytest.raises(FileNotFoundError, match="not a run"):
+    sweep.pack_records(str(tmp_path), str(tmp_path / "x.tar.gz"))
+
+
+def test_sweep_skips_done_runs_resumes_partial_ones_and_survives_a_failure(tmp_path,
+                                                                           monkeypatch):
+  """A stand-in for train.py that fails once for one run, as a kill would: the next sweep
+  reruns only what is not done, and resumes it (the fake train counts its calls)."""
+  calls = []
+  fail_once = {"nope/seed0"}
+
+  def fake_execute(run, *, slot, threads, log, **kwargs):
+    calls.append(run.name)
+    if run.name in fail_once:
+      fail_once.discard(run.name)
+      raise RuntimeError("killed")
+    fake_run_dir(run.workdir)
+    return 1.0
+
+  monkeypatch.setattr(sweep, "execute", fake_execute)
+  runs = sweep.plan("configs/small.py", ["swa16", "nope"], [0, 1], str(tmp_path / "runs"))
+  status = sweep.sweep(runs, parallel=2, threads=1, records_dir=str(tmp_path / "records"),
+                       log=lambda m: None)
+  assert status["nope/seed0"].startswith("failed") and status["swa16/seed1"] == "done"
+  assert sorted(calls) == sorted(r.name for r in runs)
+  calls.clear()
+  status = sweep.sweep(runs, parallel=1, threads=1, records_dir=str(tmp_path / "records"),
+                       log=lambda m: None)
+  assert calls == ["nope/seed0"]
+  assert status == {"swa16/seed0": "skipped", "nope/seed0": "done", "swa16/seed1": "skipped",
+                    "nope/seed1": "skipped"}
+  assert os.path.exists(tmp_path / "records" / "nope" / "seed0.tar.gz")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity")
+def test_execute_pins_each_slot_to_its_own_cores(tmp_path, monkeypatch):
+  seen = []
+  monkeypatch.setattr(sweep, "commands", lambda run, **kw: [[
+      sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]])
+  run = sweep.Run("configs/small.py", "swa16", 0, str(tmp_path))
+  sweep.execute(run, slot=0, threads=1, log=seen.append)
+  cores = open(os.path.join(run.workdir, "sweep.log")).read().strip()
+  assert cores == str([sorted(os.sched_getaffinity(0))[0]])
+  with pytest.raises(ValueError, match="cores"):
+    sweep.execute(run, slot=64, threads=1, log=seen.append)
