@@ -69,3 +69,12 @@ def test_clustered_correlation_does_not_count_seeds_as_independent_configs():
   ys0 = [rng.normal(0, 1, 10) for _ in range(6)]
   c0 = findings.clustered_correlation(xs0, ys0, resamples=500)
   assert c0["low"] < 0 < c0["high"]
+
+
+def test_seeds_to_decide_is_the_first_n_at_which_the_t_test_would_pass():
+  v = verdict([0.1, 0.5, -0.1, 0.3])  # mean 0.2, SD ≈ 0.258: t ≈ 1.55 on 3 df
+  n = v.seeds_to_decide()
+  sd = np.std(v.values, ddof=1)
+  passes = lambda k: 0.2 / (sd / np.sqrt(k)) > scipy.stats.t.ppf(0.975, k - 1)
+  assert v.verdict == "inconclusive" and passes(n) and not passes(n - 1)
+  assert f"about {n} seeds" in v.note

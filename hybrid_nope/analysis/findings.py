@@ -83,6 +83,8 @@ class Verdict:
     v = self.verdict
     if self.se is None:
       return f"{self.n} seed(s): no seed-level error"
+    if not self.se > 0:
+      return f"{self.n} seeds with identical values: no seed-level spread to test against"
     if v == "reproduced":
       return f"t = {self.t:+.1f} on {self.n - 1} df (critical {self.critical:.2f})"
     if v == "refuted":
@@ -91,13 +93,20 @@ class Verdict:
                 f"df")
       return (f"the 95% interval excludes effects ≥ {self.min_effect:.3g} in the claimed "
               f"direction (power to have seen one)")
-    sd = self.se * math.sqrt(self.n)
     if self.sign * self.mean > 0:
-      needed = math.ceil((2.0 * sd / abs(self.mean)) ** 2) + 1
-      return (f"t = {self.t:+.1f} on {self.n - 1} df; at this mean and spread about {needed} "
-              f"seeds would decide it")
+      needed = self.seeds_to_decide()
+      return (f"t = {self.t:+.1f} on {self.n - 1} df; at this mean and spread about "
+              f"{needed if needed else 'more than 1000'} seeds would decide it")
     return (f"t = {self.t:+.1f} on {self.n - 1} df, against the claim's direction but not "
             f"significant; a minimal effect of interest would decide it")
+
+  def seeds_to_decide(self, most: int = 1000) -> int | None:
+    """The fewest seeds at which the observed mean and seed SD would pass the t test."""
+    sd = self.se * math.sqrt(self.n)
+    for n in range(max(self.n, 2), most + 1):
+      if abs(self.mean) / (sd / math.sqrt(n)) > scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1):
+        return n
+    return None
 
   def row(self) -> dict:
     return {"finding": self.finding, "statistic": self.statistic, "null": self.null,

@@ -21,6 +21,9 @@ from hybrid_nope.analysis import compare
 from hybrid_nope.analysis.findings import Verdict, clustered_correlation, paired
 
 INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
+# The smallest effects the findings mean, for "refuted with the power to have seen it": a
+# cosine gap or floor moved by 0.01, an eval loss by 0.01 nats, one more significant flip.
+MIN_COSINE, MIN_LOSS, MIN_FLIPS = 0.01, 0.01, 1.0
 
 
 def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, str]]:
@@ -78,16 +81,16 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
         f"{e}: recency exists at init", "gap − shuffled-token gap at the global layers' "
         "input, step 0", "the same model on tokens shuffled within documents",
         list(per_seed(rs, lambda r: r.global_input(0, "gap")
-                      - r.global_input(0, "shuffled_gap")).values())))
+                      - r.global_input(0, "shuffled_gap")).values()), min_effect=MIN_COSINE))
     out.append(Verdict(
         f"{e}: recency strengthens with training", "gap(final) − gap(step 0), global input",
         "no change (paired within each run)",
         list(per_seed(rs, lambda r: r.global_input(r.final, "gap")
-                      - r.global_input(0, "gap")).values())))
+                      - r.global_input(0, "gap")).values()), min_effect=MIN_COSINE))
     out.append(Verdict(
         f"{e}: recency strengthens with depth", "gap at the last global layer's input − at the "
         "first, final step", "no change with depth",
-        list(per_seed(rs, lambda r: _depth(r)).values())))
+        list(per_seed(rs, lambda r: _depth(r)).values()), min_effect=MIN_COSINE))
   for e in local:
     rs = runs[e]
     out.append(Verdict(
@@ -95,12 +98,12 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
         "(norm output − its input), mean over layers, final", "no change", list(per_seed(
             rs, lambda r: np.mean([r.mean(r.final, m, "floor_change")
                                    for m in ("pre_mixer_norm", "pre_mlp_norm")])).values()),
-        sign=-1))
+        sign=-1, min_effect=MIN_COSINE))
     out.append(Verdict(
         f"{e}: norms raise the gap", "gap change of the two norms, mean over layers, final",
         "no change", list(per_seed(rs, lambda r: np.mean([
             r.mean(r.final, m, "gap_change") for m in ("pre_mixer_norm", "pre_mlp_norm")
-        ])).values())))
+        ])).values()), min_effect=MIN_COSINE))
     kind = "linear" if e == "gla" else "swa"
     out.append(Verdict(
         f"{e}: the local mixer raises the gap most", "gap change of the local mixer branch − "
@@ -110,25 +113,30 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
                 r.mean(r.final, "mixer", "gap_change", "global"),
                 r.mean(r.final, "mlp", "gap_change"),
                 r.mean(r.final, "pre_mixer_norm", "gap_change"),
-                r.mean(r.final, "pre_mlp_norm", "gap_change"))).values())))
+                r.mean(r.final, "pre_mlp_norm", "gap_change"))).values()),
+        min_effect=MIN_COSINE))
     for module, what in (("residual_1", "the mixer's residual add"),
                          ("residual_2", "the MLP's residual add")):
       out.append(Verdict(
           f"{e}: {what} lowers the gap", f"gap of {module} − gap of the stream it adds to, "
           "mean over layers, final", "no change", list(per_seed(
-              rs, lambda r, m=module: r.mean(r.final, m, "gap_change")).values()), sign=-1))
+              rs, lambda r, m=module: r.mean(r.final, m, "gap_change")).values()), sign=-1,
+          min_effect=MIN_COSINE))
       out.append(Verdict(
           f"{e}: {what} raises the floor", f"floor of {module} − floor of the stream it adds "
           "to, final", "no change", list(per_seed(
-              rs, lambda r, m=module: r.mean(r.final, m, "floor_change")).values())))
+              rs, lambda r, m=module: r.mean(r.final, m, "floor_change")).values()),
+          min_effect=MIN_COSINE))
     out.append(Verdict(
         f"{e}: the MLP lowers the gap", "gap of the MLP output − of its normalised input, "
         "final", "no change", list(per_seed(
-            rs, lambda r: r.mean(r.final, "mlp", "gap_change")).values()), sign=-1))
+            rs, lambda r: r.mean(r.final, "mlp", "gap_change")).values()), sign=-1,
+        min_effect=MIN_COSINE))
     out.append(Verdict(
         f"{e}: global NoPE attention raises the gap (weakly)", "gap of the global mixer output "
         "− of its normalised input, final", "no change", list(per_seed(
-            rs, lambda r: r.mean(r.final, "mixer", "gap_change", "global")).values())))
+            rs, lambda r: r.mean(r.final, "mixer", "gap_change", "global")).values()),
+        min_effect=MIN_COSINE))
   for e in local + (["nope"] if have("nope") else []):
     null = (nulls.get(e) or {}).get("logit_gap") or {}
     mu = null.get("mean") or 0.0
@@ -136,36 +144,41 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
         f"{e}: logit recency appears with training", "head- and layer-mean logit gap at the "
         "final step − the init-null mean", f"the empirical init null (mean {mu:+.4f}, SD "
         f"{null.get('sd') or float('nan'):.4f} over fresh initialisations)",
-        list(per_seed(runs[e], lambda r: r.summary["logit_gap"] - mu).values())))
+        list(per_seed(runs[e], lambda r: r.summary["logit_gap"] - mu).values()),
+        min_effect=null.get("sd")))
   if have("swa16", "swa256"):
     out.append(Verdict(
         "smaller windows give steeper profiles", "f(1) − f(16) at the global input, swa16 − "
         "swa256, paired by seed, final", "no difference",
         paired(per_seed(runs["swa16"], lambda r: r.steepness(r.final, 16)),
-               per_seed(runs["swa256"], lambda r: r.steepness(r.final, 16)))))
+               per_seed(runs["swa256"], lambda r: r.steepness(r.final, 16))),
+        min_effect=MIN_COSINE))
     out.append(Verdict(
         "smaller windows reach lower loss", "final eval loss, swa16 − swa256, paired by seed",
         "no difference", paired(
             per_seed(runs["swa16"], lambda r: r.summary["eval_loss"]),
-            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), sign=-1))
+            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), sign=-1,
+        min_effect=MIN_LOSS))
   if have("swa16_flops256", "swa256"):
     out.append(Verdict(
         "smaller windows reach lower loss at equal FLOPs", "final eval loss, swa16 trained for "
         "swa256's FLOPs − swa256, paired by seed", "no difference", paired(
             per_seed(runs["swa16_flops256"], lambda r: r.summary["eval_loss"]),
-            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), sign=-1))
+            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), sign=-1,
+        min_effect=MIN_LOSS))
   if have("nopeswa256", "swa256"):
     out.append(Verdict(
         "NoPE-in-SWA with a large window: the logit gap swings in sign",
         "significant logit-gap sign flips, nopeswa256 − swa256, paired by seed",
         "no difference", paired(
             per_seed(runs["nopeswa256"], lambda r: r.summary["logit_gap_sign_flips"]),
-            per_seed(runs["swa256"], lambda r: r.summary["logit_gap_sign_flips"]))))
+            per_seed(runs["swa256"], lambda r: r.summary["logit_gap_sign_flips"])),
+        min_effect=MIN_FLIPS))
     out.append(Verdict(
         "NoPE-in-SWA with a large window: the loss collapses (is worse)",
         "final eval loss, nopeswa256 − swa256, paired by seed", "no difference", paired(
             per_seed(runs["nopeswa256"], lambda r: r.summary["eval_loss"]),
-            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"]))))
+            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), min_effect=MIN_LOSS))
   return out
 
 
@@ -232,7 +245,7 @@ def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) ->
     found = verdicts(runs, nulls)
     corr = extrapolation_correlation(runs)
     text = render(result["rows"], found, corr, {e: len(v) for e, v in runs.items()},
-                  intro.format(commit=_git_head()))
+                  intro.replace("{commit}", _git_head()))
   with open(out_md, "w") as f:
     f.write(text)
   return {"rows": result["rows"], "verdicts": [v.row() for v in found], "correlation": corr}
