@@ -34,7 +34,7 @@ def records_for(size: str, num_lags: int):
                        model__num_heads=heads, model__num_kv_heads=heads, model__d_model=32)
   lags = [*range(1, min(num_lags, 32)), 32]  # Far lag 32 (the tiny config's), below seq_len 64.
   model_def, params = init_model(config.model, seed=0)
-  hook = RecencyHook(config, model_def, pipeline.eval_batches(config), writer=None, lags=lags)
+  hook = RecencyHook(config, model_def, pipeline.probe_pool(config), writer=None, lags=lags)
   return config, hook.records(0, params)
 
 

@@ -62,7 +62,7 @@ def main():
   args = p.parse_args()
   config = checkpoints.load_config(args.workdir)
   model_def, init_params = init_model(config.model, config.train.seed)
-  hook = RecencyHook(config, model_def, pipeline.eval_batches(config), writer=None)
+  hook = RecencyHook(config, model_def, pipeline.probe_pool(config), writer=None)
   for step in (int(s) for s in args.steps.split(",")):
     params = init_params if step == 0 else checkpoints.restore_params(args.workdir, config,
                                                                       step)[2]

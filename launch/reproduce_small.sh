@@ -1,22 +1,15 @@
 #!/usr/bin/env bash
-# The small-scale reproduction of docs/results.md: trains configs/small.py's sweep, analyses
-# each run, compares them, and copies the figures and table into docs/results/.
-#   bash launch/reproduce_small.sh [RUNS_DIR]        (about 30 minutes on 2 CPU cores)
+# The small-scale reproduction of docs/results.md: the resumable multi-seed sweep of
+# configs/small.py (each finished run's records packed under docs/results/runs/), then the page
+# regenerated from those records alone.
+#   bash launch/reproduce_small.sh [RUNS_DIR]    (hours on 2 CPU cores: docs/performance.md;
+#                                                 rerun after a kill and it resumes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=${1:-workdirs/small}
+RUNS=${1:-workdirs/sweep}
 PY=.venv/bin/python
-for e in swa16 swa64 swa256 nopeswa64 nopeswa256 gla nope; do
-  [ -f "$RUNS/$e/checkpoints/160/state/_METADATA" ] || \
-    $PY launch/train.py --config=configs/small.py:$e --workdir="$RUNS/$e"
-  $PY launch/analyze.py --workdir="$RUNS/$e" --lengths=1,2
-done
-$PY launch/compare.py "$RUNS"/swa16 "$RUNS"/swa64 "$RUNS"/swa256 "$RUNS"/nopeswa64 "$RUNS"/nopeswa256 "$RUNS"/gla \
-    "$RUNS"/nope --out="$RUNS/compare"
-mkdir -p docs/results
-cp "$RUNS"/compare/*.png "$RUNS"/compare/compare.md docs/results/
-for e in swa16 nope; do
-  for f in "$RUNS/$e"/analysis/step_160/*_T1024.png; do
-    cp "$f" "docs/results/${e}_$(basename "$f")"
-  done
-done
+$PY launch/sweep.py --experiments=swa16,nope --seeds=0,1,2,3,4 --root="$RUNS"
+$PY launch/sweep.py --experiments=swa64,swa256,nopeswa256,nopeswa64,gla --seeds=0,1,2,3,4 \
+    --root="$RUNS"
+$PY launch/sweep.py --experiments=swa16_flops256 --seeds=0,1,2,3,4 --init_seeds=0 --root="$RUNS"
+$PY launch/results.py

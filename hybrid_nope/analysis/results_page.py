@@ -199,6 +199,19 @@ def extrapolation_correlation(runs: dict[str, dict[int, Run]]) -> dict:
   return clustered_correlation(xs, ys)
 
 
+def norm_effect_over_training(runs: dict[int, Run]) -> list[tuple[int, float, float | None]]:
+  """(step, seed mean, seed SE) of the norms' floor change (mean of pre_mixer_norm and
+  pre_mlp_norm over layers) at every step all seeds recorded: when the gains start to act."""
+  steps = sorted(set.intersection(*(set(r.by_step) for r in runs.values())))
+  out = []
+  for step in steps:
+    v = Verdict("", "", "", [float(np.mean([r.mean(step, m, "floor_change")
+                                            for m in ("pre_mixer_norm", "pre_mlp_norm")]))
+                             for r in runs.values()])
+    out.append((step, v.mean, v.se))
+  return out
+
+
 def _git_head() -> str:
   try:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -211,7 +224,23 @@ def _fmt(v, spec):
   return "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) else format(v, spec)
 
 
-def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro: str) -> str:
+def _norm_section(name: str, series) -> list[str]:
+  # Above float32 rounding too: at init the change is ~1e-8 with an even smaller SE.
+  moving = next((step for step, m, se in series if se and abs(m) > max(2 * se, 1e-4)), None)
+  lines = [f"## When the norm gains move ({name})", "",
+           "The norms' effect on the floor (norm output − its input, mean over layers and both "
+           "norms), seed mean ± seed SE, at each recorded step; at init the gains are 1 and "
+           "RMSNorm leaves every cosine unchanged, so any change is the gains moving. First step "
+           f"beyond 2 SE of 0 (and 1e-4): {moving if moving is not None else 'none'}.", "",
+           "| step | " + " | ".join(str(s) for s, _, _ in series) + " |",
+           "|" + "---|" * (len(series) + 1),
+           "| floor change | " + " | ".join(f"{_fmt(m, '+.4f')} ± {_fmt(se, '.4f')}"
+                                          for _, m, se in series) + " |", ""]
+  return lines
+
+
+def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro: str,
+           norm_series: dict | None = None) -> str:
   lines = [intro, "", f"Records: {sum(counts.values())} runs — " + ", ".join(
       f"{e} ×{n}" for e, n in sorted(counts.items())) + ".", "", "## The sweep", "",
       compare.table(rows), "", "## Verdicts", "",
@@ -220,7 +249,10 @@ def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro
   for v in found:
     lines.append(f"| {v.finding} | {v.statistic} | {v.null} | {v.n} | "
                  f"{_fmt(v.mean, '+.4f')} ± {_fmt(v.se, '.4f')} | **{v.verdict}** | {v.note} |")
-  lines += ["", "## Length extrapolation and recency", "",
+  lines.append("")
+  for name, series in (norm_series or {}).items():
+    lines += _norm_section(name, series)
+  lines += ["## Length extrapolation and recency", "",
             f"Pearson r of the 2× extrapolation ratio with the gap (global input, training "
             f"length), over {corr.get('points', 0)} runs in {corr['groups']} configs: "
             f"{_fmt(corr['r'], '+.3f')}, 95% interval [{_fmt(corr['low'], '+.3f')}, "
@@ -244,8 +276,10 @@ def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) ->
                      None) for e, rs in runs.items()}
     found = verdicts(runs, nulls)
     corr = extrapolation_correlation(runs)
+    norm_series = {e: norm_effect_over_training(rs) for e, rs in runs.items()
+                   if e in ("swa16", "swa64") and len(rs) >= 2}
     text = render(result["rows"], found, corr, {e: len(v) for e, v in runs.items()},
-                  intro.replace("{commit}", _git_head()))
+                  intro.replace("{commit}", _git_head()), norm_series)
   with open(out_md, "w") as f:
     f.write(text)
   return {"rows": result["rows"], "verdicts": [v.row() for v in found], "correlation": corr}
