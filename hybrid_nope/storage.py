@@ -67,6 +67,12 @@ def read_text(path: str) -> str:
     return f.read()
 
 
+def read_bytes(path: str) -> bytes:
+  fs, p = _fs(path)
+  with fs.open(p, "rb") as f:
+    return f.read()
+
+
 def read_jsonl(path: str) -> list[dict]:
   """The records of a JSONL file, one per non-blank line. A torn last line (a writer killed
   mid-line, or a live run read while it writes) is dropped with a warning; any other line that

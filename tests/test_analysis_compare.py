@@ -11,7 +11,7 @@ import scipy.stats
 
 from matplotlib import image
 
-from hybrid_nope.analysis import checkpoints, compare, report, seed_stats
+from hybrid_nope.analysis import checkpoints, compare, recency, report, seed_stats
 from hybrid_nope.analysis.hook import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from tests.analysis_runs import analyzed_run
@@ -388,3 +388,29 @@ def test_rows_are_paired_by_seed_against_the_baseline_and_set_against_the_init_n
   text = result["markdown"]
   assert "## Paired by seed against nope (3 seeds)" in text
   assert "| swa4 (3 seeds) | " in text.split("## Paired by seed")[1]
+
+
+def test_gap_since_init_is_paired_over_the_probe_documents_from_the_sums_files(
+    tmp_path_factory, tmp_path):
+  """A real run: the change of the run gap from step 0 to the last step, and its SE from the
+  two steps' per-cluster sums, against the same contrast built by hand."""
+  workdir, _ = analyzed_run(tmp_path_factory)
+  run = compare.load_run(workdir)
+  records_ = compare.read_jsonl(os.path.join(workdir, "recency.jsonl"))
+  last = max(r["step"] for r in records_)
+  gap = lambda step: np.mean([r["gap"] for r in records_ if r["step"] == step
+                              and r["layer_type"] == "global"
+                              and r["module"] == "pre_mixer_norm"])
+  assert run["gap_since_init"] == pytest.approx(gap(last) - gap(0), abs=1e-5)
+  (s0, lags, far), (s1, _, _) = compare.read_sums(workdir, 0), compare.read_sums(workdir, last)
+  near_i, far_i = lags.index(1), lags.index(far)
+  keys = [k for k in s0 if k.endswith("/pre_mixer_norm") and k.split("/")[0] in
+          {str(r["layer"]) for r in records_ if r["layer_type"] == "global"}]
+  terms = []
+  for k in keys:
+    for sums, sign in ((s1, 1.0), (s0, -1.0)):
+      terms += [(sign / len(keys), sums[k][near_i], sums["counts"][near_i]),
+                (-sign / len(keys), sums[k][far_i], sums["counts"][far_i])]
+  assert run["gap_since_init_stderr"] == pytest.approx(
+      float(recency.contrast_stderr(terms)), rel=1e-6)
+  assert run["gap_since_init_stderr"] > 0

@@ -26,7 +26,8 @@ import numpy as np
 import scipy.stats
 
 from hybrid_nope import storage
-from hybrid_nope.analysis import checkpoints, init_null, report, seed_stats, sweep_plots
+from hybrid_nope.analysis import checkpoints, init_null, records, report, seed_stats
+from hybrid_nope.analysis import sweep_plots
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
@@ -36,12 +37,14 @@ SEED_KEY = ("train", "seed")
 DATA_SEED_KEY = ("data", "seed")
 # Row values aggregated over seeds (mean ± SE); for one seed the ± is the measurement standard
 # error named here, where the summary has one.
-AGGREGATED = ("eval_loss", "gap", "floor", "gap_matched", "shuffled_gap", "logit_gap",
+AGGREGATED = ("eval_loss", "gap", "floor", "gap_matched", "shuffled_gap", "gap_since_init",
+              "logit_gap",
               "alignment", "data_gap", "logit_gap_sign_flips", "extrapolation_gap",
               "extrapolation_logit_gap", "mean_decay", "recency_scale")
 # Summary statistics shown as z against the empirical init null (analyze.py --init_seeds).
 NULL_Z = ("gap", "floor", "logit_gap", "alignment")
 MEASUREMENT_SE = {"gap": "gap_stderr", "logit_gap": "logit_gap_stderr",
+                  "gap_since_init": "gap_since_init_stderr",
                   "alignment": "alignment_stderr",
                   "extrapolation_gap": "extrapolation_gap_stderr",
                   "extrapolation_logit_gap": "extrapolation_logit_gap_stderr"}
@@ -80,6 +83,36 @@ def _latest_init_null(workdir: str) -> dict | None:
     if files:
       return json.loads(storage.read_text(storage.join(root, name, sorted(files)[0])))["summary"]
   return None
+
+
+def read_sums(workdir: str, step: int) -> tuple[dict, tuple, int] | None:
+  """The per-cluster sums of one measurement (recency_sums/step_<N>.npz), or None."""
+  path = storage.join(workdir, records.sums_file(step))
+  if not storage.exists(path):
+    return None
+  return records.decode_sums(storage.read_bytes(path))
+
+
+def summary_keys(step_records: Sequence[dict]) -> list[str]:
+  """The sums keys of the boundaries the run summary averages (global layers' inputs)."""
+  return [f"{r['layer']}/{r['module']}" for r in step_records
+          if r["layer_type"] == "global" and r["module"] == report.SUMMARY_MODULE]
+
+
+def _since_init(workdir: str, by_step_records: dict) -> dict:
+  """The run gap's change from step 0 to the last step, with its SE paired over the probe's
+  documents (both steps measure the same probe), from the two steps' per-cluster sums."""
+  final = max(by_step_records)
+  init, last = read_sums(workdir, 0), read_sums(workdir, final)
+  if init is None or last is None or final == 0:
+    return {"gap_since_init": None, "gap_since_init_stderr": None}
+  keys = summary_keys(by_step_records[final])
+  (s0, lags, far), (s1, _, _) = init, last
+  terms = (records.mean_gap_terms(s1, keys, lags, far)
+           + records.mean_gap_terms(s0, keys, lags, far, sign=-1.0))
+  value = sum(a * np.sum(sc) / np.sum(nc) for a, sc, nc in terms)
+  return {"gap_since_init": float(value),
+          "gap_since_init_stderr": records.paired_stderr(terms)}
 
 
 def _known(value) -> bool:
@@ -146,6 +179,7 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
       "ratio": {},
       "init_null": _latest_init_null(workdir),
   }
+  run.update(_since_init(workdir, by_step_records))
   ext = _latest_extrapolation(workdir)
   if ext is not None:
     rows = {row["factor"]: row for row in ext["lengths"]}
@@ -286,6 +320,7 @@ COLUMNS = (
     ("final eval loss", "eval_loss", ".4f"), ("recency step", "step", ""),
     ("gap", "gap", ".4f"), ("floor", "floor", ".4f"), ("data gap", "data_gap", ".4f"),
     ("gap z (init null)", "gap_null_z", "+.1f"),
+    ("gap − gap at init", "gap_since_init", "+.4f"),
     ("gap, queries with far lag", "gap_matched", ".4f"),
     ("shuffled-token gap", "shuffled_gap", ".4f"),
     ("logit gap", "logit_gap", "+.4f"), ("logit gap random-M null", "logit_gap_null", ".3g"),
@@ -334,6 +369,8 @@ def markdown(rows: Sequence[dict], corr: dict) -> str:
       "f(L), so both terms average the same queries; shuffled-token gap: the same model and "
       "step on the probe with tokens shuffled inside each document (the like-for-like "
       "control).",
+      "- gap − gap at init: the run gap's change over training; for one run ± its SE paired "
+      "over the probe's documents (recency_sums/ of step 0 and the last step).",
       "- z (init null): (row mean − mean over fresh initialisations) / (their SD / sqrt(n "
       "seeds)), from `launch/analyze.py --init_seeds=K` on the probe; — where not measured.",
       f"- logit-gap sign flips: over the recorded steps after init, how often the logit gap "

@@ -53,6 +53,14 @@ def gap_terms(sums_LC, counts_LC, near: int, far: int, sign: float = 1.0):
   return [(sign, sums_LC[near], counts_LC[near]), (-sign, sums_LC[far], counts_LC[far])]
 
 
+def mean_gap_terms(sums: dict, keys, lags, far: int, sign: float = 1.0):
+  """The mean over `keys` (e.g. every global layer's input) of their gaps, as contrast terms."""
+  near_i, far_i = near_far(lags, far)
+  n = np.asarray(sums["counts"], np.float64)
+  return [term for key in keys for term in gap_terms(np.asarray(sums[key], np.float64), n,
+                                                     near_i, far_i, sign / len(keys))]
+
+
 def paired_stderr(terms) -> float:
   """Standard error of a contrast of ratio means over shared clusters (steps or runs on one
   probe): `recency.contrast_stderr`, as a float."""
