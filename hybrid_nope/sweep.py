@@ -129,6 +129,22 @@ def _cores(slot: int, threads: int) -> set[int]:
   return set(chosen)
 
 
+def trained_steps(workdir: str) -> tuple[int, int]:
+  """(last step with a training loss in metrics.jsonl, train.steps of config.json)."""
+  with open(os.path.join(workdir, "config.json")) as f:
+    steps = int(json.load(f)["train"]["steps"])
+  last = 0
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:  # A torn last line.
+        continue
+      if "loss" in record:
+        last = max(last, int(record["step"]))
+  return last, steps
+
+
 def execute(run: Run, *, slot: int, threads: int, log: Callable[[str], None],
             **command_args) -> float:
   """Trains and analyses one run pinned to its cores; returns its seconds. Raises on failure,
@@ -138,12 +154,17 @@ def execute(run: Run, *, slot: int, threads: int, log: Callable[[str], None],
   cores = _cores(slot, threads)
   start = time.time()
   with open(log_path, "a") as out:
-    for command in commands(run, **command_args):
+    for index, command in enumerate(commands(run, **command_args)):
       result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                               preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False)
       if result.returncode:
         raise RuntimeError(f"{run.name}: `{' '.join(command)}` exited {result.returncode}; "
                            f"see {log_path}")
+      if index == 0:  # A preempted train.py saves and exits 0: never analyse a partial run.
+        last, steps = trained_steps(run.workdir)
+        if last < steps:
+          raise RuntimeError(f"{run.name}: training stopped at step {last} of {steps} "
+                             "(preempted?); rerun the sweep to resume it")
   seconds = time.time() - start
   log(f"{run.name} finished in {seconds:.0f} s on cores {sorted(cores)}")
   return seconds

@@ -99,9 +99,27 @@ def test_execute_pins_each_slot_to_its_own_cores(tmp_path, monkeypatch):
   seen = []
   monkeypatch.setattr(sweep, "commands", lambda run, **kw: [[
       sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]])
+  monkeypatch.setattr(sweep, "trained_steps", lambda workdir: (1, 1))
   run = sweep.Run("configs/small.py", "swa16", 0, str(tmp_path))
   sweep.execute(run, slot=0, threads=1, log=seen.append)
   cores = open(os.path.join(run.workdir, "sweep.log")).read().strip()
   assert cores == str([sorted(os.sched_getaffinity(0))[0]])
   with pytest.raises(ValueError, match="cores"):
     sweep.execute(run, slot=64, threads=1, log=seen.append)
+
+
+def test_a_preempted_training_is_not_analysed(tmp_path, monkeypatch):
+  """train.py saves and exits 0 when preempted: the runner must see the run is short of
+  train.steps and stop before analysing or marking it done."""
+  run = sweep.Run("configs/small.py", "swa16", 0, str(tmp_path))
+  os.makedirs(run.workdir)
+  with open(os.path.join(run.workdir, "config.json"), "w") as f:
+    json.dump({"train": {"steps": 640}}, f)
+  with open(os.path.join(run.workdir, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"step": 101, "loss": 1.9}) + "\n" + '{"step": 10')  # torn last line
+  ran = []
+  monkeypatch.setattr(sweep, "commands", lambda run, **kw: [
+      [sys.executable, "-c", "pass"], [sys.executable, "-c", "raise SystemExit(7)"]])
+  with pytest.raises(RuntimeError, match="stopped at step 101 of 640"):
+    sweep.execute(run, slot=0, threads=1, log=ran.append)
+  assert sweep.trained_steps(run.workdir) == (101, 640)
