@@ -1,7 +1,9 @@
 """A resumable sweep: configs x seeds, each run trained, analysed and its records packed.
 
 A run is `ROOT/<experiment>/seed<k>` (`--config=configs/<file>:<experiment>
---config.train.seed=k`). The runner skips a run whose `sweep_done.json` exists, resumes a
+--config.train.seed=k`). The runner skips a run whose `sweep_done.json` exists or whose records
+are already packed under `records_dir` (so a fresh clone on a new machine goes on from the
+committed records), resumes a
 partial one (launch/train.py resumes from the workdir's newest checkpoint, analyze.py is
 rerun whole), and starts the rest. After a run finishes, its records (config, metrics,
 recency, per-cluster sums, probe, analysis JSON; never checkpoints) are packed into one
@@ -185,8 +187,10 @@ def sweep(runs: Sequence[Run], *, parallel: int, threads: int, records_dir: str 
   `init_seeds` fresh initialisations are measured for the runs of seed `init_seed_of` only:
   the init null depends on the config, not on the run's seed.
   """
-  status = {r.name: "skipped" for r in runs if r.done}
-  todo = [r for r in runs if not r.done]
+  # Done: marked in its workdir, or (a new machine, a fresh clone) its records already packed.
+  packed = lambda r: records_dir is not None and os.path.exists(pack_path(records_dir, r))
+  status = {r.name: "skipped" for r in runs if r.done or packed(r)}
+  todo = [r for r in runs if r.name not in status]
   log(f"sweep: {len(status)} of {len(runs)} runs done, {len(todo)} to run, {parallel} at a time "
       f"x {threads} threads")
   free_slots = list(range(parallel))

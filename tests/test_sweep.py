@@ -123,3 +123,17 @@ def test_a_preempted_training_is_not_analysed(tmp_path, monkeypatch):
   with pytest.raises(RuntimeError, match="stopped at step 101 of 640"):
     sweep.execute(run, slot=0, threads=1, log=ran.append)
   assert sweep.trained_steps(run.workdir) == (101, 640)
+
+
+def test_a_fresh_clone_skips_runs_whose_records_are_committed(tmp_path, monkeypatch):
+  """No workdirs (a new machine), but the packs of finished runs are in the repository."""
+  records = tmp_path / "records"
+  (records / "swa16").mkdir(parents=True)
+  (records / "swa16" / "seed0.tar.gz").write_bytes(b"")
+  calls = []
+  monkeypatch.setattr(sweep, "execute", lambda run, **kw: calls.append(run.name) or
+                      fake_run_dir(run.workdir) or 1.0)
+  runs = sweep.plan("configs/small.py", ["swa16"], [0, 1], str(tmp_path / "runs"))
+  status = sweep.sweep(runs, parallel=1, threads=1, records_dir=str(records),
+                       log=lambda m: None)
+  assert calls == ["swa16/seed1"] and status["swa16/seed0"] == "skipped"
