@@ -98,7 +98,8 @@ def test_gaps_within_noise_are_hatched(hybrid):
   values = np.linspace(0.3, 0.6, n)
   values[5] = 0.01
   changed, layered = with_values(records, "gap", values)
-  layered[5]["stderr"] = [0.05] * len(layered[5]["lags"])  # 0.01 < 2 se: noise.
+  layered[5]["stderr"] = [0.05] * len(layered[5]["lags"])
+  layered[5]["gap_stderr"] = 0.05  # 0.01 < 2 se: noise.
   fig = live_figures.heatmap_figure(changed, "gap")
   patches = cell_pixels(fig, decode(live_figures.png(fig)), layered, radius=4)
   distinct = [len(np.unique(p, axis=0)) for p in patches]

@@ -31,8 +31,10 @@ def eval_path(tmp_path_factory):
 
 
 def config(eval_path, **overrides):
+  # The fixture has 12 chapters: the probe is chosen from 8 of them.
   return tiny_config(data__source="mds", data__path=PROLONG, data__domains=DOMAINS,
-                     eval__path=eval_path, model__vocab_size=258, **overrides)
+                     eval__path=eval_path, model__vocab_size=258, metrics__probe_pool_rows=8,
+                     **overrides)
 
 
 def records(workdir):

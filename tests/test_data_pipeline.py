@@ -184,3 +184,18 @@ def test_position_buckets():
 def test_batch_size_not_divisible_by_process_count():
   with pytest.raises(ValueError, match=r"data\.batch_size"):
     pipeline.train_iterator(make_config(), process_index=0, process_count=3)
+
+
+def test_probe_pool_is_the_first_eval_rows_whatever_the_seed():
+  config = make_config()
+  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 20})
+  pool = pipeline.probe_pool(config)
+  rows = pipeline.packed_rows(config, "eval")
+  for k in pipeline.BATCH_KEYS:
+    np.testing.assert_array_equal(pool[k], rows[k][:20])
+  config.data.seed = 7  # The data order's seed moves the training stream, not the probe.
+  for k in pipeline.BATCH_KEYS:
+    np.testing.assert_array_equal(pipeline.probe_pool(config)[k], pool[k])
+  config.metrics.probe_pool_rows = len(rows["inputs"]) + 1
+  with pytest.raises(ValueError, match="metrics.probe_pool_rows"):
+    pipeline.probe_pool(config)

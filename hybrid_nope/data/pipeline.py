@@ -43,30 +43,30 @@ def _stdlib_packed(split: str, seq_len: int, eval_fraction: float) -> dict[str, 
   return rows
 
 
-def _eval_rows_wanted(config) -> int:
-  """Eval rows the run reads: its eval batches, or the recency probe's pool if that is more."""
-  return max(_positive_int(config, "eval.batch_size") * _positive_int(config, "eval.num_batches"),
-             _positive_int(config, "metrics.probe_pool_rows"))
-
-
-def _stdlib_rows(config, split: str) -> dict[str, np.ndarray]:
+def _stdlib_rows(config, split: str, num_rows_key: str | None = None) -> dict[str, np.ndarray]:
+  del num_rows_key  # The whole split is in memory; callers take the rows they need.
   return _stdlib_packed(split, _positive_int(config, "data.seq_len"),
                        validate.eval_fraction(config))
 
 
-def _mds_rows(config, split: str):
+def _mds_rows(config, split: str, num_rows_key: str | None = None):
   """Train split: the ProLong mixture, an infinite grain MapDataset of rows (element k is the
   k-th row of the global stream). Eval split: TextbookChapters rows, in memory (the first rows
-  of a fixed order, as many as the eval batches or the probe's pool need)."""
+  of a fixed order: as many as the eval batches need, or the int at `num_rows_key`)."""
   seq_len = _positive_int(config, "data.seq_len")
   vocab_size = _positive_int(config, "model.vocab_size")
   if split == "eval":
     from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
     path = validate.string(config, "eval.path", "the prepared TextbookChapters directory",
                            nonempty=True)
-    return textbook_chapters.eval_rows(path, seq_len=seq_len, num_rows=_eval_rows_wanted(config),
+    if num_rows_key is None:
+      num_rows = _positive_int(config, "eval.batch_size") * _positive_int(config,
+                                                                          "eval.num_batches")
+    else:
+      num_rows = _positive_int(config, num_rows_key)
+    return textbook_chapters.eval_rows(path, seq_len=seq_len, num_rows=num_rows,
                                        vocab_size=vocab_size,
-                                       num_rows_key="eval.num_batches or metrics.probe_pool_rows")
+                                       num_rows_key=num_rows_key or "eval.num_batches")
   if split != "train":
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
   from hybrid_nope.data import prolong  # pylint: disable=g-import-not-at-top
@@ -80,15 +80,18 @@ def _mds_rows(config, split: str):
 
 
 Rows = Union[dict[str, np.ndarray], grain.MapDataset]
-# name -> fn(config, split) -> rows: a dict of in-memory [S, T] arrays, or (train) an infinite
+# name -> fn(config, split, num_rows_key) -> rows: a dict of in-memory [S, T] arrays, or (train) an infinite
 # grain.MapDataset of row dicts that is already shuffled.
 ROW_SOURCES: dict[str, Callable[..., Rows]] = {"stdlib": _stdlib_rows, "mds": _mds_rows}
 assert tuple(ROW_SOURCES) == validate.DATA_SOURCES, "one reader per validate.DATA_SOURCES name"
 
 
-def packed_rows(config, split: str) -> Rows:
-  """Rows of `split` ("train" or "eval") from the source named by config.data.source."""
-  return ROW_SOURCES[validate.one_of(config, "data.source", validate.DATA_SOURCES)](config, split)
+def packed_rows(config, split: str, num_rows_key: str | None = None) -> Rows:
+  """Rows of `split` ("train" or "eval") from the source named by config.data.source; a source
+  that reads eval rows one by one reads the int at `num_rows_key` of them (default: the eval
+  batches' rows)."""
+  source = ROW_SOURCES[validate.one_of(config, "data.source", validate.DATA_SOURCES)]
+  return source(config, split, num_rows_key)
 
 
 # ---- pipelines ------------------------------------------------------------------------------
@@ -157,7 +160,7 @@ def probe_pool(config) -> dict[str, np.ndarray]:
   probe is chosen from (hybrid_nope.analysis.probe). It depends on the eval data and these keys
   only, never on a seed, so every run of a sweep is measured on the same documents."""
   count = _positive_int(config, "metrics.probe_pool_rows")
-  rows = packed_rows(config, "eval")
+  rows = packed_rows(config, "eval", "metrics.probe_pool_rows")
   if count > len(rows["inputs"]):
     raise ValueError(f"config.metrics.probe_pool_rows={count} but the eval split has only "
                      f"{len(rows['inputs'])} rows")
