@@ -100,6 +100,13 @@ def test_a_trained_run_gets_every_section(tmp_path_factory):
     assert row["floor f(L)"].startswith(f"{r['floor']:.4f} ± ")
   readout = [row for row in rows if row["logit gap (head mean)"]]
   assert [(row["layer"], row["module"]) for row in readout] == [("1", "pre_mixer_norm")]
+  # Each module's effect on what it receives, with its paired SE.
+  by_module = {(int(row["layer"]), row["module"]): row for row in rows}
+  for r in latest:
+    if "gap_change" in r:
+      assert by_module[(r["layer"], r["module"])][
+          "effect on gap (vs what it receives)"].startswith(f"{r['gap_change']:+.4f} ± ")
+  assert "not recorded: init null" in page.text
   assert "Per-layer cosine profiles (step 8)" in page.headings
   # The tiny run sets no eval.length_multiples: said, not left out.
   assert "not recorded: eval_loss@{k}x" in page.text

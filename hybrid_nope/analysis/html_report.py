@@ -23,7 +23,7 @@ from typing import Sequence
 import ml_collections
 
 from hybrid_nope import storage
-from hybrid_nope.analysis import checkpoints, compare, plots, training_plots
+from hybrid_nope.analysis import checkpoints, compare, init_null, plots, report, training_plots
 from hybrid_nope.analysis.hook import PROBE_FILE, RECORD_FILE
 from hybrid_nope.analysis.records import DATA_LAYER
 
@@ -307,12 +307,27 @@ def _recency_sections(run: Run, fig: Figures) -> list[str]:
            fig(plots.floor_gap_by_boundary, a, alt="floor and gap by module"),
            f"<h3>Floor and gap by layer and module (step {a['step']}, ± 1 standard error over "
            f"probe documents)</h3>", module_table(a["records"], a["far_lag"]),
-           "<h3>Logit gap and alignment</h3>"]
+           _null_line(run, a["records"]), "<h3>Logit gap and alignment</h3>"]
   if not plots._readout(a["records"]):
     return parts + [_missing("logit gap and alignment: the model has no global NoPE layer")]
   return parts + [fig(training_plots.readout_over_steps, run.recency, alt="read-out over steps"),
                   fig(plots.logit_profiles, a, alt="logit profiles"),
                   fig(plots.logit_gap_alignment, a, alt="logit gap and alignment by head")]
+
+
+def _null_line(run: Run, records: Sequence[dict]) -> str:
+  """The run summary as z against the empirical init null, where analyze.py measured one."""
+  null = compare._latest_init_null(run.workdir)
+  if not null:
+    return _missing("init null (run `launch/analyze.py --init_seeds=K` to set this step "
+                    "against K fresh initialisations)")
+  now = report.summarize(records)
+  cells = [f"{key.replace('_', ' ')} {plots.fmt(now.get(key), '+.4f')} (z "
+           f"{plots.fmt(init_null.zscore(now.get(key), null.get(key)), '+.1f')})"
+           for key in compare.NULL_Z]
+  draws = next(iter(null.values()))["draws"]
+  return (f'<p class="meta">against {draws} fresh initialisations on the same probe: '
+          f'{_esc(", ".join(cells))}</p>')
 
 
 def run_html(run: Run, fig: Figures) -> str:
