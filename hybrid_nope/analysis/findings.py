@@ -128,8 +128,9 @@ def clustered_correlation(x_by_group: Sequence[Sequence[float]],
   independent evidence."""
   groups = [(np.asarray(x, float), np.asarray(y, float))
             for x, y in zip(x_by_group, y_by_group) if len(x)]
-  if len(groups) < 3:
-    return {"r": None, "low": None, "high": None, "groups": len(groups)}
+  if len(groups) < 3:  # Resampling fewer configs than 3 says nothing about configs.
+    return {"r": None, "low": None, "high": None, "groups": len(groups),
+            "points": int(sum(len(g[0]) for g in groups))}
   def r_of(gs):
     x = np.concatenate([g[0] for g in gs])
     y = np.concatenate([g[1] for g in gs])

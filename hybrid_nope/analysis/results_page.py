@@ -243,7 +243,10 @@ def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro
            norm_series: dict | None = None) -> str:
   lines = [intro, "", f"Records: {sum(counts.values())} runs — " + ", ".join(
       f"{e} ×{n}" for e, n in sorted(counts.items())) + ".", "", "## The sweep", "",
-      compare.table(rows), "", "## Verdicts", "",
+      compare.table(rows), "",
+      "![gap and logit gap vs step](results/gap_vs_step.png)",
+      "![loss vs window](results/loss_vs_window.png)",
+      "![gap vs window](results/gap_vs_window.png)", "", "## Verdicts", "",
       "| finding | statistic (per seed) | null | seeds | mean ± seed SE | verdict | why |",
       "|---|---|---|---|---|---|---|"]
   for v in found:
@@ -257,7 +260,8 @@ def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro
             f"length), over {corr.get('points', 0)} runs in {corr['groups']} configs: "
             f"{_fmt(corr['r'], '+.3f')}, 95% interval [{_fmt(corr['low'], '+.3f')}, "
             f"{_fmt(corr['high'], '+.3f')}] by a bootstrap that resamples whole configs "
-            f"(seeds of one config are not independent evidence about configs).", ""]
+            f"(seeds of one config are not independent evidence about configs; undefined below "
+            f"3 configs).", ""]
   return "\n".join(lines) + "\n"
 
 
