@@ -11,7 +11,7 @@ import scipy.stats
 
 from matplotlib import image
 
-from hybrid_nope.analysis import checkpoints, compare, recency, report, seed_stats
+from hybrid_nope.analysis import checkpoints, compare, recency, report, run_files, seed_stats
 from hybrid_nope.analysis.hook import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from tests.analysis_runs import analyzed_run
@@ -396,13 +396,13 @@ def test_gap_since_init_is_paired_over_the_probe_documents_from_the_sums_files(
   two steps' per-cluster sums, against the same contrast built by hand."""
   workdir, _ = analyzed_run(tmp_path_factory)
   run = compare.load_run(workdir)
-  records_ = compare.read_jsonl(os.path.join(workdir, "recency.jsonl"))
+  records_ = run_files.read_jsonl(os.path.join(workdir, "recency.jsonl"))
   last = max(r["step"] for r in records_)
   gap = lambda step: np.mean([r["gap"] for r in records_ if r["step"] == step
                               and r["layer_type"] == "global"
                               and r["module"] == "pre_mixer_norm"])
   assert run["gap_since_init"] == pytest.approx(gap(last) - gap(0), abs=1e-5)
-  (s0, lags, far), (s1, _, _) = compare.read_sums(workdir, 0), compare.read_sums(workdir, last)
+  (s0, lags, far), (s1, _, _) = run_files.read_sums(workdir, 0), run_files.read_sums(workdir, last)
   near_i, far_i = lags.index(1), lags.index(far)
   keys = [k for k in s0 if k.endswith("/pre_mixer_norm") and k.split("/")[0] in
           {str(r["layer"]) for r in records_ if r["layer_type"] == "global"}]

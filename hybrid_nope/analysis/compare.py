@@ -26,8 +26,8 @@ import numpy as np
 import scipy.stats
 
 from hybrid_nope import storage
-from hybrid_nope.analysis import checkpoints, init_null, records, report, seed_stats
-from hybrid_nope.analysis import sweep_plots
+from hybrid_nope.analysis import checkpoints, report, run_files, seed_stats, sweep_plots
+from hybrid_nope.analysis.run_files import read_jsonl
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
@@ -49,70 +49,6 @@ MEASUREMENT_SE = {"gap": "gap_stderr", "logit_gap": "logit_gap_stderr",
                   "extrapolation_gap": "extrapolation_gap_stderr",
                   "extrapolation_logit_gap": "extrapolation_logit_gap_stderr"}
 STEP_KEYS = ("gap", "logit_gap")  # The per-step series (gap_vs_step.png).
-
-
-def read_jsonl(path: str) -> list[dict]:
-  """A run's records (`storage.read_jsonl`: a live run's torn last line is dropped)."""
-  if not storage.exists(path):
-    raise checkpoints.WorkdirError(f"{path} does not exist (written by launch/train.py)")
-  return storage.read_jsonl(path)
-
-
-def _latest_extrapolation(workdir: str) -> dict | None:
-  """The newest analysis/step_<N>/extrapolation.json (through storage: workdirs may be URLs)."""
-  root = storage.join(workdir, report.ANALYSIS_DIR)
-  steps = [int(m.group(1)) for name in (storage.listdir(root) if storage.isdir(root) else [])
-           if (m := re.fullmatch(r"step_(\d+)", name))
-           and storage.exists(storage.join(root, name, report.EXTRAPOLATION_FILE))]
-  if not steps:
-    return None
-  return json.loads(storage.read_text(
-      storage.join(root, f"step_{max(steps)}", report.EXTRAPOLATION_FILE)))
-
-
-def _latest_init_null(workdir: str) -> dict | None:
-  """The summary moments of the newest analysis/step_<N>/init_null_T<T>.json at the training
-  length, or None."""
-  root = storage.join(workdir, report.ANALYSIS_DIR)
-  for name in sorted((storage.listdir(root) if storage.isdir(root) else []),
-                     key=lambda n: -int(n.split("_")[-1]) if n.startswith("step_") else 0):
-    if not name.startswith("step_"):
-      continue
-    files = [f for f in storage.listdir(storage.join(root, name))
-             if f.startswith(init_null.INIT_NULL_FILE)]
-    if files:
-      return json.loads(storage.read_text(storage.join(root, name, sorted(files)[0])))["summary"]
-  return None
-
-
-def read_sums(workdir: str, step: int) -> tuple[dict, tuple, int] | None:
-  """The per-cluster sums of one measurement (recency_sums/step_<N>.npz), or None."""
-  path = storage.join(workdir, records.sums_file(step))
-  if not storage.exists(path):
-    return None
-  return records.decode_sums(storage.read_bytes(path))
-
-
-def summary_keys(step_records: Sequence[dict]) -> list[str]:
-  """The sums keys of the boundaries the run summary averages (global layers' inputs)."""
-  return [f"{r['layer']}/{r['module']}" for r in step_records
-          if r["layer_type"] == "global" and r["module"] == report.SUMMARY_MODULE]
-
-
-def _since_init(workdir: str, by_step_records: dict) -> dict:
-  """The run gap's change from step 0 to the last step, with its SE paired over the probe's
-  documents (both steps measure the same probe), from the two steps' per-cluster sums."""
-  final = max(by_step_records)
-  init, last = read_sums(workdir, 0), read_sums(workdir, final)
-  if init is None or last is None or final == 0:
-    return {"gap_since_init": None, "gap_since_init_stderr": None}
-  keys = summary_keys(by_step_records[final])
-  (s0, lags, far), (s1, _, _) = init, last
-  terms = (records.mean_gap_terms(s1, keys, lags, far)
-           + records.mean_gap_terms(s0, keys, lags, far, sign=-1.0))
-  value = sum(a * np.sum(sc) / np.sum(nc) for a, sc, nc in terms)
-  return {"gap_since_init": float(value),
-          "gap_since_init_stderr": records.paired_stderr(terms)}
 
 
 def _known(value) -> bool:
@@ -177,10 +113,10 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
       "extrapolation_step": None, "extrapolation_gap": None, "extrapolation_logit_gap": None,
       "extrapolation_gap_stderr": None, "extrapolation_logit_gap_stderr": None,
       "ratio": {},
-      "init_null": _latest_init_null(workdir),
+      "init_null": run_files.latest_init_null(workdir),
   }
-  run.update(_since_init(workdir, by_step_records))
-  ext = _latest_extrapolation(workdir)
+  run.update(run_files.since_init(workdir, by_step_records))
+  ext = run_files.latest_extrapolation(workdir)
   if ext is not None:
     rows = {row["factor"]: row for row in ext["lengths"]}
     at_train = rows.get(1) or report.summarize(by_step_records.get(ext["step"], []))

@@ -23,7 +23,8 @@ from typing import Sequence
 import ml_collections
 
 from hybrid_nope import storage
-from hybrid_nope.analysis import checkpoints, compare, init_null, plots, report, training_plots
+from hybrid_nope.analysis import checkpoints, compare, init_null, plots, report, run_files
+from hybrid_nope.analysis import training_plots
 from hybrid_nope.analysis.hook import PROBE_FILE, RECORD_FILE
 from hybrid_nope.analysis.records import DATA_LAYER
 
@@ -96,7 +97,7 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   if not storage.listdir(workdir):
     raise checkpoints.WorkdirError(f"workdir {workdir} is empty: expected {METRICS_FILE} from "
                                    f"`python launch/train.py --workdir={workdir}`")
-  metrics = compare.read_jsonl(storage.join(workdir, METRICS_FILE))
+  metrics = run_files.read_jsonl(storage.join(workdir, METRICS_FILE))
   recency, notes = complete_steps(_optional(storage.join(workdir, RECORD_FILE),
                                             storage.read_jsonl) or [])
   has_config = storage.exists(storage.join(workdir, checkpoints.CONFIG_FILE))
@@ -317,7 +318,7 @@ def _recency_sections(run: Run, fig: Figures) -> list[str]:
 
 def _null_line(run: Run, records: Sequence[dict]) -> str:
   """The run summary as z against the empirical init null, where analyze.py measured one."""
-  null = compare._latest_init_null(run.workdir)
+  null = run_files.latest_init_null(run.workdir)
   if not null:
     return _missing("init null (run `launch/analyze.py --init_seeds=K` to set this step "
                     "against K fresh initialisations)")

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from hybrid_nope import sweep
-from hybrid_nope.analysis import compare
+from hybrid_nope.analysis import compare, run_files
 from hybrid_nope.analysis.findings import Verdict, clustered_correlation, paired
 
 INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
@@ -43,7 +43,7 @@ class Run:
   def __init__(self, workdir: str, name: str):
     self.summary = compare.load_run(workdir, name)
     self.by_step = collections.defaultdict(list)
-    for r in compare.read_jsonl(os.path.join(workdir, "recency.jsonl")):
+    for r in run_files.read_jsonl(os.path.join(workdir, "recency.jsonl")):
       self.by_step[r["step"]].append(r)
     self.final = max(self.by_step)
 
