@@ -20,11 +20,11 @@ import traceback
 
 import grain
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 
 from hybrid_nope import storage
+from hybrid_nope.checkpoint_integrity import META_ITEM, state_checksums
 from hybrid_nope.errors import UserError
 
 ITEMS = ("state", "data", "meta")  # "data": only in checkpoints written before "meta".
@@ -37,26 +37,6 @@ class CheckpointError(UserError):
 
 class DataChangedError(UserError):
   """A resume onto training data other than the data the checkpoint was trained on."""
-
-
-def _leaf_checksum(x: jax.Array) -> jax.Array:
-  """A uint32 sum of the leaf's bits, each word weighted by an odd number from its position:
-  one flipped bit anywhere, or two values swapped, changes it."""
-  if x.dtype == jnp.bool_:
-    words = x.astype(jnp.uint32)
-  else:
-    words = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
-    if x.dtype.itemsize == 8:  # x64: each word splits into two uint32 on a new last axis.
-      words = jax.lax.bitcast_convert_type(words, jnp.uint32)
-    words = words.astype(jnp.uint32)
-  weights = 2 * jax.lax.iota(jnp.uint32, words.size).reshape(words.shape) + 1
-  return jnp.sum(words * weights, dtype=jnp.uint32)
-
-
-def state_checksums(state) -> dict[str, jax.Array]:
-  """{leaf path: uint32 checksum} of a pytree (jittable; sharded leaves reduce globally)."""
-  return {jax.tree_util.keystr(path): _leaf_checksum(jnp.asarray(leaf))
-          for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]}
 
 
 def changed_data(saved: dict, current: dict) -> list[str]:
