@@ -57,6 +57,10 @@ def get_config() -> ml_collections.ConfigDict:
       cache_dir="",            # Where zstd MDS shards are decompressed; "" = ~/.cache/hybrid_nope.
       verify_hashes=True,      # Check each MDS shard against index.json's hashes when first read.
       allow_changed_data=False,  # True: resume even if the data differs from the checkpoint's.
+      skip_batches=0,          # Skip this many batches at this resume (after a rollback to step
+                               # checkpoint.restore_step, as after a loss spike); applied once.
+      exclude_samples=(),      # Samples never read, e.g. ("domain/shard.mds:7",): a bad sample
+                               # the shard check refused; recorded in the data fingerprint.
   ))
 
   c.eval = ml_collections.ConfigDict(dict(
@@ -83,6 +87,11 @@ def get_config() -> ml_collections.ConfigDict:
       peak_flops=0.0,          # Per device, for MFU; 0 = look up / measure (hybrid_nope.train.flops).
       profile_start_step=0,    # jax.profiler trace of train.profile_steps steps from this one
       profile_steps=0,         # into WORKDIR/profile/ (TensorBoard, Perfetto); 0 = off.
+      allow_changes=(),        # Keys a resume may change although they define the run (model.*,
+                               # data.batch_size, data.seq_len, train.seed, the LR schedule),
+                               # e.g. ("data.batch_size",); recorded in config_history.jsonl.
+      overwrite=False,         # True: start afresh in a workdir whose records have no
+                               # checkpoint (the old records are moved aside, not deleted).
   ))
 
   c.checkpoint = ml_collections.ConfigDict(dict(
@@ -90,7 +99,8 @@ def get_config() -> ml_collections.ConfigDict:
       every_minutes=0.0,       # Also save when this many minutes passed since the last save
                                # (spot TPUs); 0 = off.
       directory="",            # "" = WORKDIR/checkpoints; use gs://... on multi-host pods.
-      restore_step=0,          # 0 = resume from the newest; N = from kept step N (newer deleted).
+      restore_step=0,          # 0 = resume from the newest; N = from kept step N (newer ones
+                               # are moved to checkpoints/rolled_back/; done once).
   ))
   c.metrics = ml_collections.ConfigDict(dict(
       far_lag=4096,            # L: floor = f(L), gap = f(1) − f(L); must be < data.seq_len.
