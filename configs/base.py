@@ -115,7 +115,8 @@ def get_config() -> ml_collections.ConfigDict:
   # One seed per run: train.seed draws the initialisation and the training data order (the
   # eval set, the probe and its shuffled control never depend on a seed, so runs pair). Set
   # data.seed on its own to vary the order alone.
-  c.data.seed = c.train.get_ref("seed")
+  c.data.seed = c.train.get_ref("seed") * 1  # A derived reference: setting data.seed leaves
+                                            # train.seed as it is (a plain reference would not).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.logging = ml_collections.ConfigDict(dict(
       wandb_project="",        # Weights & Biases project to log to; "" = off. Needs

@@ -9,8 +9,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from hybrid_nope.train import run_identity
 from hybrid_nope.train.checkpoint import (CheckpointError, Checkpointer, DataChangedError,
                                           changed_data, state_checksums)
+from tests.helpers import tiny_config
 
 
 def checksum(x):
@@ -50,16 +52,21 @@ def test_changed_data_names_every_entry_that_differs():
   assert changed_data(saved, dict(saved)) == []
 
 
+B = 2  # The batch size the saved runs read.
+
+
+def _meta(step, fingerprint=None, batch_size=B):
+  return {"data": fingerprint or {"train.rows": 10}, "config": {},
+          "history": [run_identity.start_event(tiny_config(data__batch_size=batch_size))],
+          "data_position": {"rows": step * batch_size}}
+
+
 def _saved(tmp_path, step=3, fingerprint=None):
-  iterator = iter(grain.MapDataset.range(100).to_iter_dataset(
-      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
-  for _ in range(step):
-    next(iterator)
   # Random floats do not compress, so the stored chunk holds their bytes as they are.
   w = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32)
   state = {"w": jnp.asarray(w), "step": jnp.int32(step)}
   ckpt = Checkpointer(str(tmp_path), keep=5)
-  ckpt.save(step, state, iterator, fingerprint or {"train.rows": 10})
+  ckpt.save(step, state, _meta(step, fingerprint))
   ckpt.wait()
   return ckpt, state
 
@@ -71,17 +78,16 @@ def _fresh_iterator():
 
 def _restore(ckpt, state, step=3, fingerprint=None, allow=False):
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-  it = _fresh_iterator()
-  restored = ckpt.restore(step, target, it, data_fingerprint=fingerprint or {"train.rows": 10},
-                          allow_changed_data=allow)
-  return restored, it
+  return ckpt.restore(step, target, ckpt.read_meta(step),
+                      data_fingerprint=fingerprint or {"train.rows": 10},
+                      allow_changed_data=allow, batch_size=B)
 
 
 def test_a_clean_checkpoint_restores_state_and_position(tmp_path):
   ckpt, state = _saved(tmp_path)
-  restored, it = _restore(ckpt, state)
+  restored, rows = _restore(ckpt, state)
   np.testing.assert_array_equal(restored["w"], state["w"])
-  assert next(it) == 3
+  assert rows == 3 * B
 
 
 def _state_files(ckpt, step):
@@ -108,10 +114,7 @@ def test_a_flipped_byte_in_the_state_fails_naming_the_step_and_how_to_go_on(tmp_
 
 def test_a_truncated_state_file_fails_in_one_line_with_the_previous_step(tmp_path):
   ckpt, state = _saved(tmp_path, step=2)
-  iterator = _fresh_iterator()
-  for _ in range(3):
-    next(iterator)
-  ckpt.save(3, state, iterator, {"train.rows": 10})
+  ckpt.save(3, state, _meta(3))
   ckpt.wait()
   path = _state_files(ckpt, 3)
   with open(path, "r+b") as f:
@@ -128,31 +131,40 @@ def test_an_edited_data_position_is_refused(tmp_path):
   path = os.path.join(ckpt.step_directory(3), "meta", "metadata")
   with open(path) as f:
     meta = json.load(f)
-  assert meta["data_position"] == {"next_index": 3}
-  meta["data_position"]["next_index"] = 1
+  assert meta["data_position"] == {"rows": 3 * B}
+  meta["data_position"]["rows"] = 2
   with open(path, "w") as f:
     json.dump(meta, f)
-  with pytest.raises(CheckpointError, match="next_index=1 .*/meta, but .* exactly 3 batches"):
+  with pytest.raises(CheckpointError, match="rows=2 .*/meta, but its history says .* 6 rows"):
     _restore(ckpt, state)
 
 
-def test_the_data_position_is_one_global_number_any_process_count_resumes_from(tmp_path):
-  from hybrid_nope.data import pipeline
-  from tests.helpers import take, tiny_config
-  config = tiny_config(data__batch_size=4)
+def test_an_older_checkpoint_counting_batches_restores_as_batches_times_its_batch_size(tmp_path):
+  ckpt = Checkpointer(str(tmp_path), keep=5)
   state = {"w": jnp.zeros(3)}
-  for saved_on, resumed_on in ((2, 1), (1, 2)):
-    ckpt = Checkpointer(str(tmp_path / f"{saved_on}_to_{resumed_on}"), keep=2)
-    saver = pipeline.train_iterator(config, process_index=0, process_count=saved_on)
-    take(saver, 3)
-    ckpt.save(3, state, saver, {})
-    ckpt.wait()
-    resumed = [pipeline.train_iterator(config, process_index=p, process_count=resumed_on)
-               for p in range(resumed_on)]
-    for iterator in resumed:
-      target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-      ckpt.restore(3, target, iterator, data_fingerprint={}, allow_changed_data=False)
-    uninterrupted = take(pipeline.train_iterator(config), 5)[3:]
+  for step, position in ((3, 3), (4, 2)):  # Step 4's position was edited.
+    ckpt.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({
+            "checksums": ckpt.checksums(state), "data": {},
+            "data_position": {"next_index": position}})))
+  ckpt.wait()
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  _, rows = ckpt.restore(3, target, ckpt.read_meta(3), data_fingerprint={},
+                         allow_changed_data=False, batch_size=8)
+  assert rows == 24
+  with pytest.raises(CheckpointError, match="next_index=2 .* exactly 4 batches"):
+    ckpt.restore(4, target, ckpt.read_meta(4), data_fingerprint={}, allow_changed_data=False,
+                 batch_size=8)
+
+
+def test_the_data_position_is_one_global_number_any_process_count_resumes_from():
+  from hybrid_nope.data import pipeline
+  from tests.helpers import take
+  config = tiny_config(data__batch_size=4)
+  uninterrupted = take(pipeline.train_iterator(config), 5)[3:]
+  for count in (1, 2):  # Resumed at row 12 (step 3) on 1 or 2 processes.
+    resumed = [pipeline.train_iterator(config, process_index=p, process_count=count,
+                                       start_row=12) for p in range(count)]
     for k in range(2):  # Global batches 3 and 4: process p holds rows p, p + count, ...
       got = [next(it) for it in resumed]
       for key in got[0]:
@@ -160,25 +172,29 @@ def test_the_data_position_is_one_global_number_any_process_count_resumes_from(t
         np.testing.assert_array_equal(rows, uninterrupted[k][key])
 
 
-def test_other_data_is_refused_unless_allowed(tmp_path, caplog):
-  ckpt, state = _saved(tmp_path)
-  with pytest.raises(DataChangedError, match="train.rows: 10 -> 11.*allow_changed_data=True"):
-    _restore(ckpt, state, fingerprint={"train.rows": 11})
-  restored, _ = _restore(ckpt, state, fingerprint={"train.rows": 11}, allow=True)
+def test_other_data_is_refused_unless_allowed_and_eval_data_is_named_as_such(tmp_path, caplog):
+  ckpt, state = _saved(tmp_path, fingerprint={"train.rows": 10, "eval.rows_sha1": "a"})
+  with pytest.raises(DataChangedError, match="^the training data differs.*train.rows: 10 -> 11"
+                     ".*allow_changed_data=True"):
+    _restore(ckpt, state, fingerprint={"train.rows": 11, "eval.rows_sha1": "a"})
+  with pytest.raises(DataChangedError, match="^the eval data differs .*eval.rows_sha1"):
+    _restore(ckpt, state, fingerprint={"train.rows": 10, "eval.rows_sha1": "b"})
+  restored, _ = _restore(ckpt, state, fingerprint={"train.rows": 11, "eval.rows_sha1": "a"},
+                         allow=True)
   np.testing.assert_array_equal(restored["w"], state["w"])
   assert "train.rows: 10 -> 11" in caplog.text
 
 
-def test_discard_after_deletes_only_newer_steps(tmp_path):
+def test_a_rollback_moves_newer_steps_aside_and_deletes_nothing(tmp_path):
   ckpt, state = _saved(tmp_path, step=2)
   for step in (3, 4):
-    iterator = _fresh_iterator()
-    for _ in range(step):
-      next(iterator)
-    ckpt.save(step, state, iterator, {})
+    ckpt.save(step, state, _meta(step))
   ckpt.wait()
-  assert ckpt.discard_after(2) == [3, 4]
-  assert ckpt.all_steps() == [2]
+  moved, where = ckpt.roll_back_after(2)
+  assert moved == [3, 4] and ckpt.all_steps() == [2]
+  assert where.startswith(os.path.join(ckpt.directory, "rolled_back") + os.sep)
+  assert sorted(os.listdir(where)) == ["3", "4"]
+  assert Checkpointer(str(tmp_path), keep=5).all_steps() == [2]  # orbax lists no moved step.
 
 
 def test_a_checkpoint_without_meta_restores_with_a_warning(tmp_path, caplog):
@@ -191,8 +207,37 @@ def test_a_checkpoint_without_meta_restores_with_a_warning(tmp_path, caplog):
   manager.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                           data=grain.checkpoint.CheckpointSave(iterator)))
   manager.wait_until_finished()
-  restored, it = _restore(Checkpointer(str(tmp_path), keep=5), state,
-                          fingerprint={"anything": 1})
+  ckpt = Checkpointer(str(tmp_path), keep=5)
+  assert ckpt.read_meta(3) is None
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  restored, rows = ckpt.restore(3, target, None, data_fingerprint={"anything": 1},
+                                allow_changed_data=False, batch_size=B)
   np.testing.assert_array_equal(restored["w"], state["w"])
-  assert next(it) == 3
+  assert rows == 3 * B
   assert "predates checksums" in caplog.text
+
+
+def test_a_directory_no_save_could_use_is_refused_at_start_in_one_line(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  with pytest.raises(CheckpointError, match=r"^checkpoint directory .*a_file/ckpt is not "
+                     r"writable by this process \(.*\): set --config.checkpoint.directory"):
+    Checkpointer(str(tmp_path), keep=2, directory=str(blocker / "ckpt"))
+
+
+def test_a_relative_checkpoint_directory_is_inside_the_workdir(tmp_path, monkeypatch):
+  monkeypatch.chdir("/")
+  ckpt = Checkpointer(str(tmp_path), keep=2, directory="elsewhere/ckpts")
+  assert ckpt.directory == str(tmp_path / "elsewhere" / "ckpts")
+
+
+def test_free_space_under_twice_a_checkpoint_is_warned_about(tmp_path, monkeypatch):
+  import collections
+  import shutil
+  ckpt = Checkpointer(str(tmp_path), keep=2)
+  state = {"w": jnp.zeros((256, 256))}  # 256 KiB.
+  usage = collections.namedtuple("usage", "total used free")
+  monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(0, 0, 400 * 1024))
+  assert "under twice one checkpoint" in ckpt.expected_size_warning(state)
+  monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(0, 0, 600 * 1024))
+  assert ckpt.expected_size_warning(state) is None

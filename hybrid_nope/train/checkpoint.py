@@ -1,23 +1,29 @@
 """Orbax checkpoints of the train state and the data position, verified when restored.
 
 DIR/checkpoints/<step>/ holds "state" (TrainState) and "meta" (JSON: a checksum of every state
-leaf, the data position and the fingerprint of the training data, `data/fingerprint.py`). The
-data position is one global number, the next batch index: every process reads one batch per
-step and global batch k does not depend on the process count (`pipeline.train_dataset`), so a
-run saved on 8 hosts resumes on 4. A restore checks all of it: a corrupt or truncated state, a
-data position that is not the step, or other training data each fail in one line that says how
-to go on. (Checkpoints from before "meta" hold the per-process grain item "data" instead.)
+leaf; the data position; the fingerprint of the training data, `data/fingerprint.py`; the
+run-defining config and the run's history, `train/run_identity.py`). The data position is one
+global number, the training rows consumed: global row r does not depend on the process count
+(`pipeline.train_dataset`), so a run saved on 8 hosts resumes on 4, and a resume that changes
+the batch size reads on from the same row. A restore checks all of it: a corrupt or truncated
+state, a data position that does not follow from the step and the history, or other training
+data each fail in one line that says how to go on. Older checkpoints hold the position as
+batches ("next_index"), or (before "meta") in the per-process grain item "data".
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
 import re
+import shutil
 import sys
 import tempfile
 import time
 import traceback
 
+import fsspec
 import grain
 import jax
 import orbax.checkpoint as ocp
@@ -26,6 +32,7 @@ from absl import logging
 from hybrid_nope import storage
 from hybrid_nope.checkpoint_integrity import META_ITEM, state_checksums
 from hybrid_nope.errors import UserError
+from hybrid_nope.train import run_identity
 
 ITEMS = ("state", "data", "meta")  # "data": only in checkpoints written before "meta".
 _SETTLE_SECONDS = 1.0  # After a failed read, how long tensorstore's threads take to stop.
@@ -62,19 +69,22 @@ def _read_error(error: BaseException, where: str) -> str:
 
 
 class Checkpointer:
-  """Saves {"state", "data", "meta"} under DIR/checkpoints/<step> and verifies a restore."""
+  """Saves {"state", "meta"} under DIR/checkpoints/<step> and verifies a restore."""
 
   def __init__(self, workdir: str, *, keep: int, directory: str = "", replicated=None):
-    """`directory` (config checkpoint.directory) defaults to WORKDIR/checkpoints; a gs:// path
-    lets every host of a pod write its shards to shared storage. `replicated`: the mesh's
-    replicated sharding, where the state's checksums are gathered."""
+    """`directory` (config checkpoint.directory) defaults to WORKDIR/checkpoints; a relative
+    one is taken inside the workdir; a gs:// path lets every host of a pod write its shards to
+    shared storage. `replicated`: the mesh's replicated sharding, where the state's checksums
+    are gathered. The directory is probed with a real write here, not at the first save."""
     self.directory = storage.checkpoint_directory(workdir, directory)
+    _probe_writable(self.directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
         item_names=ITEMS)
     self._checksums = jax.jit(state_checksums, **(
         {} if replicated is None else {"out_shardings": replicated}))
+    self._saving = None  # The step of the last save started, until its errors were checked.
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -88,11 +98,31 @@ class Checkpointer:
   def checksums(self, state) -> dict[str, int]:
     return {k: int(v) for k, v in jax.device_get(self._checksums(state)).items()}
 
-  def save(self, step: int, state, data_iterator, data_fingerprint: dict) -> None:
-    meta = {"checksums": self.checksums(state), "data": data_fingerprint,
-            "data_position": data_iterator.get_state()}
+  def save(self, step: int, state, meta: dict) -> None:
+    """Starts an async save of `state` with `meta` (data position, fingerprint, config,
+    history) and the state's checksums; a failure is raised by `check_saved()`."""
+    self.check_saved()
+    meta = {**meta, "checksums": self.checksums(state)}
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                     meta=ocp.args.JsonSave(meta)))
+    self._saving = step
+
+  def check_saved(self) -> None:
+    """Raises CheckpointError, in one line, if the last async save failed (a full disk, a
+    revoked permission): the loop calls it every step, so a failure surfaces at the next
+    step, not at the next save."""
+    if self._saving is None:
+      return
+    try:
+      self.manager.check_for_errors()
+    except Exception as e:  # orbax re-raises the writer thread's error, of any kind.
+      step, self._saving = self._saving, None
+      raise CheckpointError(f"saving checkpoint step {step} to {self.directory} failed "
+                            f"({_read_error(e, self.step_directory(step))}); the run stops: "
+                            "free space or fix the directory, then rerun to resume from the "
+                            "newest good checkpoint") from None
+    if not self.manager.is_saving_in_progress():
+      self._saving = None
 
   def _how_to_go_on(self, step: int) -> str:
     older = [s for s in self.all_steps() if s < step]
@@ -100,25 +130,18 @@ class Checkpointer:
       return (f"no older checkpoint is kept: move {self.step_directory(step)} aside and rerun "
               "to start afresh")
     return (f"rerun with --config.checkpoint.restore_step={older[-1]} to resume from step "
-            f"{older[-1]}, the newest older one (this discards step {step} and later)")
+            f"{older[-1]}, the newest older one (step {step} and later are moved to "
+            f"{self.rolled_back_directory()}/)")
 
-  def restore(self, step: int, abstract_state, data_iterator, *, data_fingerprint: dict,
-              allow_changed_data: bool):
-    """The restored state; `data_iterator` is moved to the saved position in place. Raises
-    CheckpointError (corrupt, truncated or edited) or DataChangedError (other data)."""
+  def _read(self, step: int, items: dict):
+    """manager.restore of `items`, every failure as CheckpointError in one line (the full
+    traceback goes to a file named in it)."""
     where = self.step_directory(step)
-    has_meta = storage.exists(storage.join(where, "meta"))
-    if not has_meta:
-      logging.warning("checkpoint step %d predates checksums and data fingerprints (%s has no "
-                      "meta/): restored without verifying its state or its data", step, where)
-    items = ({"meta": ocp.args.JsonRestore()} if has_meta else
-             {"data": grain.checkpoint.CheckpointRestore(data_iterator)})
     printed = io.StringIO()  # A failed read also prints from tensorstore's threads.
     try:
       with contextlib.redirect_stderr(printed):
         try:
-          restored = self.manager.restore(step, args=ocp.args.Composite(
-              state=ocp.args.StandardRestore(abstract_state), **items))
+          restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception:
           time.sleep(_SETTLE_SECONDS)  # Reads still in flight finish (and print) here.
           raise
@@ -129,42 +152,155 @@ class Checkpointer:
       raise CheckpointError(f"checkpoint step {step} cannot be read ({_read_error(e, where)}); "
                             f"{self._how_to_go_on(step)} (full traceback: {log.name})") from None
     sys.stderr.write(printed.getvalue())  # A good restore's output, passed on.
+    return restored
+
+  def read_meta(self, step: int) -> dict | None:
+    """Checkpoint `step`'s meta; None for a checkpoint written before meta existed."""
+    if not storage.exists(storage.join(self.step_directory(step), META_ITEM)):
+      return None
+    return self._read(step, {"meta": ocp.args.JsonRestore()})["meta"]
+
+  def restore(self, step: int, abstract_state, meta: dict | None, *, data_fingerprint: dict,
+              allow_changed_data: bool, batch_size: int) -> tuple[object, int]:
+    """(state, training rows consumed) of checkpoint `step`, whose meta `read_meta` gave.
+    Raises CheckpointError (corrupt, truncated or edited) or DataChangedError (other data).
+    `batch_size`: the run's batch size at `step`, for checkpoints that count batches."""
+    where = self.step_directory(step)
+    if meta is None:
+      logging.warning("checkpoint step %d predates checksums and data fingerprints (%s has no "
+                      "meta/): restored without verifying its state or its data", step, where)
+      position = _SavedPosition()
+      restored = self._read(step, {"state": ocp.args.StandardRestore(abstract_state),
+                                   "data": grain.checkpoint.CheckpointRestore(position)})
+      meta = {"checksums": None, "data": data_fingerprint,
+              "data_position": position.get_state()}
+    else:
+      restored = self._read(step, {"state": ocp.args.StandardRestore(abstract_state)})
     state = restored["state"]
-    meta = restored["meta"] if has_meta else {"checksums": None, "data": data_fingerprint}
-    if has_meta:
-      data_iterator.set_state(meta["data_position"])
     bad = [] if meta["checksums"] is None else [
         k for k, v in self.checksums(state).items() if meta["checksums"].get(k) != v]
     if bad:
       raise CheckpointError(
           f"checkpoint step {step} is corrupt: {len(bad)} leaves of {where}/state differ from "
           f"the checksums saved with them (first: {bad[0]}); {self._how_to_go_on(step)}")
-    position = data_iterator.get_state().get("next_index")
-    if position != step:
-      raise CheckpointError(
-          f"checkpoint step {step} holds data position next_index={position} in {where}/"
-          f"{'meta' if has_meta else 'data'}, but a run at step {step} has read exactly {step} "
-          f"batches: the file was edited or comes from another run; {self._how_to_go_on(step)}")
+    rows = self._rows(step, meta, batch_size)
     changes = changed_data(meta["data"], data_fingerprint)
     if changes and not allow_changed_data:
       raise DataChangedError(
-          f"the training data differs from what checkpoint step {step} was trained on ("
+          f"{_what_changed(changes)} differs from what checkpoint step {step} was trained with ("
           + "; ".join(changes) + "). Resume on the same data, or pass "
           "--config.data.allow_changed_data=True to go on with this data")
     if changes:
       logging.warning("data.allow_changed_data: resuming step %d on other data: %s", step,
                       "; ".join(changes))
-    return state
+    return state, rows
 
-  def discard_after(self, step: int) -> list[int]:
-    """Deletes every checkpoint newer than `step` (a resume from an older step rewrites them)."""
+  def _rows(self, step: int, meta: dict, batch_size: int) -> int:
+    """The rows consumed that meta records, checked against the step and the history."""
+    position, where = meta["data_position"], f"{self.step_directory(step)}/meta"
+    if "rows" in position:
+      expected = run_identity.rows_consumed(meta["history"], step)
+      if position["rows"] != expected:
+        raise CheckpointError(
+            f"checkpoint step {step} holds data position rows={position['rows']} in {where}, "
+            f"but its history says a run at step {step} has read {expected} rows: the file was "
+            f"edited or comes from another run; {self._how_to_go_on(step)}")
+      return int(position["rows"])
+    batches = position.get("next_index")  # Older checkpoints: one batch per step.
+    if batches != step:
+      raise CheckpointError(
+          f"checkpoint step {step} holds data position next_index={batches} in {where}, but a "
+          f"run at step {step} has read exactly {step} batches: the file was edited or comes "
+          f"from another run; {self._how_to_go_on(step)}")
+    return step * batch_size
+
+  def rolled_back_directory(self) -> str:
+    return storage.join(self.directory, ROLLED_BACK)
+
+  def roll_back_after(self, step: int) -> tuple[list[int], str | None]:
+    """Moves every checkpoint newer than `step` to checkpoints/rolled_back/<time>/ (a resume
+    from an older step rewrites those steps; nothing is deleted). (steps moved, where)."""
     newer = [s for s in self.all_steps() if s > step]
+    if not newer:
+      return [], None
+    self.manager.wait_until_finished()
+    where = storage.join(self.rolled_back_directory(),
+                         time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"_from_{newer[-1]}")
+    storage.makedirs(where)
     for s in newer:
-      self.manager.delete(s)
-    return newer
+      move(self.step_directory(s), storage.join(where, str(s)))
+    self.manager.reload()
+    return newer, where
+
+  def expected_size_warning(self, state) -> str | None:
+    """A warning when the directory's free space is under twice one checkpoint (local only)."""
+    local = storage.local_path(self.directory)
+    if local is None:
+      return None
+    size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+    free = shutil.disk_usage(local).free
+    if free >= 2 * size:
+      return None
+    return (f"{local} has {free / 2**30:.2f} GiB free, under twice one checkpoint "
+            f"({size / 2**30:.2f} GiB): a save may fail for lack of space")
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
     self.manager.close()
+
+
+ROLLED_BACK = "rolled_back"  # checkpoints/rolled_back/<time>/<step>: orbax lists no such step.
+
+
+class _SavedPosition:
+  """What grain restores a pre-meta checkpoint's per-process item "data" into (grain passes a
+  non-DatasetIterator its JSON state as bytes)."""
+
+  def __init__(self):
+    self._state = {}
+
+  def get_state(self) -> dict:
+    return self._state
+
+  def set_state(self, state: bytes) -> None:
+    self._state = json.loads(state)
+
+  def start_prefetch(self) -> None:
+    pass
+
+
+def _what_changed(changes: list[str]) -> str:
+  """Names the data that changed: eval data alone is not the training data."""
+  keys = [c.split(":", 1)[0] for c in changes]
+  if all(k.startswith("eval.") for k in keys):
+    return "the eval data"
+  if any(k.startswith("eval.") for k in keys):
+    return "the training and the eval data"
+  return "the training data"
+
+
+def move(source: str, destination: str) -> None:
+  """Renames a file or directory, locally or on an object store."""
+  local_source, local_destination = storage.local_path(source), storage.local_path(destination)
+  if local_source is not None and local_destination is not None:
+    shutil.move(local_source, local_destination)
+  else:  # An object store has no rename: fsspec copies, then deletes.
+    fs, path = fsspec.core.url_to_fs(source)
+    fs.mv(path, fsspec.core.url_to_fs(destination)[1], recursive=True)
+
+
+def _probe_writable(directory: str) -> None:
+  """A real write into the checkpoint directory (os.access says yes to root on a read-only
+  mount), so a directory no save could use fails now, in one line."""
+  probe = storage.join(directory, f".write_check_{os.getpid()}")
+  try:
+    storage.makedirs(directory)
+    storage.write_text(probe, "")
+    storage.remove(probe)
+  except Exception as e:  # OSError locally; fsspec backends raise their own kinds.
+    why = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+    raise CheckpointError(f"checkpoint directory {directory} is not writable by this process "
+                          f"({why}): set --config.checkpoint.directory to a writable path, or "
+                          "fix its permissions") from None

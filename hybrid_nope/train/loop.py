@@ -22,12 +22,14 @@ from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.wandb_sink import WandbSink
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
-from hybrid_nope.train.preemption import PreemptionWatcher
+from hybrid_nope.train import resume, run_identity
+from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
 from hybrid_nope.train.profiling import StepProfiler
 from hybrid_nope.train.progress import Progress
 from hybrid_nope.train.state import sharded_train_state
 from hybrid_nope.train.step import make_eval_step, make_train_step
-from hybrid_nope.validate import ConfigError, check_workdir, validate
+from hybrid_nope.train.workdir_lock import WorkdirLock
+from hybrid_nope.validate import check_workdir, validate
 
 
 _clock = time.monotonic  # For checkpoint.every_minutes; tests substitute a fake clock.
@@ -134,17 +136,6 @@ def _unfinished_at(step: int, config, writer, hooks) -> tuple[bool, list]:
   return flags[0], [h for h, redo in zip(hooks, flags[1:]) if redo]
 
 
-def _restore_point(config, ckpt: Checkpointer) -> int | None:
-  """The step to resume from: the newest checkpoint, or checkpoint.restore_step (0 = newest)."""
-  requested, steps = config.checkpoint.restore_step, ckpt.all_steps()
-  if requested == 0:
-    return steps[-1] if steps else None
-  if requested not in steps:
-    raise ConfigError(f"config.checkpoint.restore_step={requested} is invalid: expected 0 "
-                      f"(the newest) or a kept step of {ckpt.directory}: {steps}")
-  return requested
-
-
 def _process_rows(batch: dict) -> dict:
   """This process's contiguous share of a batch every process holds whole (eval)."""
   p, n = jax.process_index(), jax.process_count()
@@ -166,6 +157,15 @@ class _Run:
   ckpt: Checkpointer
   writer: MetricsWriter
   train_step: object
+  start_row: int  # The data iterator's first row of the global stream.
+  history: list   # The lineage's events (run_identity), saved in every checkpoint's meta.
+
+  def meta(self) -> dict:
+    """A checkpoint's meta, but the checksums Checkpointer.save adds."""
+    batches = self.data_iter.get_state()["next_index"]
+    return {"data": self.fingerprint, "config": run_identity.defining(self.config),
+            "history": self.history,
+            "data_position": {"rows": self.start_row + batches * self.config.data.batch_size}}
 
 
 def _model_and_state(config, mesh):
@@ -187,21 +187,26 @@ def _eval_rows(config):
   return eval_rows
 
 
-def _resume(config, ckpt: Checkpointer, state, state_shardings, data_iter, fingerprint):
-  """(state, last saved step): restored from the checkpoint to resume from, if there is one."""
-  last_saved = _restore_point(config, ckpt)
-  if last_saved is None:
-    return state, None
+def _resume(config, plan: resume.ResumePlan, ckpt: Checkpointer, state, state_shardings,
+            fingerprint) -> tuple[object, int]:
+  """(state, training rows consumed): restored from the plan's checkpoint, if there is one."""
+  if plan.step is None:
+    return state, 0
   target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         state, state_shardings)
-  state = ckpt.restore(last_saved, target, data_iter, data_fingerprint=fingerprint,
-                       allow_changed_data=config.data.allow_changed_data)
-  logging.info("resumed from %s at step %d", ckpt.directory, last_saved)
-  discarded = ckpt.discard_after(last_saved)  # Only after the restore held: they are rewritten.
-  if discarded:
-    logging.warning("checkpoint.restore_step=%d: deleted the newer checkpoints %s", last_saved,
-                    discarded)
-  return state, last_saved
+  state, rows = ckpt.restore(plan.step, target, plan.meta, data_fingerprint=fingerprint,
+                             allow_changed_data=config.data.allow_changed_data,
+                             batch_size=plan.batch_size_at_step)
+  logging.info("resumed from %s at step %d (%d training rows read)", ckpt.directory, plan.step,
+               rows)
+  if plan.roll_back:  # Only after the restore held: those steps are trained again.
+    moved, where = ckpt.roll_back_after(plan.step)
+    logging.warning("checkpoint.restore_step=%d: moved the newer checkpoints %s to %s (kept, "
+                    "not deleted)", plan.step, moved, where)
+  if plan.skip_rows:
+    logging.warning("data.skip_batches=%d: skipping rows %d to %d of the training stream",
+                    config.data.skip_batches, rows, rows + plan.skip_rows - 1)
+  return state, rows + plan.skip_rows
 
 
 def _compile_train_step(config, mesh, model_def, tx, state_shardings):
@@ -238,26 +243,27 @@ def _replicator(mesh):
       lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)), tree)
 
 
-def _start(config, workdir: str):
-  """Builds the run and its state, resumed from the newest (or the chosen) checkpoint."""
-  mesh = sharding.make_mesh(config)
+def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePlan):
+  """Builds the run and its state, resumed as `plan` says."""
   logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), jax.device_count(),
                jax.process_count())
   tx, model_def, state, state_shardings = _model_and_state(config, mesh)
-  data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
-                                      process_count=jax.process_count())
+  space = ckpt.expected_size_warning(state)
+  if space:
+    logging.warning("%s", space)
   eval_rows = _eval_rows(config)
   fingerprint = data_fingerprint(config, eval_rows)
-  ckpt = Checkpointer(workdir, keep=config.checkpoint.keep, directory=config.checkpoint.directory,
-                      replicated=sharding.replicated(mesh))
-  state, last_saved = _resume(config, ckpt, state, state_shardings, data_iter, fingerprint)
+  state, start_row = _resume(config, plan, ckpt, state, state_shardings, fingerprint)
+  data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
+                                      process_count=jax.process_count(), start_row=start_row)
   start = int(state.step)
   if start >= config.train.steps:
     logging.warning("%s already holds a run trained to step %d (train.steps=%d): nothing to "
                     "train; its metrics are in metrics.jsonl. Use a new --workdir, or raise "
-                    "train.steps, to train more.", workdir, start, config.train.steps)
+                    "train.steps (with --config.train.allow_changes=train.steps), to train "
+                    "more.", workdir, start, config.train.steps)
   writer = MetricsWriter(workdir, resume_step=start, wandb=WandbSink(config, workdir))
-  writer.write_config(config)
+  resume.record(workdir, config, plan.new_events, writer)
   with sharding.activation_rules(mesh):
     train_step = _compile_train_step(config, mesh, model_def, tx, state_shardings)
     eval_sets = _eval_sets(config, mesh, model_def, state_shardings, eval_rows)
@@ -266,8 +272,9 @@ def _start(config, workdir: str):
                            replicate=_replicator(mesh))
   run = _Run(config=config, mesh=mesh, model_def=model_def, state_shardings=state_shardings,
              data_iter=data_iter, eval_sets=eval_sets, run_context=run_context,
-             fingerprint=fingerprint, ckpt=ckpt, writer=writer, train_step=train_step)
-  return run, state, last_saved
+             fingerprint=fingerprint, ckpt=ckpt, writer=writer, train_step=train_step,
+             start_row=start_row, history=plan.history)
+  return run, state
 
 
 def _finish_resumed_step(run: _Run, hooks, step: int, params) -> None:
@@ -305,7 +312,10 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
 
   `hooks`: factories `RunContext -> hook(step, params)` (`train/hooks.py`), run at step 0 of a
   fresh run and every `metrics.every_steps` and at the last step. A preempted step skips eval
-  and hooks; the resumed run redoes what its first step owed and is not on record.
+  and hooks; the resumed run redoes what its first step owed and is not on record. Before
+  anything is built, the workdir is locked to this trainer and the resume is planned
+  (`train/resume.py`): a config that would make it another run, or a fresh start over another
+  run's records, is refused.
 
   Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time, and
   whether the run stopped early for preemption.
@@ -313,52 +323,108 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   validate(config)
   check_workdir(workdir, config.checkpoint.directory)
   quiet_library_logs()
-  run, state, last_saved = _start(config, workdir)
+  watcher = PreemptionWatcher()  # From here a signal saves (or, before any state, just stops).
+  lock = WorkdirLock(workdir) if jax.process_index() == 0 else None
+  try:
+    if lock is not None:
+      lock.acquire()
+    mesh = sharding.make_mesh(config)
+    ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
+                        directory=config.checkpoint.directory,
+                        replicated=sharding.replicated(mesh))
+    try:
+      plan = resume.plan(config, workdir, ckpt)
+      run, state = _start(config, workdir, mesh, ckpt, plan)
+    except BaseException:
+      ckpt.close()
+      raise
+    return _train(run, state, plan.step, hooks, watcher, workdir)
+  finally:
+    watcher.close()
+    if lock is not None:
+      lock.release()
+
+
+def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, workdir: str):
+  c = run.config
   start = int(state.step)
   t_start = time.perf_counter()
-  c = config
   summary = {"step": start, "loss": float("nan"), "eval_loss": float("nan"),
              "tokens_per_second": float("nan"), "preempted": False}
-  watcher = PreemptionWatcher()
   profiler = StepProfiler(workdir, c.train.profile_start_step, c.train.profile_steps)
+  pending = []
+
+  def save(step, state):
+    nonlocal last_saved
+    if pending:  # Every record up to a checkpoint is written first (and checked finite).
+      summary.update(_log(run, progress, pending, last_saved))
+    run.ckpt.save(step, state, run.meta())
+    last_saved = step
+
+  def interrupted(step, state):
+    """A signal cut an eval or a hook short: save this step (unless saved) and stop."""
+    if last_saved != step:
+      save(step, state)
+    run.writer.flush()
+    logging.warning("preempted: saved step %d; rerun the same command to resume", step)
+    summary.update(step=step, preempted=True)
+
   try:
     with sharding.activation_rules(run.mesh):
       active_hooks = [make(run.run_context) for make in hooks]
-      _finish_resumed_step(run, active_hooks, start, state.params)
       progress = Progress(c, start)
-      saved_at, pending = _clock(), []
+      try:
+        with watcher.interruptible():
+          _finish_resumed_step(run, active_hooks, start, state.params)
+      except Interrupted:
+        interrupted(start, state)
+        return _finished(summary, t_start)
+      saved_at = _clock()
       for step in range(start + 1, c.train.steps + 1):
         profiler.before(step)
         state, metrics = run.train_step(state, sharding.global_batch(next(run.data_iter),
                                                                      run.mesh))
+        run.ckpt.check_saved()
         profiler.after(step, metrics)
         pending.append((step, metrics))
         preempted = watcher.should_stop(step, run.ckpt.manager)
         last = step == c.train.steps or preempted
-        save = (_due(step, c.checkpoint.every_steps, last)
-                or _minutes_due(c.checkpoint.every_minutes, saved_at))
+        due = (_due(step, c.checkpoint.every_steps, last)
+               or _minutes_due(c.checkpoint.every_minutes, saved_at))
         # Losses are fetched only at log and save steps so the host runs ahead of the devices.
-        if _due(step, c.train.log_every_steps, save):
+        if _due(step, c.train.log_every_steps, due):
           summary.update(_log(run, progress, pending, last_saved))
-        if _due(step, c.eval.every_steps, last) and not preempted:
-          summary["eval_loss"] = _evaluate_and_log(run.eval_sets, state.params, run.writer, step)
-        if save:
-          run.ckpt.save(step, state, run.data_iter, run.fingerprint)
-          last_saved, saved_at = step, _clock()
-        if _due(step, c.metrics.every_steps, last) and not preempted:
-          _run_hooks(active_hooks, run.writer, step, state.params)
-        if save:
+        try:  # Eval and hooks stop at a signal; a save runs whole.
+          if _due(step, c.eval.every_steps, last) and not preempted:
+            with watcher.interruptible():
+              summary["eval_loss"] = _evaluate_and_log(run.eval_sets, state.params, run.writer,
+                                                       step)
+          if due:
+            save(step, state)
+            saved_at = _clock()
+          if _due(step, c.metrics.every_steps, last) and not preempted:
+            with watcher.interruptible():
+              _run_hooks(active_hooks, run.writer, step, state.params)
+        except Interrupted:
+          interrupted(step, state)
+          break
+        if due:
           run.writer.flush()  # On a URL workdir, every record up to the checkpoint is on storage.
         if preempted:
           logging.warning("preempted: saved step %d; rerun the same command to resume", step)
           summary["preempted"] = True
           break
+    run.ckpt.wait()
+    run.ckpt.check_saved()  # The last save's failure, too, is this run's.
   finally:
     # Also on errors: an async save already started is a good checkpoint; let it finish.
     profiler.close()
     run.ckpt.wait()
     run.ckpt.close()
     run.writer.close()
-    watcher.close()
+  return _finished(summary, t_start)
+
+
+def _finished(summary: dict, t_start: float) -> dict:
   summary["wall_seconds"] = time.perf_counter() - t_start
   return summary

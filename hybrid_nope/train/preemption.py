@@ -1,6 +1,14 @@
-"""SIGTERM (how Cloud TPU and SLURM announce preemption) -> save at the next step boundary."""
+"""SIGTERM (how Cloud TPU and SLURM announce preemption) or Ctrl-C -> save, then exit.
+
+Between steps the signal sets a flag that the loop reads at the next step boundary. During
+work that does not change the train state and may take minutes (an eval, the recency hook),
+the loop opens an `interruptible()` section: a signal there stops the work at once, with
+`Interrupted`, and the loop saves the state it holds, so a spot VM's notice of ~30 s is
+enough. A second Ctrl-C aborts without saving.
+"""
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 
@@ -8,21 +16,52 @@ import jax
 from absl import logging
 
 
+class Interrupted(Exception):
+  """Raised inside an interruptible section when a stop signal arrives."""
+
+
 class PreemptionWatcher:
-  """Single process: a SIGTERM handler sets a flag. Several processes: JAX's preemption sync
-  service (started by jax.distributed.initialize) makes every process stop at the same step,
-  through orbax's CheckpointManager.reached_preemption."""
+  """Single process: the handlers set a flag. Several processes: JAX's preemption sync service
+  (started by jax.distributed.initialize) makes every process stop at the same step, through
+  orbax's CheckpointManager.reached_preemption; there a section is not cut short, since one
+  process leaving a collective early would hang the others."""
 
   def __init__(self):
     self._signalled = threading.Event()
-    self._previous = None
+    self._interruptible = False
+    self._previous = {}
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._on_signal)
 
-  def _on_sigterm(self, signum, frame):
-    del signum, frame
-    logging.warning("SIGTERM received: checkpointing at the next step boundary, then exiting")
+  def _on_signal(self, signum, frame):
+    del frame
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT and self._signalled.is_set():
+      raise KeyboardInterrupt  # The second Ctrl-C: abort now, without a save.
     self._signalled.set()
+    if self._interruptible and jax.process_count() == 1:
+      logging.warning("%s received: stopping this eval or hook, checkpointing, then exiting "
+                      "(Ctrl-C again aborts without saving)", name)
+      raise Interrupted(name)
+    logging.warning("%s received: checkpointing at the next step boundary, then exiting "
+                    "(Ctrl-C again aborts without saving)", name)
+
+  @property
+  def signalled(self) -> bool:
+    return self._signalled.is_set()
+
+  @contextlib.contextmanager
+  def interruptible(self):
+    """A section a stop signal cuts short (raising Interrupted); also raises at entry when a
+    signal came before it."""
+    if self._signalled.is_set() and jax.process_count() == 1:
+      raise Interrupted("signalled before")
+    self._interruptible = True
+    try:
+      yield
+    finally:
+      self._interruptible = False
 
   def should_stop(self, step: int, checkpoint_manager) -> bool:
     if jax.process_count() > 1:
@@ -30,5 +69,5 @@ class PreemptionWatcher:
     return self._signalled.is_set()
 
   def close(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)

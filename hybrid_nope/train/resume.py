@@ -1,0 +1,203 @@
+"""Where a run starts, decided before anything is built: afresh, or from which checkpoint, with
+which allowed config changes, rollback and skip; and the run's history kept beside config.json.
+
+- A fresh start in a workdir that holds records refuses, unless train.overwrite moves them
+  aside: a moved or misdirected checkpoint directory must not truncate another run's records.
+- A resume compares the config with the checkpoint's (`run_identity.check_resume`).
+- checkpoint.restore_step=N rolls back once: the checkpoints after N move to
+  checkpoints/rolled_back/; a rerun of the same command after training has passed N again
+  finds that rollback in its newest checkpoint's history and resumes from there.
+- data.skip_batches=K skips K batches once per (K, restore_step) in the lineage.
+Events go to WORKDIR/config_history.jsonl (append only) and metrics.jsonl, and into the next
+checkpoint's meta with the rest of the lineage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from absl import logging
+
+from hybrid_nope import storage
+from hybrid_nope.errors import UserError
+from hybrid_nope.train import run_identity
+from hybrid_nope.train.checkpoint import Checkpointer, move
+from hybrid_nope.train.workdir_lock import LOCK_NAME
+from hybrid_nope.validate import ConfigError
+
+CONFIG_FILE = "config.json"
+HISTORY_FILE = "config_history.jsonl"
+RECORD_FILES = ("metrics.jsonl", "recency.jsonl")  # A run has begun once these hold a line.
+OVERWRITTEN = "overwritten"  # WORKDIR/overwritten/<time>/: records a train.overwrite moved.
+
+
+class WorkdirInUseError(UserError):
+  pass
+
+
+@dataclasses.dataclass
+class ResumePlan:
+  step: int | None        # The checkpoint to restore; None = a fresh start.
+  meta: dict | None       # Its meta (None: fresh, or a checkpoint from before meta).
+  history: list[dict]     # The lineage's events, including this start's.
+  new_events: list[dict]  # The events this start adds (to record once the run is built).
+  roll_back: bool         # Move the checkpoints after `step` aside once the restore holds.
+  skip_rows: int          # Rows to read past after the restore.
+  batch_size_at_step: int  # The batch size the checkpoint's steps were read with.
+
+
+def _now() -> str:
+  return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _has_records(workdir: str) -> list[str]:
+  found = []
+  for name in RECORD_FILES:
+    path = storage.join(workdir, name)
+    if storage.exists(path) and storage.read_text(path).strip():
+      found.append(name)
+  return found
+
+
+def _move_aside(workdir: str) -> str:
+  """Moves everything of a run that left no checkpoint into WORKDIR/overwritten/<time>/."""
+  keep = {OVERWRITTEN, LOCK_NAME, "checkpoints"}
+  where = storage.join(workdir, OVERWRITTEN, time.strftime("%Y%m%dT%H%M%S", time.gmtime()))
+  storage.makedirs(where)
+  for name in storage.listdir(workdir):
+    if name not in keep and not name.startswith(".write_check"):
+      move(storage.join(workdir, name), storage.join(where, name))
+  return where
+
+
+def _fresh(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
+  records = _has_records(workdir)
+  if records and not config.train.overwrite:
+    raise WorkdirInUseError(
+        f"{workdir} holds a run's records ({', '.join(records)}) but no checkpoint in "
+        f"{ckpt.directory}: starting afresh would replace them. If the checkpoints were moved, "
+        "point --config.checkpoint.directory at them; else use a new --workdir, or pass "
+        "--config.train.overwrite=True to move the old records aside and start again")
+  if records:
+    logging.warning("train.overwrite: moved the records of the run in %s, which has no "
+                    "checkpoint, to %s", workdir, _move_aside(workdir))
+  if config.data.skip_batches:
+    raise ConfigError(f"config.data.skip_batches={config.data.skip_batches} is invalid here: "
+                      f"{workdir} has no checkpoint to resume, so there is nothing to skip "
+                      "after (expected 0 at a fresh start)")
+  for name in (CONFIG_FILE, HISTORY_FILE):  # A start that died before any record.
+    if storage.exists(storage.join(workdir, name)):
+      storage.remove(storage.join(workdir, name))
+  start = run_identity.start_event(config)
+  return ResumePlan(step=None, meta=None, history=[start], new_events=[start], roll_back=False,
+                    skip_rows=0, batch_size_at_step=int(config.data.batch_size))
+
+
+def _saved_config(workdir: str, meta: dict | None, step: int, where: str):
+  """The run-defining config of the checkpoint: in its meta, or (older checkpoints) the
+  workdir's config.json, which the trainer rewrote at every start before it was kept."""
+  if meta is not None and "config" in meta:
+    return meta["config"]
+  path = storage.join(workdir, CONFIG_FILE)
+  if not storage.exists(path):
+    logging.warning("checkpoint step %d (%s) keeps no config and %s is missing: the resume "
+                    "cannot check that the config still defines the same run", step, where, path)
+    return None
+  return run_identity.defining(json.loads(storage.read_text(path)))
+
+
+def _restore_point(config, ckpt: Checkpointer) -> tuple[int, bool]:
+  """(step to resume from, roll back?): the newest checkpoint, or checkpoint.restore_step
+  unless the newest checkpoint's lineage already rolled back to it."""
+  requested, steps = config.checkpoint.restore_step, ckpt.all_steps()
+  newest = steps[-1]
+  if requested == 0:
+    return newest, False
+  if requested not in steps:
+    raise ConfigError(f"config.checkpoint.restore_step={requested} is invalid: expected 0 "
+                      f"(the newest) or a kept step of {ckpt.directory}: {steps}")
+  if newest == requested:
+    return requested, False
+  newest_meta = ckpt.read_meta(newest) or {}
+  done = run_identity.last_rollback_to(newest_meta.get("history", []), requested)
+  if done is not None:
+    logging.warning("checkpoint.restore_step=%d: this run already rolled back to step %d (at "
+                    "%s) and has trained on to step %d since: resuming from step %d, not "
+                    "rolling back again (to roll back once more, set restore_step to a step "
+                    "kept since)", requested, requested, done.get("time", "?"), newest, newest)
+    return newest, False
+  return requested, True
+
+
+def plan(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
+  """Raises RunChangedError, WorkdirInUseError or ConfigError before anything is built."""
+  if not ckpt.all_steps():
+    return _fresh(config, workdir, ckpt)
+  step, roll_back = _restore_point(config, ckpt)
+  meta = ckpt.read_meta(step)
+  where = ckpt.step_directory(step)
+  saved = _saved_config(workdir, meta, step, where)
+  found = {}
+  if saved is not None:
+    found, warnings = run_identity.check_resume(saved, config, step=step, where=where)
+    for warning in warnings:
+      logging.warning("%s", warning)
+  saved_batch = (saved or {}).get("data.batch_size", int(config.data.batch_size))
+  history = list((meta or {}).get("history") or [
+      {**run_identity.start_event(config), "batch_size": saved_batch}])
+  events = []
+  if found:
+    events.append(run_identity.change_event(step, found, config))
+  if roll_back:
+    newer = [s for s in ckpt.all_steps() if s > step]
+    events.append({"step": step, "event": run_identity.EVENT_ROLLBACK, "from_step": newer[-1],
+                   "moved": newer})
+  skip = int(config.data.skip_batches)
+  restore_step = int(config.checkpoint.restore_step)
+  if skip and run_identity.skip_applied(history, skip, restore_step):
+    logging.warning("data.skip_batches=%d (with checkpoint.restore_step=%d) was applied earlier "
+                    "in this run: not skipping again", skip, restore_step)
+    skip = 0
+  if skip:
+    events.append({"step": step, "event": run_identity.EVENT_SKIP, "batches": skip,
+                   "restore_step": restore_step, "batch_size": int(config.data.batch_size),
+                   "skipped_rows": skip * int(config.data.batch_size)})
+  events = [{**e, "time": _now()} for e in events]
+  return ResumePlan(step=step, meta=meta, history=history + events, new_events=events,
+                    roll_back=roll_back, skip_rows=skip * int(config.data.batch_size),
+                    batch_size_at_step=int(saved_batch))
+
+
+def _without_time(event: dict) -> dict:
+  """An event as a rerun would derive it again: without its time and the config written."""
+  return {k: v for k, v in event.items() if k not in ("time", "config")}
+
+
+def record(workdir: str, config, events: list[dict], writer) -> None:
+  """Writes config.json (once: never rewritten), and each event not yet on record to
+  config_history.jsonl and metrics.jsonl (a rerun from the same checkpoint repeats its events;
+  they are recorded once). Process 0 only."""
+  if not writer.active:
+    return
+  config_path = storage.join(workdir, CONFIG_FILE)
+  if not storage.exists(config_path):
+    storage.write_text(config_path, config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+  path = storage.join(workdir, HISTORY_FILE)
+  lines = storage.read_text(path).splitlines() if storage.exists(path) else []
+  seen = [_without_time(json.loads(l)) for l in lines if l.strip()]
+  added = []
+  for event in events:
+    if _without_time(event) in seen:
+      continue
+    line = dict(event)
+    if event["event"] in (run_identity.EVENT_START, run_identity.EVENT_CHANGE):
+      line["config"] = json.loads(config.to_json_best_effort())
+    added.append(json.dumps(line) + "\n")
+    seen.append(_without_time(event))
+    if event["event"] != run_identity.EVENT_START:
+      writer.write_record("metrics.jsonl", {**{k: v for k, v in event.items()
+                                               if k not in ("step", "event")},
+                                            "step": event["step"], "event": event["event"]})
+  if added:
+    storage.write_text(path, "".join(l + "\n" for l in lines) + "".join(added))

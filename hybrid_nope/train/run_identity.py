@@ -1,0 +1,160 @@
+"""What makes a run one run: the config keys that define it, compared at every resume, and the
+run's history (config changes, rollbacks, skipped batches) that each checkpoint carries.
+
+Each checkpoint's meta holds the run-defining config it was trained under and the history of
+its lineage: the events from the run's start up to that checkpoint, in order. A resume
+compares the new config with the checkpoint's and refuses any change to a defining key, in
+one line naming each with both values, before anything is built; `train.allow_changes` names
+the keys a resume may change. An allowed change becomes a history event, as does a rollback
+(`checkpoint.restore_step`) and a skip (`data.skip_batches`). From the history follows where
+the data stream stands: rows consumed, summed over the batch sizes the run has had.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hybrid_nope.errors import UserError
+
+# Keys whose change makes another run: the architecture, what a step sees, the init and the
+# data order, and the learning-rate schedule. Implementation choices (kernels, remat) produce
+# the same function and may change freely, as may eval, logging and checkpoint settings.
+DEFINING_PREFIXES = ("model.",)
+DEFINING_KEYS = ("data.batch_size", "data.seq_len", "train.seed", "train.learning_rate",
+                 "train.warmup_steps", "train.min_learning_rate_ratio", "train.steps")
+FREE_MODEL_KEYS = ("model.attention_impl", "model.linear_impl", "model.remat")
+# train.steps sets the cosine decay's length: lowering it is allowed with a warning (the run
+# stops earlier; the schedule from here on decays faster), raising it needs the opt-in.
+STEPS_KEY = "train.steps"
+
+EVENT_START, EVENT_CHANGE, EVENT_ROLLBACK, EVENT_SKIP = ("start", "config_change", "rollback",
+                                                         "skip_batches")
+
+
+class RunChangedError(UserError):
+  """A resume whose config would make the workdir hold another run."""
+
+
+def flat(config) -> dict[str, Any]:
+  """{"section.key": value} of a ConfigDict or nested dict, values as JSON would hold them
+  (tuples as lists), so a config and one read back from meta compare equal."""
+  tree = config.to_dict() if hasattr(config, "to_dict") else config
+  out = {}
+
+  def walk(prefix, node):
+    for key, value in node.items():
+      name = f"{prefix}{key}"
+      if isinstance(value, dict):
+        walk(name + ".", value)
+      else:
+        out[name] = json.loads(json.dumps(value, default=str))
+  walk("", tree)
+  return out
+
+
+def is_defining(key: str) -> bool:
+  return key not in FREE_MODEL_KEYS and (key.startswith(DEFINING_PREFIXES)
+                                         or key in DEFINING_KEYS)
+
+
+def defining(config) -> dict[str, Any]:
+  """The run-defining part of `config`, flat: what each checkpoint's meta keeps."""
+  return {k: v for k, v in flat(config).items() if is_defining(k)}
+
+
+def allowed_changes(config) -> tuple[str, ...]:
+  """train.allow_changes as key names: a tuple, or one comma-separated string."""
+  value = config.train.allow_changes
+  keys = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
+  keys = tuple(k.strip() for k in keys if k.strip())
+  known = flat(config)
+  for key in keys:
+    if key not in known:
+      raise UserError(f"config.train.allow_changes names {key!r}, which is no config key: "
+                      "expected run-defining keys such as data.batch_size or model.window")
+    if not is_defining(key):
+      raise UserError(f"config.train.allow_changes names {key!r}, which a resume may change "
+                      "anyway: list only run-defining keys (model.*, data.batch_size, "
+                      f"data.seq_len, train.seed and the schedule: {', '.join(DEFINING_KEYS[3:])})")
+  return keys
+
+
+def _show(value) -> str:
+  return json.dumps(value)
+
+
+def changes(saved: dict, current: dict) -> dict[str, tuple]:
+  """{key: (saved value, current value)} for each defining key that differs."""
+  return {k: (saved.get(k, "(absent)"), current.get(k, "(absent)"))
+          for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)}
+
+
+def check_resume(saved: dict, config, *, step: int, where: str) -> tuple[dict, list[str]]:
+  """(allowed changes {key: (old, new)}, warnings) of resuming the checkpoint `where` at
+  `step`, whose run-defining config is `saved`, under `config`; raises RunChangedError naming
+  every change that is not allowed."""
+  found = changes(saved, defining(config))
+  allowed = set(allowed_changes(config))
+  warnings = []
+  old_steps, new_steps = found.get(STEPS_KEY, (None, None))
+  if STEPS_KEY in found and STEPS_KEY not in allowed and isinstance(old_steps, int) and (
+      new_steps < old_steps):
+    del found[STEPS_KEY]  # Lowering train.steps is allowed: the run stops earlier.
+    warnings.append(f"train.steps lowered from {old_steps} to {new_steps}: the run stops "
+                    "earlier, and from here the cosine schedule decays to its end at the new "
+                    "train.steps")
+  refused = {k: v for k, v in found.items() if k not in allowed}
+  if refused:
+    listed = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, (a, b) in refused.items())
+    raise RunChangedError(
+        f"{where} (step {step}) was trained under another config: {listed}. A resume keeps "
+        "the run it resumes: use a new --workdir for a new run, or pass --config.train."
+        f"allow_changes={','.join(refused)} to change it in this run (recorded in "
+        "config_history.jsonl)")
+  unused = allowed - set(found)
+  if unused:
+    warnings.append(f"train.allow_changes names {sorted(unused)}, which this resume does not "
+                    "change")
+  return found, warnings
+
+
+# ---- history ------------------------------------------------------------------------------
+
+def start_event(config) -> dict:
+  return {"step": 0, "event": EVENT_START, "batch_size": int(config.data.batch_size)}
+
+
+def change_event(step: int, found: dict, config) -> dict:
+  return {"step": step, "event": EVENT_CHANGE, "batch_size": int(config.data.batch_size),
+          "changes": {k: {"from": a, "to": b} for k, (a, b) in found.items()}}
+
+
+def rows_consumed(history: list[dict], step: int) -> int:
+  """Training rows read by a run at `step` whose lineage is `history`: each step reads one
+  batch of the batch size in force, and a skip reads past its rows."""
+  rows, at, batch_size = 0, 0, None
+  for event in sorted(history, key=lambda e: e["step"]):
+    if event["step"] > step:
+      break
+    if batch_size is not None:
+      rows += (event["step"] - at) * batch_size
+    at = event["step"]
+    batch_size = event.get("batch_size", batch_size)
+    rows += event.get("skipped_rows", 0)
+  if batch_size is None:
+    raise ValueError("a run's history starts with its start event")
+  return rows + (step - at) * batch_size
+
+
+def last_rollback_to(history: list[dict], step: int) -> dict | None:
+  """The lineage's newest rollback to `step`, if there was one."""
+  done = [e for e in history if e["event"] == EVENT_ROLLBACK and e["step"] == step]
+  return done[-1] if done else None
+
+
+def skip_applied(history: list[dict], batches: int, restore_step: int) -> dict | None:
+  """The lineage's skip of `batches` requested with checkpoint.restore_step=`restore_step`, if
+  it was applied: a rerun of the same command does not skip again."""
+  done = [e for e in history if e["event"] == EVENT_SKIP and e["batches"] == batches
+          and e["restore_step"] == restore_step]
+  return done[-1] if done else None

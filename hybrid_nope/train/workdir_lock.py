@@ -1,0 +1,126 @@
+"""One trainer per workdir: process 0 holds WORKDIR/trainer.lock (host, pid, a heartbeat).
+
+A second trainer on the same workdir refuses in one line naming the holder. A lock whose
+holder is gone is taken over with a warning: on this host, a pid that no longer runs; on
+another host (shared storage, where a pid cannot be checked), a heartbeat older than
+`stale_seconds`. A local lock is created atomically (O_EXCL); on an object store (gs://) two
+trainers starting within the same second could both write it, so there it guards against a
+second launch, not a race.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+from absl import logging
+
+from hybrid_nope import storage
+from hybrid_nope.errors import UserError
+
+LOCK_NAME = "trainer.lock"
+HEARTBEAT_SECONDS = 30.0
+STALE_SECONDS = 600.0  # Twenty missed heartbeats: the holder on another host is gone.
+
+
+class WorkdirLockedError(UserError):
+  pass
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's process: it runs.
+    return True
+  return True
+
+
+class WorkdirLock:
+  """Held from `acquire()` to `release()`; a daemon thread refreshes the heartbeat."""
+
+  def __init__(self, workdir: str, *, heartbeat_seconds: float = HEARTBEAT_SECONDS,
+               stale_seconds: float = STALE_SECONDS, clock=time.time):
+    self.path = storage.join(workdir, LOCK_NAME)
+    self._local = storage.local_path(self.path)
+    self._heartbeat_seconds, self._stale_seconds, self._clock = (heartbeat_seconds,
+                                                                 stale_seconds, clock)
+    self._me = {"host": socket.gethostname(), "pid": os.getpid()}
+    self._stop = threading.Event()
+    self._thread = None
+
+  def _record(self) -> str:
+    return json.dumps({**self._me, "heartbeat": self._clock()}) + "\n"
+
+  def _holder(self) -> dict | None:
+    try:
+      return json.loads(storage.read_text(self.path))
+    except FileNotFoundError:
+      return None
+    except (json.JSONDecodeError, ValueError):
+      return {}  # Cut short while written: nobody's lock.
+
+  def _stale_reason(self, holder: dict) -> str | None:
+    """Why `holder` no longer holds the lock, or None if it does."""
+    if not holder or "pid" not in holder:
+      return f"{self.path} is unreadable"
+    if holder.get("host") == self._me["host"]:
+      return None if _pid_alive(int(holder["pid"])) else f"pid {holder['pid']} has exited"
+    age = self._clock() - float(holder.get("heartbeat", 0))
+    return (f"its heartbeat is {age:.0f} s old (stale after {self._stale_seconds:.0f} s)"
+            if age > self._stale_seconds else None)
+
+  def _ours(self, holder: dict | None) -> bool:
+    return bool(holder) and {k: holder.get(k) for k in self._me} == self._me
+
+  def _create(self) -> bool:
+    """Writes the lock if there is none; False if one exists."""
+    if self._local is None:
+      if storage.exists(self.path):
+        return False
+      storage.write_text(self.path, self._record())
+      return True
+    try:
+      fd = os.open(self._local, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, "w") as f:
+      f.write(self._record())
+    return True
+
+  def acquire(self) -> None:
+    if not self._create():
+      holder = self._holder()
+      if not self._ours(holder):  # Ours: an earlier train() of this process left it.
+        why = self._stale_reason(holder)
+        if why is None:
+          age = self._clock() - float(holder.get("heartbeat", 0))
+          raise WorkdirLockedError(
+              f"another trainer runs on this workdir: {self.path} is held by pid "
+              f"{holder['pid']} on {holder['host']} (heartbeat {age:.0f} s ago). Two trainers "
+              "on one workdir write every record twice: stop the other, or use another "
+              "--workdir")
+        logging.warning("taking over %s: %s", self.path, why)
+      storage.write_text(self.path, self._record())
+    self._thread = threading.Thread(target=self._beat, name="workdir-lock", daemon=True)
+    self._thread.start()
+
+  def _beat(self) -> None:
+    while not self._stop.wait(self._heartbeat_seconds):
+      try:
+        storage.write_text(self.path, self._record())
+      except Exception as e:  # pylint: disable=broad-except  # The workdir is gone: the run
+        logging.warning("cannot refresh %s: %s", self.path, e)  # fails on its next write.
+
+  def release(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    if self._ours(self._holder()):
+      try:
+        storage.remove(self.path)
+      except FileNotFoundError:
+        pass
