@@ -216,7 +216,7 @@ def test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite(tmp_path, 
   assert sorted(losses_by_step(tmp_path)) == list(range(1, sane.train.steps + 1))
 
 
-def test_restore_step_must_be_a_kept_step_and_deletes_newer_ones_only_once_restored(tmp_path):
+def test_restore_step_must_be_a_kept_step_and_moves_newer_ones_only_once_restored(tmp_path):
   loop.train(tiny_config(), str(tmp_path))
   reference = losses_by_step(tmp_path)
   with pytest.raises(ConfigError, match=r"restore_step=3 .* \[4, 8\]"):
@@ -246,11 +246,14 @@ def test_the_preempted_steps_eval_and_recency_are_redone_on_resume(tmp_path, mon
                        train__steps=9)
   monkeypatch.setattr(loop, "_evaluate", sigterm_during_eval_of(6))
   first = loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
-  assert first["preempted"] and first["step"] == 7
+  # The signal cut step 6's eval short: step 6 was saved at once, its eval not recorded.
+  assert first["preempted"] and first["step"] == 6
+  assert Checkpointer(str(tmp_path), keep=100).latest_step() == 6
+  assert [r["step"] for r in read_metrics(tmp_path) if "eval_loss" in r] == [1, 2, 3, 4, 5]
   monkeypatch.undo()
   loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
   evals = [r["step"] for r in read_metrics(tmp_path) if "eval_loss" in r]
-  assert evals == list(range(1, 10))  # Step 7's eval ran on resume, before step 8.
+  assert evals == list(range(1, 10))  # Step 6's eval ran on resume, before step 7.
   assert recorded_steps(tmp_path) == set(range(0, 10))
   with open(tmp_path / "recency.jsonl") as f:
     per_step = [json.loads(line)["step"] for line in f]

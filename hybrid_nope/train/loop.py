@@ -201,8 +201,9 @@ def _resume(config, plan: resume.ResumePlan, ckpt: Checkpointer, state, state_sh
                rows)
   if plan.roll_back:  # Only after the restore held: those steps are trained again.
     moved, where = ckpt.roll_back_after(plan.step)
-    logging.warning("checkpoint.restore_step=%d: moved the newer checkpoints %s to %s (kept, "
-                    "not deleted)", plan.step, moved, where)
+    if moved:
+      logging.warning("checkpoint.restore_step=%d: moved the newer checkpoints %s to %s "
+                      "(kept, not deleted)", plan.step, moved, where)
   if plan.skip_rows:
     logging.warning("data.skip_batches=%d: skipping rows %d to %d of the training stream",
                     config.data.skip_batches, rows, rows + plan.skip_rows - 1)

@@ -109,7 +109,8 @@ def _saved_config(workdir: str, meta: dict | None, step: int, where: str):
 
 def _restore_point(config, ckpt: Checkpointer) -> tuple[int, bool]:
   """(step to resume from, roll back?): the newest checkpoint, or checkpoint.restore_step
-  unless the newest checkpoint's lineage already rolled back to it."""
+  unless the newest checkpoint's lineage already rolled back to it (resumed from it under that
+  flag, whether or not newer checkpoints were moved then)."""
   requested, steps = config.checkpoint.restore_step, ckpt.all_steps()
   newest = steps[-1]
   if requested == 0:
@@ -117,9 +118,7 @@ def _restore_point(config, ckpt: Checkpointer) -> tuple[int, bool]:
   if requested not in steps:
     raise ConfigError(f"config.checkpoint.restore_step={requested} is invalid: expected 0 "
                       f"(the newest) or a kept step of {ckpt.directory}: {steps}")
-  if newest == requested:
-    return requested, False
-  newest_meta = ckpt.read_meta(newest) or {}
+  newest_meta = (ckpt.read_meta(newest) or {}) if newest != requested else {}
   done = run_identity.last_rollback_to(newest_meta.get("history", []), requested)
   if done is not None:
     logging.warning("checkpoint.restore_step=%d: this run already rolled back to step %d (at "
@@ -151,7 +150,7 @@ def plan(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
     events.append(run_identity.change_event(step, found, config))
   if roll_back:
     newer = [s for s in ckpt.all_steps() if s > step]
-    events.append({"step": step, "event": run_identity.EVENT_ROLLBACK, "from_step": newer[-1],
+    events.append({"step": step, "event": run_identity.EVENT_ROLLBACK,
                    "moved": newer})
   skip = int(config.data.skip_batches)
   restore_step = int(config.checkpoint.restore_step)

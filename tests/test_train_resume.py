@@ -1,0 +1,181 @@
+"""A run stays one run: what a resume refuses, allows and records; fresh starts, rollbacks and
+skips that happen once. End to end on the tiny config; refusals come before anything compiles."""
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hybrid_nope.data import pipeline
+from hybrid_nope.train import loop, resume
+from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.train.run_identity import RunChangedError, rows_consumed
+from tests.helpers import REPO, take, tiny_config, tiny_flags
+
+
+def metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(l) for l in f]
+
+
+def history(workdir):
+  with open(os.path.join(workdir, resume.HISTORY_FILE)) as f:
+    return [json.loads(l) for l in f]
+
+
+def meta(workdir, step):
+  return Checkpointer(str(workdir), keep=100).read_meta(step)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A tiny run trained to step 8 (checkpoints 4 and 8)."""
+  workdir = tmp_path_factory.mktemp("trained")
+  loop.train(tiny_config(), str(workdir))
+  return workdir
+
+
+@pytest.fixture
+def run_copy(trained, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(trained, workdir)
+  return workdir
+
+
+@pytest.mark.parametrize("override,listed", [
+    (dict(model__pattern="GS"), 'model.pattern: "SG" -> "GS"'),
+    (dict(model__window=8), "model.window: 4 -> 8"),
+    (dict(model__swa_pos="nope"), 'model.swa_pos: "rope" -> "nope"'),
+    (dict(data__batch_size=4), "data.batch_size: 2 -> 4"),
+    (dict(model__d_model=64, model__tie_embeddings=False),
+     "model.d_model: 32 -> 64; model.tie_embeddings: true -> false"),
+    (dict(train__seed=3), "train.seed: 0 -> 3"),
+    (dict(train__learning_rate=1e-2), "train.learning_rate: 0.003 -> 0.01"),
+    (dict(train__steps=12), "train.steps: 8 -> 12"),
+])
+def test_a_resume_that_would_change_the_run_is_refused_naming_each_key(run_copy, override,
+                                                                      listed):
+  before = sorted(os.listdir(run_copy))
+  config_json = (run_copy / "config.json").read_text()
+  with pytest.raises(RunChangedError, match=r"checkpoints/8 \(step 8\) was trained under "
+                     rf"another config: {listed}\. .*--config\.train\.allow_changes="):
+    loop.train(tiny_config(**override), str(run_copy))
+  assert sorted(os.listdir(run_copy)) == before  # Refused before anything was written.
+  assert (run_copy / "config.json").read_text() == config_json
+
+
+def test_implementation_and_eval_keys_change_freely(run_copy):
+  summary = loop.train(tiny_config(model__attention_impl="xla", eval__every_steps=2,
+                                   checkpoint__keep=50), str(run_copy))
+  assert summary["step"] == 8
+
+
+def test_swa256_to_swa512_relaunch_is_refused_on_the_command_line(tmp_path):
+  def cli(window):
+    return subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
+                           f"--workdir={tmp_path}",
+                           *tiny_flags(model__window=window, train__steps=4)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert cli(256).returncode == 0
+  proc = cli(512)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith("train.py: ") and "model.window: 256 -> 512" in line, line
+  assert "Traceback" not in proc.stderr
+
+
+def test_an_allowed_batch_change_is_recorded_and_reads_on_from_the_exact_row(run_copy, caplog):
+  config_json = (run_copy / "config.json").read_text()
+  changed = tiny_config(data__batch_size=4, train__steps=10, checkpoint__every_steps=2,
+                        train__allow_changes=("data.batch_size", "train.steps"))
+  with caplog.at_level(logging.INFO, logger="absl"):
+    loop.train(changed, str(run_copy))
+  assert "at step 8 (16 training rows read)" in caplog.text
+  # Steps 1-8 read rows 0-15 at batch 2; steps 9-10 rows 16-23 at batch 4.
+  assert meta(run_copy, 10)["data_position"] == {"rows": 24}
+  assert rows_consumed(meta(run_copy, 10)["history"], 10) == 24
+  assert (run_copy / "config.json").read_text() == config_json  # Never rewritten.
+  events = history(run_copy)
+  assert [e["event"] for e in events] == ["start", "config_change"]
+  assert events[1]["changes"] == {"data.batch_size": {"from": 2, "to": 4},
+                                  "train.steps": {"from": 8, "to": 10}}
+  assert events[1]["config"]["data"]["batch_size"] == 4
+  recorded = [r for r in metrics(run_copy) if r.get("event") == "config_change"]
+  assert len(recorded) == 1 and recorded[0]["step"] == 8
+  # The rows a batch-4 step 9 reads are the batch-2 stream's batches 8 and 9.
+  stream = take(pipeline.train_iterator(tiny_config()), 10)
+  resumed = next(pipeline.train_iterator(tiny_config(data__batch_size=4), start_row=16))
+  np.testing.assert_array_equal(resumed["inputs"],
+                                np.concatenate([stream[8]["inputs"], stream[9]["inputs"]]))
+  # A rerun of the same command resumes the new run as it is, and records nothing twice.
+  loop.train(changed, str(run_copy))
+  assert len(history(run_copy)) == 2
+
+
+def test_lowering_train_steps_warns_and_raising_it_needs_the_opt_in(run_copy, caplog):
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    summary = loop.train(tiny_config(train__steps=6), str(run_copy))
+  assert summary["step"] == 8 and "train.steps lowered from 8 to 6" in caplog.text
+  assert "nothing to train" in caplog.text
+
+
+def test_a_fresh_start_over_a_runs_records_refuses_unless_overwrite(run_copy, caplog):
+  shutil.move(run_copy / "checkpoints", run_copy.parent / "moved_checkpoints")
+  lines = (run_copy / "metrics.jsonl").read_text()
+  with pytest.raises(resume.WorkdirInUseError, match=r"holds a run's records \(metrics.jsonl"
+                     r"\) but no checkpoint .*--config.train.overwrite=True"):
+    loop.train(tiny_config(), str(run_copy))
+  assert (run_copy / "metrics.jsonl").read_text() == lines
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    loop.train(tiny_config(train__steps=4, train__overwrite=True), str(run_copy))
+  assert "moved the records" in caplog.text
+  (aside,) = os.listdir(run_copy / resume.OVERWRITTEN)
+  assert (run_copy / resume.OVERWRITTEN / aside / "metrics.jsonl").read_text() == lines
+  assert max(r["step"] for r in metrics(run_copy)) == 4  # The new run's own records.
+
+
+def test_a_relative_checkpoint_directory_run_from_elsewhere_finds_its_checkpoints(
+    tmp_path, monkeypatch):
+  config = tiny_config(train__steps=4, checkpoint__directory="ckpts")
+  monkeypatch.chdir(tmp_path)
+  loop.train(config, str(tmp_path / "run"))
+  monkeypatch.chdir("/")
+  config.train.steps, config.train.allow_changes = 6, ("train.steps",)
+  assert loop.train(config, str(tmp_path / "run"))["step"] == 6
+  assert sorted(os.listdir(tmp_path / "run" / "ckpts")) == ["4", "6"]
+
+
+def test_restore_step_rolls_back_once_and_skip_batches_skips_once(run_copy, caplog):
+  reference = {r["step"]: r["loss"] for r in metrics(run_copy) if "loss" in r}
+  rollback = tiny_config(checkpoint__restore_step=4)
+  loop.train(rollback, str(run_copy))
+  (moved,) = os.listdir(run_copy / "checkpoints" / "rolled_back")
+  assert os.listdir(run_copy / "checkpoints" / "rolled_back" / moved) == ["8"]
+  again = {r["step"]: r["loss"] for r in metrics(run_copy) if "loss" in r}
+  assert again == reference  # Steps 5-8 trained again, identically.
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    loop.train(rollback, str(run_copy))  # As a requeue reruns the command.
+  assert "already rolled back to step 4" in caplog.text
+  assert len(os.listdir(run_copy / "checkpoints" / "rolled_back")) == 1
+  assert Checkpointer(str(run_copy), keep=100).all_steps() == [4, 8]
+  skip = tiny_config(checkpoint__restore_step=4, data__skip_batches=2,
+                     train__steps=10, train__allow_changes=("train.steps",))
+  shutil.rmtree(run_copy / "checkpoints" / "8")  # A spike after 4: go back to it, skip 2.
+  loop.train(skip, str(run_copy))
+  # Rows: 4 steps x 2, 2 skipped batches x 2, 6 steps x 2.
+  assert meta(run_copy, 10)["data_position"] == {"rows": 24}
+  assert [r["skipped_rows"] for r in metrics(run_copy) if r.get("event") == "skip_batches"] == [4]
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    loop.train(skip, str(run_copy))
+  assert "applied earlier in this run: not skipping again" in caplog.text
+  assert meta(run_copy, 10)["data_position"] == {"rows": 24}
+
+
+def test_skip_batches_at_a_fresh_start_is_refused(tmp_path):
+  with pytest.raises(Exception, match="data.skip_batches=2 is invalid here"):
+    loop.train(tiny_config(data__skip_batches=2), str(tmp_path))
