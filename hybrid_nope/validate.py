@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -101,6 +102,34 @@ def eval_fraction(config) -> float:
   return number_in(config, "data.eval_fraction", 0, 1, "a float in (0, 1)")
 
 
+EXCLUDE_SAMPLES_FORM = ('a tuple of distinct "DOMAIN/SHARD:SAMPLE" strings, e.g. '
+                        '("book-65536/shard.00003.mds:7",): a data.domains name, a shard\'s '
+                        'basename as its index.json names it, the sample\'s index in the shard')
+
+
+def split_sample_ref(entry: str) -> tuple[str, int]:
+  """"book-65536/shard.00003.mds:7" -> ("book-65536/shard.00003.mds", 7); ConfigError if the
+  entry of data.exclude_samples is not of that form."""
+  where, _, sample = entry.rpartition(":") if isinstance(entry, str) else ("", "", "")
+  domain, _, shard = where.partition("/")
+  _require(bool(domain and shard and re.fullmatch(r"[0-9]+", sample)),
+           "data.exclude_samples", entry, EXCLUDE_SAMPLES_FORM)
+  return where, int(sample)
+
+
+def exclude_samples(config) -> tuple[str, ...]:
+  """data.exclude_samples, each entry checked (split_sample_ref); empty unless data.source is
+  mds (only MDS samples are named by shard)."""
+  x = value(config, "data.exclude_samples")
+  _require(isinstance(x, (tuple, list)) and all(isinstance(e, str) for e in x)
+           and len(set(x)) == len(x), "data.exclude_samples", x, EXCLUDE_SAMPLES_FORM)
+  for entry in x:
+    split_sample_ref(entry)
+  _require(not x or value(config, "data.source") == "mds", "data.exclude_samples", x,
+           "() unless data.source='mds' (it names samples of MDS shards)")
+  return tuple(x)
+
+
 def validate(config, *, check_paths: bool = True) -> None:
   """Raises ConfigError naming the first bad key. `check_paths=False` skips the checks that
   data directories exist (launch/lower.py lowers a step without reading any data)."""
@@ -147,6 +176,10 @@ def validate(config, *, check_paths: bool = True) -> None:
     eval_fraction(config)
   string(config, "data.cache_dir", "a path or '' (the default cache)")
   boolean(config, "data.document_masking")
+  exclude_samples(config)
+  if d.source == "mds":
+    from hybrid_nope.data import mixture  # pylint: disable=g-import-not-at-top
+    mixture.parse_domains(value(config, "data.domains"))
   if d.source == "mds" and check_paths:
     _require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
              "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")

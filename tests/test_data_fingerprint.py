@@ -39,10 +39,10 @@ def test_each_stdlib_change_is_named(override, changed):
   assert names == changed
 
 
-def mds_config(path, domains=DOMAINS):
+def mds_config(path, domains=DOMAINS, exclude_samples=()):
   return ml_collections.ConfigDict({
       "data": {"source": "mds", "path": str(path), "domains": domains, "seq_len": 128,
-               "seed": 0, "document_masking": True},
+               "seed": 0, "document_masking": True, "exclude_samples": exclude_samples},
       "eval": {"path": "/eval"}, "model": {"vocab_size": 258}})
 
 
@@ -74,3 +74,15 @@ def test_an_mds_fingerprint_names_a_rewritten_shard_index_and_a_new_mixture(tmp_
   names = {c.split(":")[0]
            for c in changed_data(before, data_fingerprint(mds_config(copy), other_eval))}
   assert "eval.rows_sha1" in names
+
+
+def test_a_resume_with_other_excluded_samples_is_seen():
+  before = data_fingerprint(mds_config(PROLONG), EVAL)
+  assert "data.exclude_samples" not in before  # As in fingerprints from before the key.
+  one = data_fingerprint(mds_config(PROLONG, exclude_samples=("book-65536/shard.00001.mds:0",)),
+                         EVAL)
+  assert [c.split(":")[0] for c in changed_data(before, one)] == ["data.exclude_samples"]
+  two = ("fineweb-edu/shard.00000.mds:3", "book-65536/shard.00001.mds:0")
+  both = data_fingerprint(mds_config(PROLONG, exclude_samples=two), EVAL)
+  assert [c.split(":")[0] for c in changed_data(one, both)] == ["data.exclude_samples"]
+  assert both == data_fingerprint(mds_config(PROLONG, exclude_samples=two[::-1]), EVAL)

@@ -9,6 +9,7 @@ tests/testdata/mds/VERSIONS.json) and recorded what streaming's own reader decod
 import filecmp
 import hashlib
 import json
+import logging
 import mmap
 import multiprocessing
 import os
@@ -85,7 +86,7 @@ def test_ndarrays_are_read_only_views_of_the_memory_map():
 ])
 def test_write_mds_is_byte_identical_to_mdswriter(name, columns, samples, kwargs, tmp_path):
   out = tmp_path / "out"
-  mds.write_mds(str(out), columns, samples(), **kwargs)
+  mds.write_mds(str(out), columns, samples(), **{"hashes": (), **kwargs})  # MDSWriter's default
   fixture = os.path.join(MDS, name)
   assert sorted(os.listdir(out)) == sorted(os.listdir(fixture))
   for filename in os.listdir(fixture):
@@ -110,8 +111,10 @@ def test_zstd_shards_are_decompressed_once_into_the_cache(tmp_path):
   name = os.path.join(PROLONG, "thestackv1_concat_by_repo-65536")
   ds = mds.MDSDataset(name, cache_dir=str(cache))
   first = [ds[i]["input_ids"].copy() for i in range(len(ds))]
-  cached = sorted(p for p in cache.rglob("*") if p.is_file())
+  cached = sorted(p for p in cache.rglob("*.mds"))
   assert [p.name for p in cached] == [f"shard.{i:05}.mds" for i in range(4)]
+  assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == sorted(
+      [p.name for p in cached] + [p.name + ".sha1" for p in cached])
   mtimes = [p.stat().st_mtime_ns for p in cached]
   again = mds.MDSDataset(name, cache_dir=str(cache))
   for i, ids in enumerate(first):
@@ -297,7 +300,7 @@ def test_uncompressed_copy_next_to_the_zip_is_used_in_place(tmp_path):
   directory = copy_fixture(tmp_path, "prolong/thestackv1_concat_by_repo-65536")
   ds = mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"))
   ds[0]
-  for cached in (tmp_path / "cache").rglob("shard.*"):
+  for cached in (tmp_path / "cache").rglob("shard.*.mds"):
     shutil.copy(cached, directory / cached.name)
   shutil.rmtree(tmp_path / "cache")
   ds = mds.MDSDataset(str(directory), cache_dir=str(tmp_path / "cache"))
@@ -383,8 +386,8 @@ def test_hashes_hashlib_lacks_fail_unless_verification_is_off(tmp_path):
 def test_one_header_decoder_gives_sample_reads_and_array_lengths_the_same_error(
     tmp_path, corrupt, message):
   out = tmp_path / "ds"
-  mds.write_mds(str(out), {"x": "ndarray"},
-                ({"x": np.arange(i + 1, dtype=np.int32)} for i in range(5)))
+  mds.write_mds(str(out), {"x": "ndarray"},  # No hashes: the header check is the one to see.
+                ({"x": np.arange(i + 1, dtype=np.int32)} for i in range(5)), hashes=())
   shard = out / "shard.00000.mds"
   u8 = bytearray(shard.read_bytes())
   offsets = np.frombuffer(bytes(u8[4:4 + 4 * 6]), "<u4")
@@ -395,3 +398,110 @@ def test_one_header_decoder_gives_sample_reads_and_array_lengths_the_same_error(
   for read in (lambda: ds[3], lambda: ds.array_lengths("x")):
     with pytest.raises(mds.MDSFormatError, match=f"sample 3 of .*shard.00000.mds.*{message}"):
       read()
+
+
+# ---- the cache of decompressed shards, hashes by default, token ranges ------------------------
+
+def cached_copies(cache):
+  return sorted(cache.rglob("shard.*.mds"))
+
+
+def a_new_process(monkeypatch):
+  """What a new process knows of the cache: no copy checked yet."""
+  monkeypatch.setattr(mds.cache, "_verified", set())
+
+
+def test_a_flipped_cached_shard_is_refused_naming_it(tmp_path, monkeypatch):
+  cache = tmp_path / "cache"
+  path = os.path.join(PROLONG, "thestackv1_concat_by_repo-65536")
+  original = [s["input_ids"].copy() for s in mds.MDSDataset(path, cache_dir=str(cache))]
+  copy = cached_copies(cache)[2]
+  stat = copy.stat()
+  flip_one_bit(copy, 0.9)  # Same size, and (below) the same mtime: only the bytes tell.
+  os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  a_new_process(monkeypatch)
+  ds = mds.MDSDataset(path, cache_dir=str(cache))
+  ds[0]
+  with pytest.raises(mds.MDSFormatError) as e:
+    ds[2]
+  message = str(e.value)
+  assert "\n" not in message and message.startswith(str(copy))
+  assert f"delete it (rm {copy})" in message and "decompressed again" in message
+  os.remove(copy)  # As the message says: the next read decompresses it again.
+  ds = mds.MDSDataset(path, cache_dir=str(cache))
+  for i, ids in enumerate(original):
+    np.testing.assert_array_equal(ds[i]["input_ids"], ids)
+
+
+def test_a_cached_copy_is_hashed_once_per_process(tmp_path, monkeypatch):
+  cache = str(tmp_path / "cache")
+  path = os.path.join(PROLONG, "thestackv1_concat_by_repo-65536")
+  mds.MDSDataset(path, cache_dir=cache).array_lengths("input_ids")  # Decompressed: trusted.
+  digests = []
+  real = hashlib.file_digest
+  monkeypatch.setattr(hashlib, "file_digest", lambda f, a: digests.append(a) or real(f, a))
+  mds.MDSDataset(path, cache_dir=cache).array_lengths("input_ids")
+  assert digests == []
+  a_new_process(monkeypatch)
+  mds.MDSDataset(path, cache_dir=cache).array_lengths("input_ids")
+  mds.MDSDataset(path, cache_dir=cache).array_lengths("input_ids")
+  assert digests == ["sha1"] * 4  # Each of the 4 copies, once.
+
+
+def test_a_cached_copy_without_its_sidecar_is_decompressed_again(tmp_path, monkeypatch):
+  cache = tmp_path / "cache"
+  path = os.path.join(PROLONG, "thestackv1_concat_by_repo-65536")
+  original = mds.MDSDataset(path, cache_dir=str(cache))[1]["input_ids"].copy()
+  [copy] = cached_copies(cache)  # Only sample 1's shard was read.
+  flip_one_bit(copy, 0.9)
+  os.remove(str(copy) + ".sha1")  # As an older version left the cache.
+  a_new_process(monkeypatch)
+  np.testing.assert_array_equal(mds.MDSDataset(path, cache_dir=str(cache))[1]["input_ids"],
+                                original)
+  assert os.path.exists(str(copy) + ".sha1")
+  digest = hashlib.sha1(copy.read_bytes()).hexdigest()
+  assert open(str(copy) + ".sha1").read() == f"{digest}  {copy.name}\n"  # sha1sum -c reads it
+
+
+def test_write_mds_writes_sha1_hashes_by_default(tmp_path):
+  mds.write_mds(str(tmp_path / "d"), {"x": "ndarray:int32"},
+                [{"x": np.arange(3, dtype=np.int32)}])
+  index = json.loads((tmp_path / "d" / "index.json").read_text())
+  shard = index["shards"][0]
+  assert shard["hashes"] == ["sha1"]
+  data = (tmp_path / "d" / "shard.00000.mds").read_bytes()
+  assert shard["raw_data"]["hashes"] == {"sha1": hashlib.sha1(data).hexdigest()}
+
+
+def test_a_dataset_without_hashes_warns_once_that_nothing_is_verified(tmp_path, caplog):
+  unhashed, hashed = str(tmp_path / "unhashed"), str(tmp_path / "hashed")
+  for path, hashes in ((unhashed, ()), (hashed, ("sha1",))):
+    mds.write_mds(path, {"x": "ndarray:int32"},
+                  [{"x": np.arange(300, dtype=np.int32)} for _ in range(9)], hashes=hashes,
+                  size_limit=2000)
+  with caplog.at_level(logging.WARNING, logger="hybrid_nope.data.mds.dataset"):
+    for _ in range(3):
+      mds.MDSDataset(unhashed)[0]
+      mds.MDSDataset(hashed)[0]
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert len(warnings) == 1
+  assert warnings[0].startswith(os.path.join(unhashed, "index.json"))
+  assert "lists no hashes for 9 of its 9 shards" in warnings[0] and "not verified" in warnings[0]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint32, np.int64, np.uint64])
+def test_array_extremes_are_each_samples_min_and_max(tmp_path, dtype):
+  rng = np.random.default_rng(0)
+  info = np.iinfo(dtype)  # Ids past 2**63 - 1 come back wrapped (negative: out of any range).
+  arrays = [rng.integers(info.min, min(info.max, 2**63 - 1), size=n, dtype=dtype, endpoint=True)
+            for n in rng.integers(1, 40, size=200)]
+  mds.write_mds(str(tmp_path / "d"), {"ids": f"ndarray:{np.dtype(dtype).name}", "s": "str"},
+                [{"ids": a, "s": "x" * i} for i, a in enumerate(arrays)], size_limit=3000)
+  ds = mds.MDSDataset(str(tmp_path / "d"))
+  assert ds.num_shards > 3
+  extremes = [np.stack(ds.array_extremes("ids", n), 1) for n in range(ds.num_shards)]
+  np.testing.assert_array_equal(np.concatenate(extremes),
+                                [[int(a.min()), int(a.max())] for a in arrays])
+  assert ds.index_of(ds.shard_basename(2), 1) == ds.first_index(2) + 1
+  with pytest.raises(LookupError, match="no shard 'shard.99999.mds'"):
+    ds.index_of("shard.99999.mds", 0)

@@ -4,6 +4,7 @@ raw domain) and on small datasets written with mds.write_mds."""
 
 import collections
 import os
+import re
 import sys
 
 import grain
@@ -12,9 +13,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from hybrid_nope import validate
 from hybrid_nope.data import mds
+from hybrid_nope.data import mixture
 from hybrid_nope.data import pipeline
 from hybrid_nope.data import prolong
+from hybrid_nope.errors import UserError
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 sys.path.insert(0, TESTDATA)
@@ -35,7 +39,7 @@ def make_config(cache_dir, **overrides):
   config = ml_collections.ConfigDict({
       "data": {"source": "mds", "path": PROLONG, "domains": DOMAINS, "seq_len": T,
                "batch_size": 8, "seed": 0, "document_masking": True, "cache_dir": cache_dir,
-               "verify_hashes": True},
+               "verify_hashes": True, "exclude_samples": ()},
       "model": {"vocab_size": 258},
   })
   for key, value in overrides.items():
@@ -54,12 +58,12 @@ def domain(name, cache_dir, **kwargs):
 # ---- mixture ----------------------------------------------------------------------------------
 
 def test_prolong_64k_mixture_weights():
-  specs = prolong.parse_domains((
+  specs = mixture.parse_domains((
       "thestackv1_concat_by_repo-65536@0.3", "book-65536@0.3", "fineweb-edu@0.1",
       "fineweb-2023-50@0.1", "stackexchange@0.04", "dolmawiki@0.04", "tuluv2@0.03",
       "arxiv@0.03", "openwebmath@0.03", "textbooks@0.03"))
   assert [s.weight for s in specs] == [30, 30, 10, 10, 4, 4, 3, 3, 3, 3]
-  assert [s.weight for s in prolong.parse_domains(["a@2", "b@1", "c@0"])] == [2, 1, 0]
+  assert [s.weight for s in mixture.parse_domains(["a@2", "b@1", "c@0"])] == [2, 1, 0]
 
 
 @pytest.mark.parametrize("domains, match", [
@@ -69,23 +73,28 @@ def test_prolong_64k_mixture_weights():
     (("a", "b@1"), "'name@proportion'"),
     (("a@1@2",), "'name@proportion'"),
     (("@1",), "name must be non-empty"),
+    (("@0.5",), "name must be non-empty.*'name@proportion'"),
     (("a@x",), "finite"),
+    (("book@x",), "'book@x' is invalid.*'name@proportion'"),
+    (("book@",), "'book@' is invalid.*'name@proportion'"),
     (("a@1", "a@2"), "more than once"),
-    ((), "non-empty list"),
-    ("a@1", "non-empty list"),
+    ((), "non-empty tuple"),
+    ("a@1", "non-empty tuple of 'name@proportion'"),
+    (5, "non-empty tuple of 'name@proportion'"),
+    ((5,), "entry 5 is invalid"),
     (("a@1", "b@1e-9"), "resolution"),
 ])
-def test_bad_domains_name_the_key(domains, match):
-  with pytest.raises(ValueError, match=match) as e:
-    prolong.parse_domains(domains)
-  assert "config.data.domains" in str(e.value)
+def test_bad_domains_are_one_line_config_errors_naming_the_key(domains, match):
+  with pytest.raises(validate.ConfigError, match=match) as e:
+    mixture.parse_domains(domains)
+  assert str(e.value).startswith("config.data.domains") and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("weights", [
     (3, 1, 2), (30, 30, 10, 10, 4, 4, 3, 3, 3, 3), (1,), (7, 1), (1,) * 9 + (97,),
     (5, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1)])
 def test_mixture_schedule_is_exact_and_consecutive(weights):
-  schedule = prolong.MixtureSchedule(weights)
+  schedule = mixture.MixtureSchedule(weights)
   total = sum(weights)
   counts = np.zeros(len(weights), np.int64)
   for k in range(3 * total + 5):
@@ -101,8 +110,8 @@ def test_mixture_schedule_is_exact_and_consecutive(weights):
 
 
 def test_mixture_schedule_rejects_huge_cycles():
-  with pytest.raises(ValueError, match="fewer digits"):
-    prolong.MixtureSchedule((999983, 999979))
+  with pytest.raises(validate.ConfigError, match="fewer digits"):
+    mixture.MixtureSchedule((999983, 999979))
 
 
 def test_mixture_rows_follow_the_proportions(cache_dir):
@@ -227,10 +236,11 @@ def rows_of(path, **kwargs):
 def test_token_id_at_or_above_vocab_size_names_the_sample(tmp_path):
   path = write(tmp_path, [packed(range(10), [[0, 10]]), packed([1, 2, 258, 3], [[0, 4]])])
   rows = rows_of(path)
-  rows[0]
-  with pytest.raises(ValueError, match=r"token id 258 >= model\.vocab_size=258 at position 2 "
-                                       r"of input_ids in sample 1 of .*shard\.00000\.mds"):
-    rows[3]
+  # The whole shard is checked when its first row is read: sample 0's row fails too.
+  with pytest.raises(prolong.TokenRangeError,
+                     match=r"token id 258 at position 2 of input_ids in sample 1 of "
+                           r".*shard\.00000\.mds .* outside \[0, model\.vocab_size=258\)"):
+    rows[0]
 
 
 @pytest.mark.parametrize("indices, match", [
@@ -268,10 +278,10 @@ def test_domain_without_input_ids(tmp_path):
 
 
 def test_missing_paths_name_the_key(tmp_path):
-  with pytest.raises(FileNotFoundError, match=r"config\.data\.path"):
+  with pytest.raises(validate.ConfigError, match=r"config\.data\.path"):
     prolong.build_mixture(str(tmp_path / "nope"), DOMAINS, seq_len=T, document_masking=True,
                           vocab_size=258, seed=0)
-  with pytest.raises(FileNotFoundError, match=r"domain 'missing' of config\.data\.domains"):
+  with pytest.raises(validate.ConfigError, match=r"domain 'missing' of config\.data\.domains"):
     prolong.build_mixture(PROLONG, ("book-65536@1", "missing@1"), seq_len=T,
                           document_masking=True, vocab_size=258, seed=0)
 
@@ -335,5 +345,167 @@ def test_bad_mds_config_names_the_key(cache_dir, key, value):
 
 def test_vocab_size_too_small_for_the_data(cache_dir):
   iterator = pipeline.train_iterator(make_config(cache_dir, **{"model.vocab_size": 200}))
-  with pytest.raises(ValueError, match=r">= model\.vocab_size=200 .* of .*shard\.\d{5}\.mds"):
+  with pytest.raises(prolong.TokenRangeError,
+                     match=r"of .*shard\.\d{5}\.mds.* outside \[0, model\.vocab_size=200\)"):
     next(iterator)
+
+
+# ---- token columns, token ranges, excluded samples --------------------------------------------
+
+@pytest.mark.parametrize("column, encoding", [
+    ("input_ids", "ndarray:float32"), ("input_ids", "ndarray:float16"), ("input_ids", "ndarray"),
+    ("input_ids", "str"), ("indices", "ndarray:float64")])
+def test_token_columns_must_be_integer_ndarrays(tmp_path, column, encoding):
+  columns = {**fixture_samples.PACKED_COLUMNS, column: encoding}
+  value = {"ndarray": np.arange(10, dtype=np.float32), "str": "0 1 2"}.get(
+      encoding, np.arange(10).astype(encoding.partition(":")[2] or "float32"))
+  sample = {**packed(range(10), [[0, 10]]), column: value}
+  if column == "indices":
+    sample[column] = np.array([[0, 10]], encoding.partition(":")[2])
+  path = write(tmp_path, [sample], columns)
+  with pytest.raises(mds.MDSFormatError) as e:
+    rows_of(path)
+  message = str(e.value)
+  assert message == (f"{path / 'index.json'}: column {column!r} is declared {encoding!r}; token "
+                     "columns must be integer ndarrays with a declared dtype, e.g. "
+                     "'ndarray:uint32' (ProLong's)")
+
+
+def bad_token_domain(tmp_path, name="dom", bad=((2, 5, 7),)):
+  """A packed domain of 40 samples (4 per shard) of 12 tokens; `bad`: (shard, sample, id)."""
+  samples = [packed(np.arange(12) + 10 * i, [[0, 6], [6, 12]]) for i in range(40)]
+  for shard, sample, token in bad:
+    samples[4 * shard + sample]["input_ids"][5] = token
+  out = tmp_path / name
+  mds.write_mds(str(out), fixture_samples.PACKED_COLUMNS, samples, size_limit=600)
+  assert len(mds.MDSDataset(str(out)).array_lengths("input_ids")) == 40
+  return out
+
+
+def test_a_bad_token_is_refused_at_its_shards_first_read_naming_the_exclusion(tmp_path):
+  path = bad_token_domain(tmp_path, bad=((2, 1, 1000), (2, 3, 999)))
+  rows = rows_of(path, vocab_size=500)
+  assert rows.ds.num_shards == 10
+  rows[0]  # Shard 0 is fine; row 8 * 3 + 1 is in shard 2, whose samples 1 and 3 are bad.
+  with pytest.raises(prolong.TokenRangeError) as e:
+    rows[3 * 8]  # Sample 8's first row (shard 2, sample 0): its shard is checked whole.
+  message = str(e.value)
+  assert "\n" not in message and isinstance(e.value, UserError)
+  assert message.startswith(f"token id 1000 at position 5 of input_ids in sample 1 of "
+                            f"{path / 'shard.00002.mds'}")
+  assert ("--config.data.exclude_samples='(\"dom/shard.00002.mds:1\", "
+          "\"dom/shard.00002.mds:3\",)'") in message
+  excluded = ("dom/shard.00002.mds:1", "dom/shard.00002.mds:3")
+  assert validate.exclude_samples(ml_collections.ConfigDict(
+      {"data": {"source": "mds", "exclude_samples": excluded}})) == excluded  # It parses.
+  skipping = rows_of(path, vocab_size=500, exclude_samples=excluded)
+  assert len(skipping) == len(rows) - 2 * 3  # 3 rows of seq_len 4 per 12-token sample
+  tokens = np.concatenate([skipping[i]["inputs"] for i in range(len(skipping))])
+  assert tokens.max() < 500 and not np.isin([1000, 999], tokens).any()
+
+
+def test_the_refusal_lists_exclusions_already_made_and_names_other_domains_entries(tmp_path):
+  path = bad_token_domain(tmp_path, bad=((2, 1, 1000), (5, 0, 1000)))
+  rows = rows_of(path, vocab_size=500,
+                 exclude_samples=("other/shard.00000.mds:0", "dom/shard.00002.mds:1"))
+  for row in range(3 * 19):  # Samples 0..19 but the excluded one, shard 2's bad sample 1.
+    rows[row]
+  with pytest.raises(prolong.TokenRangeError) as e:
+    rows[3 * 19]  # Sample 20: shard 5's sample 0.
+  assert ("'(\"other/shard.00000.mds:0\", \"dom/shard.00002.mds:1\", "
+          "\"dom/shard.00005.mds:0\",)'") in str(e.value)
+
+
+def test_a_shard_full_of_bad_tokens_asks_about_the_vocabulary_not_for_exclusions(tmp_path):
+  path = write(tmp_path, [packed(np.arange(10) + 600, [[0, 10]]) for _ in range(20)])
+  with pytest.raises(prolong.TokenRangeError) as e:
+    rows_of(path, vocab_size=500)[0]
+  assert str(e.value).endswith(
+      "is outside [0, model.vocab_size=500), as are 19 more of the shard's 20 samples: is "
+      "model.vocab_size that of the tokenizer the data was made with?")
+
+
+def test_a_raw_domain_skips_excluded_documents(tmp_path):
+  docs = [np.arange(7, dtype=np.uint32) + 10 * i for i in range(30)]
+  docs[17][3] = 4000
+  out = tmp_path / "raw"
+  mds.write_mds(str(out), fixture_samples.RAW_COLUMNS,
+                [{"input_ids": d, "length": d.size, "domain": "raw"} for d in docs],
+                size_limit=300)
+  ds = mds.MDSDataset(str(out))
+  number, local = ds.locate(17)
+  entry = f"raw/{ds.shard_basename(number)}:{local}"
+  with pytest.raises(prolong.TokenRangeError, match=re.escape(entry)):
+    rows = rows_of(out, vocab_size=1000)
+    [rows[i] for i in range(len(rows))]
+  rows = rows_of(out, vocab_size=1000, exclude_samples=(entry,))
+  got = [rows[i] for i in range(len(rows))]
+  kept = [d for i, d in enumerate(docs) if i != 17]
+  stream = np.concatenate(kept)
+  inputs = np.concatenate([r["inputs"] for r in got])
+  np.testing.assert_array_equal(inputs[:stream.size], stream)
+  segments = np.concatenate([r["segment_ids"] for r in got])[:stream.size]
+  positions = np.concatenate([r["positions"] for r in got])[:stream.size]
+  np.testing.assert_array_equal(positions, np.concatenate([np.arange(7)] * len(kept)))
+  for r in got:  # Documents are numbered 1, 2, ... in each row: no gap where 17 was.
+    seg = r["segment_ids"][r["segment_ids"] > 0]
+    np.testing.assert_array_equal(np.unique(seg), np.arange(1, seg.max() + 1))
+  assert segments.min() > 0
+
+
+def test_the_train_pipeline_goes_past_excluded_samples(tmp_path, cache_dir):
+  bad_token_domain(tmp_path, "a", bad=((0, 2, 900),))
+  bad_token_domain(tmp_path, "b")
+  config = make_config(cache_dir, **{"data.path": str(tmp_path), "data.domains": ("a@1", "b@1"),
+                                     "data.seq_len": 4, "model.vocab_size": 600})
+  with pytest.raises(prolong.TokenRangeError, match="a/shard.00000.mds:2"):
+    take(pipeline.train_iterator(config), 40)
+  config.data.exclude_samples = ("a/shard.00000.mds:2",)
+  batches = take(pipeline.train_iterator(config), 40)  # Both domains, more than an epoch.
+  assert max(b["inputs"].max() for b in batches) < 600
+
+
+@pytest.mark.parametrize("value, match", [
+    ("a/shard.00000.mds:1", "a tuple of distinct"),
+    (("a/shard.00000.mds",), "DOMAIN/SHARD:SAMPLE"),
+    (("a/shard.00000.mds:x",), "DOMAIN/SHARD:SAMPLE"),
+    (("a/shard.00000.mds:-1",), "DOMAIN/SHARD:SAMPLE"),
+    (("shard.00000.mds:1",), "DOMAIN/SHARD:SAMPLE"),
+    (("/shard.00000.mds:1",), "DOMAIN/SHARD:SAMPLE"),
+    ((3,), "DOMAIN/SHARD:SAMPLE"),
+    (("a/s.mds:1", "a/s.mds:1"), "distinct"),
+])
+def test_exclude_samples_format_is_checked_naming_the_key(value, match):
+  config = ml_collections.ConfigDict({"data": {"source": "mds", "exclude_samples": value}})
+  with pytest.raises(validate.ConfigError, match=match) as e:
+    validate.exclude_samples(config)
+  assert str(e.value).startswith("config.data.exclude_samples") and "\n" not in str(e.value)
+
+
+def test_exclude_samples_must_name_a_sample_of_a_domain_that_is_read(tmp_path, cache_dir):
+  bad_token_domain(tmp_path, "a")
+  bad_token_domain(tmp_path, "b")
+  for entry, match in [("c/shard.00000.mds:0", "names no domain"),
+                       ("b/shard.00000.mds:0", "names no domain"),  # b@0 is not read
+                       ("a/shard.00077.mds:0", "has no shard 'shard.00077.mds'"),
+                       ("a/shard.00001.mds:4", "has 4 samples, so no sample 4")]:
+    config = make_config(cache_dir, **{"data.path": str(tmp_path), "data.domains": ("a@1", "b@0"),
+                                       "data.seq_len": 4, "model.vocab_size": 600})
+    config.data.exclude_samples = (entry,)
+    with pytest.raises(validate.ConfigError, match=match) as e:
+      pipeline.train_iterator(config)
+    assert "config.data.exclude_samples" in str(e.value)
+  stdlib = ml_collections.ConfigDict({"data": {"source": "stdlib",
+                                               "exclude_samples": ("a/s.mds:1",)}})
+  with pytest.raises(validate.ConfigError, match=r"data\.source='mds'"):
+    validate.exclude_samples(stdlib)
+
+
+@pytest.mark.parametrize("domains", [("book@x",), ("book@",), ("@0.5",), "book@1"])
+def test_validate_refuses_malformed_domains_before_anything_is_read(domains):
+  from tests.helpers import tiny_config  # pylint: disable=g-import-not-at-top
+  config = tiny_config(data__source="mds")
+  del config.data["domains"]  # ConfigDict is type-safe on override: a str cannot replace a tuple.
+  config.data.domains = domains
+  with pytest.raises(validate.ConfigError, match=r"^config\.data\.domains.*'name@proportion'"):
+    validate.validate(config, check_paths=False)

@@ -16,8 +16,10 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, processors, trainers
 
+from hybrid_nope import validate
 from hybrid_nope.data import pipeline
 from hybrid_nope.data import textbook_chapters as tc
+from hybrid_nope.errors import UserError
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 CHAPTERS = os.path.join(TESTDATA, "textbook_chapters", "chapters.jsonl")
@@ -127,7 +129,7 @@ def test_eval_rows_errors(prepared, tmp_path):
     tc.eval_rows(prepared, seq_len=16, num_rows=13, vocab_size=1000)
   with pytest.raises(ValueError, match=r"chapter \d+ \(.*chapters\.jsonl:\d+\).*outside \[0, model\.vocab_size=3\)"):
     tc.eval_rows(prepared, seq_len=16, num_rows=2, vocab_size=3)
-  with pytest.raises(FileNotFoundError, match=r"config\.eval\.path.*found none"):
+  with pytest.raises(tc.EvalDataError, match=r"config\.eval\.path.*found none"):
     tc.eval_rows(str(tmp_path), seq_len=16, num_rows=2, vocab_size=1000)
 
 
@@ -143,3 +145,80 @@ def test_eval_batches_of_the_mds_source(prepared):
   config.eval.path = ""
   with pytest.raises(ValueError, match=r"config\.eval\.path"):
     pipeline.eval_batches(config)
+
+
+def mds_eval_config(path, **eval_overrides):
+  return ml_collections.ConfigDict({
+      "data": {"source": "mds", "seq_len": 32}, "model": {"vocab_size": 1000},
+      "eval": {"path": str(path), "batch_size": 3, "num_batches": 2, **eval_overrides}})
+
+
+def one_line_user_error(call) -> str:
+  with pytest.raises(UserError) as e:
+    call()
+  assert "\n" not in str(e.value)
+  return str(e.value)
+
+
+def test_an_empty_eval_directory_is_a_one_line_error_naming_eval_path(tmp_path):
+  message = one_line_user_error(lambda: pipeline.eval_batches(mds_eval_config(tmp_path)))
+  assert message.startswith(f"config.eval.path={str(tmp_path)!r} must be a prepared "
+                            f"TextbookChapters directory") and message.endswith("found none")
+
+
+def test_a_broken_prepared_directory_is_a_one_line_error_naming_it(prepared, tmp_path):
+  broken = tmp_path / "broken"
+  broken.mkdir()
+  (broken / "dataset_info.json").write_text("{not json")
+  message = one_line_user_error(lambda: pipeline.eval_batches(mds_eval_config(broken)))
+  assert message.startswith(f"config.eval.path={str(broken)!r}: {broken} is not a readable "
+                            f"prepared TextbookChapters set")
+
+
+def test_more_eval_batches_than_chapters_is_a_one_line_error_naming_num_batches(prepared):
+  message = one_line_user_error(
+      lambda: pipeline.eval_batches(mds_eval_config(prepared, num_batches=5)))
+  assert message == (f"config.eval.num_batches asks for 15 eval rows but {prepared} "
+                     f"(config.eval.path) has only 12 chapters")
+  config = mds_eval_config(prepared)
+  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 13})
+  message = one_line_user_error(lambda: pipeline.probe_pool(config))
+  assert message.startswith("config.metrics.probe_pool_rows asks for 13 eval rows")
+
+
+def test_prepare_keeps_the_tokenizer_and_the_vocabulary_is_checked_against_it(
+    prepared, tokenizer_path, tmp_path):
+  copy = os.path.join(prepared, "tokenizer.json")
+  assert open(copy, "rb").read() == open(tokenizer_path, "rb").read()
+  size = tokenizers.Tokenizer.from_file(tokenizer_path).get_vocab_size(with_added_tokens=True)
+  data = tmp_path / "prolong"
+  data.mkdir()
+  config = mds_eval_config(prepared)
+  config.data.path = str(data)
+  config.model.vocab_size = size
+  assert pipeline.check_vocabulary(config) == size
+  config.model.vocab_size = size - 1
+  with pytest.raises(validate.ConfigError) as e:
+    pipeline.check_vocabulary(config)
+  assert str(e.value) == (f"config.model.vocab_size={size - 1} is smaller than {copy}'s {size} "
+                          f"token ids: pass --config.model.vocab_size={size} or more")
+  # A tokenizer.json beside the training domains is checked too.
+  bigger = tokenizers.Tokenizer.from_file(tokenizer_path)
+  bigger.add_tokens([f"extra{i}" for i in range(10)])
+  bigger.save(str(data / "tokenizer.json"))
+  config.model.vocab_size = size
+  with pytest.raises(validate.ConfigError, match=rf"{data / 'tokenizer.json'}'s {size + 10} "):
+    pipeline.check_vocabulary(config)
+  (data / "tokenizer.json").write_text("{}")
+  with pytest.raises(validate.ConfigError, match="is not a tokenizers JSON file"):
+    pipeline.check_vocabulary(config)
+
+
+def test_pretokenised_eval_data_carries_no_tokenizer(tmp_path):
+  source = tmp_path / "ids.jsonl"
+  source.write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
+  prepared = tc.prepare(str(source), str(tmp_path / "tfds"))
+  assert not os.path.exists(os.path.join(prepared, "tokenizer.json"))
+  config = mds_eval_config(prepared)
+  config.data.path = str(tmp_path)
+  assert pipeline.check_vocabulary(config) is None

@@ -2,8 +2,8 @@
 
 The fingerprint is a flat {name: value} of JSON scalars. A resume compares it entry by entry
 (`train.checkpoint.changed_data`): a different stdlib (another interpreter), a changed
-data.path, data.domains, seq_len, vocabulary, shuffle seed, a rewritten shard or another eval
-set each change an entry, and the message names it.
+data.path, data.domains, data.exclude_samples, seq_len, vocabulary, shuffle seed, a rewritten
+shard or another eval set each change an entry, and the message names it.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-from hybrid_nope.data import mds, pipeline, prolong
+from hybrid_nope import validate
+from hybrid_nope.data import mds, mixture, pipeline
 
 
 def _sha1(*arrays: np.ndarray) -> str:
@@ -25,9 +26,12 @@ def _sha1(*arrays: np.ndarray) -> str:
 
 def _mds_domains(config) -> dict:
   """Per domain read: the sha1 of its index.json (shard names, sizes, hashes, sample counts)
-  and its sample count."""
+  and its sample count; the samples data.exclude_samples skips."""
   out = {"data.path": os.path.abspath(config.data.path)}
-  for spec in prolong.parse_domains(config.data.domains):
+  excluded = validate.exclude_samples(config)
+  if excluded:  # Absent when empty, as in fingerprints written before the key existed.
+    out["data.exclude_samples"] = ",".join(sorted(excluded))
+  for spec in mixture.parse_domains(config.data.domains):
     if spec.weight == 0:
       continue
     index = os.path.join(config.data.path, spec.name, mds.INDEX_BASENAME)

@@ -15,6 +15,7 @@ the item name "data":
 """
 
 import functools
+import os
 from typing import Callable, Union
 
 import grain
@@ -75,7 +76,8 @@ def _mds_rows(config, split: str, num_rows_key: str | None = None):
       validate.value(config, "data.path"), validate.value(config, "data.domains"),
       seq_len=seq_len, document_masking=validate.boolean(config, "data.document_masking"),
       vocab_size=vocab_size, seed=validate.data_seed(config), cache_dir=cache_dir or None,
-      verify_hashes=validate.boolean(config, "data.verify_hashes"))
+      verify_hashes=validate.boolean(config, "data.verify_hashes"),
+      exclude_samples=validate.exclude_samples(config))
   return grain.MapDataset.source(mixture)
 
 
@@ -148,9 +150,10 @@ def eval_batches(config) -> list[dict[str, np.ndarray]]:
   rows = packed_rows(config, "eval")
   needed = batch_size * num_batches
   if needed > len(rows["inputs"]):
-    raise ValueError(
+    raise validate.ConfigError(
         f"config.eval.num_batches={num_batches} x config.eval.batch_size={batch_size} needs "
-        f"{needed} rows but the eval split has only {len(rows['inputs'])}")
+        f"{needed} rows but the eval split has only {len(rows['inputs'])}: lower "
+        f"eval.num_batches (or eval.batch_size)")
   return [{k: np.array(rows[k][i * batch_size:(i + 1) * batch_size]) for k in BATCH_KEYS}
           for i in range(num_batches)]
 
@@ -162,9 +165,50 @@ def probe_pool(config) -> dict[str, np.ndarray]:
   count = _positive_int(config, "metrics.probe_pool_rows")
   rows = packed_rows(config, "eval", "metrics.probe_pool_rows")
   if count > len(rows["inputs"]):
-    raise ValueError(f"config.metrics.probe_pool_rows={count} but the eval split has only "
-                     f"{len(rows['inputs'])} rows")
+    raise validate.ConfigError(f"config.metrics.probe_pool_rows={count} but the eval split has "
+                               f"only {len(rows['inputs'])} rows")
   return {k: np.array(rows[k][:count]) for k in BATCH_KEYS}
+
+
+def tokenizer_files(config) -> list[str]:
+  """The tokenizer.json files the data carries: for mds, one in data.path (put there by
+  whoever prepared the domains) and one in the prepared eval directory (textbook_chapters
+  copies the --tokenizer it tokenised with), where present."""
+  if validate.one_of(config, "data.source", validate.DATA_SOURCES) != "mds":
+    return []
+  from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
+  places = [validate.string(config, "data.path", "a directory", nonempty=True)]
+  eval_path = validate.string(config, "eval.path", "the prepared TextbookChapters directory",
+                              nonempty=True)
+  places.append(textbook_chapters.dataset_dir(eval_path))
+  return [p for p in (os.path.join(d, "tokenizer.json") for d in places) if os.path.isfile(p)]
+
+
+def check_vocabulary(config) -> int | None:
+  """Refuses a model.vocab_size below the data's tokenizer's size, before anything is built
+  (on byte data, vocab_size=100 would otherwise train into NaN at step 1). stdlib: the byte
+  tokenizer's ByteTokenizer.vocab_size ids; mds: each of `tokenizer_files` (without one, the
+  token ids are checked as they are read: each shard's at its first read, every eval row).
+  Returns the largest tokenizer size checked, or None."""
+  vocab_size = _positive_int(config, "model.vocab_size")
+  if validate.one_of(config, "data.source", validate.DATA_SOURCES) == "stdlib":
+    sizes = {"the byte tokenizer (data.source=stdlib)": ByteTokenizer.vocab_size}
+  else:
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    sizes = {}
+    for path in tokenizer_files(config):
+      try:
+        sizes[path] = tokenizers.Tokenizer.from_file(path).get_vocab_size(with_added_tokens=True)
+      except Exception as e:  # tokenizers raises its own exception types for a bad file.
+        raise validate.ConfigError(f"{path} is not a tokenizers JSON file: "
+                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                                   ) from None
+  for name, size in sizes.items():
+    if size > vocab_size:
+      raise validate.ConfigError(
+          f"config.model.vocab_size={vocab_size} is smaller than {name}'s {size} token ids: "
+          f"pass --config.model.vocab_size={size} or more")
+  return max(sizes.values(), default=None)
 
 
 def position_buckets(seq_len: int, bucket_size: int) -> np.ndarray:

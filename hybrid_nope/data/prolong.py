@@ -21,165 +21,27 @@ Without it (ProLong's `single_seq`), a packed sample is one sequence: one segmen
 count from the sample's start, only the sample's first token is never a target; a raw
 domain's row is one sequence (positions count from the row's start).
 
-Mixture. The domains' rows are interleaved by their proportions exactly and deterministically
-(every cycle of W rows, W = 100 for the ProLong 64K mixture, holds exactly W * p_i rows of
-domain i; in the mixtures tested, any prefix of n rows holds n * p_i within one row), each
-domain's rows in a per-epoch shuffled order (seeded by data.seed, the domain name and the
-epoch) that repeats forever, so a domain smaller than its share is re-read in a new order.
-Proportions are of rows, i.e. of tokens up to the padding at stream ends (none for ProLong's
-65536-token samples when seq_len divides 65536). Element k of the mixture is a pure function
-of k: sharding by process and resuming from a checkpoint are exact.
+Mixture: `hybrid_nope.data.mixture` (the domains' rows interleaved by their proportions,
+each domain's in a per-epoch shuffled order; element k is a pure function of k).
+
+Integrity (the full list is in `hybrid_nope.data.mds`): token columns must be integer
+ndarrays (refused at open); each shard's token ids are checked against model.vocab_size
+when a row is first read from it; data.exclude_samples names samples that are never read.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fractions
 import logging
-import math
 import os
-import sys
-import zlib
 
 import numpy as np
 
+from hybrid_nope import validate
 from hybrid_nope.data import mds
+from hybrid_nope.data.mixture import Mixture, parse_domains
+from hybrid_nope.validate import ConfigError
 
 _log = logging.getLogger(__name__)
-
-
-# ---- the mixture ------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class DomainSpec:
-  name: str
-  proportion: float
-  weight: int  # integer mixing weight; weights are proportional to the proportions
-
-
-def parse_domains(domains, key: str = "data.domains") -> list[DomainSpec]:
-  """Parses ("name@proportion", ...). Proportions may be any non-negative numbers (they are
-  normalised); 0 drops the domain. Integer weights reproduce the proportions exactly (up to
-  a denominator of 10**6)."""
-  if isinstance(domains, str) or not isinstance(domains, (list, tuple)) or not domains:
-    raise ValueError(f"config.{key} must be a non-empty list of 'name@proportion' strings, "
-                     f"got {domains!r}")
-  parsed = []
-  for entry in domains:
-    if not isinstance(entry, str) or entry.count("@") != 1:
-      raise ValueError(f"config.{key} entry {entry!r} must be 'name@proportion', e.g. "
-                       f"'book-65536@0.3'")
-    name, text = entry.split("@")
-    try:
-      proportion = float(text)
-    except ValueError:
-      proportion = float("nan")
-    if not name or not math.isfinite(proportion) or proportion < 0:
-      raise ValueError(f"config.{key} entry {entry!r}: the name must be non-empty and the "
-                       f"proportion a finite number >= 0")
-    parsed.append((name, text, proportion))
-  names = [name for name, _, _ in parsed]
-  duplicates = sorted({n for n in names if names.count(n) > 1})
-  if duplicates:
-    raise ValueError(f"config.{key} lists {duplicates} more than once")
-  if sum(p for _, _, p in parsed) <= 0:
-    raise ValueError(f"config.{key} proportions sum to zero: {list(domains)}")
-  exact = [fractions.Fraction(text).limit_denominator(10**6) for _, text, _ in parsed]
-  scale = math.lcm(*(f.denominator for f in exact))
-  ints = [int(f * scale) for f in exact]
-  divisor = math.gcd(*ints)
-  for (name, text, proportion), w in zip(parsed, ints):
-    if proportion > 0 and w == 0:
-      raise ValueError(f"config.{key} entry '{name}@{text}' is positive but below the "
-                       f"resolution 1e-6 of proportions")
-  return [DomainSpec(name, proportion, w // divisor)
-          for (name, _, proportion), w in zip(parsed, ints)]
-
-
-MAX_CYCLE = 10**6
-
-
-class MixtureSchedule:
-  """Which domain supplies element k of the mixture, and which of its elements it is.
-
-  Integer weights w_i with sum W: every cycle of W consecutive elements holds exactly w_i
-  elements of domain i, in one fixed order chosen greedily (largest deficit
-  (k + 1) w_i / W - count_i first, ties to the lower index); for the mixtures in the tests
-  (ProLong's among them) every prefix of n elements then holds n w_i / W of domain i within
-  less than one element.
-  Domain i's elements are taken in order 0, 1, 2, ... O(1) per lookup.
-  """
-
-  def __init__(self, weights: tuple[int, ...]):
-    self.weights = tuple(int(w) for w in weights)
-    if not self.weights or min(self.weights) < 1:
-      raise ValueError(f"mixture weights must be positive integers, got {weights}")
-    self.cycle = sum(self.weights)
-    if self.cycle > MAX_CYCLE:
-      raise ValueError(f"the proportions need a cycle of {self.cycle} rows (> {MAX_CYCLE}); "
-                       f"give config.data.domains proportions with fewer digits")
-    counts = [0] * len(self.weights)
-    order, rank = [], []
-    for k in range(self.cycle):
-      deficits = [(k + 1) * w - c * self.cycle for w, c in zip(self.weights, counts)]
-      d = deficits.index(max(deficits))
-      order.append(d)
-      rank.append(counts[d])
-      counts[d] += 1
-    self.order = np.array(order, np.int32)
-    self.rank = np.array(rank, np.int64)
-
-  def __call__(self, k: int) -> tuple[int, int]:
-    cycle, pos = divmod(int(k), self.cycle)
-    d = int(self.order[pos])
-    return d, cycle * self.weights[d] + int(self.rank[pos])
-
-
-def domain_seed(seed: int, name: str) -> int:
-  return (seed * 0x9E3779B1 + zlib.crc32(name.encode("utf-8"))) % 2**32
-
-
-class Mixture:
-  """Infinite random-access rows: element k = domain d's row perm_{d,e}[i], where (d, j) comes
-  from the `MixtureSchedule` and (e, i) = divmod(j, rows of d). A grain data source (len is
-  sys.maxsize).
-
-  perm_{d,e} is numpy's PCG64 permutation seeded by (data.seed, domain name, epoch e), so
-  the order is fixed by the numpy version (pinned in requirements.lock). Permutations are
-  cached, two epochs per domain (int32, 4 bytes per row). grain's own index shuffle is not
-  used: it costs ~2 ms per lookup for domains of tens of rows.
-  """
-
-  def __init__(self, domains: list["DomainRows"], specs: list[DomainSpec], seed: int):
-    self.domains = domains
-    self.specs = specs
-    self.seed = seed
-    self.schedule = MixtureSchedule(tuple(s.weight for s in specs))
-    self._perms: list[dict[int, np.ndarray]] = [{} for _ in domains]
-
-  def __len__(self) -> int:
-    return sys.maxsize
-
-  def permutation(self, d: int, epoch: int) -> np.ndarray:
-    cache = self._perms[d]
-    perm = cache.get(epoch)
-    if perm is None:
-      rng = np.random.default_rng([domain_seed(self.seed, self.specs[d].name), epoch])
-      perm = rng.permutation(len(self.domains[d])).astype(np.int32)
-      for old in [e for e in cache if e < epoch - 1 or e > epoch + 1]:
-        del cache[old]
-      cache[epoch] = perm
-    return perm
-
-  def locate(self, k: int) -> tuple[int, int]:
-    """(domain, row within the domain) of element k."""
-    d, j = self.schedule(k)
-    epoch, i = divmod(j, len(self.domains[d]))
-    return d, int(self.permutation(d, epoch)[i])
-
-  def __getitem__(self, k: int) -> dict[str, np.ndarray]:
-    d, row = self.locate(k)
-    return self.domains[d][row]
 
 
 # ---- rows -------------------------------------------------------------------------------------
@@ -214,73 +76,130 @@ def cut_row(tokens: np.ndarray, doc_starts: np.ndarray, doc_ends: np.ndarray, fi
   return row
 
 
+class TokenRangeError(mds.MDSFormatError):
+  """Token ids outside [0, model.vocab_size) in a shard; names the samples to exclude."""
+
+
+MAX_EXCLUSIONS_SUGGESTED = 16  # More bad samples in one shard than this: a vocabulary mismatch.
+
+
+def _token_column(ds: mds.MDSDataset, name: str) -> None:
+  """Refuses a token column that is not an integer ndarray with a declared dtype."""
+  column = ds.columns[name]
+  if column.kind != "ndarray" or column.dtype is None or column.dtype.kind not in "iu":
+    raise mds.MDSFormatError(
+        f"{os.path.join(ds.path, mds.INDEX_BASENAME)}: column {name!r} is declared "
+        f"{column.encoding!r}; token columns must be integer ndarrays with a declared dtype, "
+        f"e.g. 'ndarray:uint32' (ProLong's)")
+
+
 class DomainRows:
   """The training rows of one MDS domain directory, by row index (see the module docstring).
 
   Packed domains have columns input_ids and indices; raw ones input_ids (and optionally
-  length, which must then equal len(input_ids)). Every row read checks its token ids against
-  vocab_size and its sample's indices, and fails naming the shard file and sample.
+  length, which must then equal len(input_ids)); both integer ndarrays with a declared dtype,
+  refused at open otherwise. The first time a row comes from a shard, the token ids of the
+  whole shard are checked against [0, vocab_size) (one vectorised min/max): a refusal names the
+  shard file and samples, and the `exclude_samples` value that skips them. `exclude_samples`
+  holds data.exclude_samples ("NAME/SHARD:SAMPLE"; entries of other domains are ignored):
+  those samples give no rows and are never read. Malformed samples fail naming the shard file
+  and sample.
   """
 
   def __init__(self, path: str, *, seq_len: int, document_masking: bool, vocab_size: int,
-               cache_dir: str | None = None, verify_hashes: bool = True):
+               cache_dir: str | None = None, verify_hashes: bool = True,
+               name: str | None = None, exclude_samples: tuple[str, ...] = ()):
     self.path = path
+    self.name = name or os.path.basename(os.path.normpath(path))
     self.seq_len = seq_len
     self.document_masking = bool(document_masking)
     self.vocab_size = vocab_size
     self.ds = mds.MDSDataset(path, cache_dir=cache_dir, verify_hashes=verify_hashes)
     columns = self.ds.columns
-    if "input_ids" not in columns or columns["input_ids"].kind != "ndarray":
+    if "input_ids" not in columns:
       raise mds.MDSFormatError(f"{path}: expected an ndarray column 'input_ids' (ProLong "
                                f"data), found columns {sorted(columns)}")
     self.packed = "indices" in columns
-    self.lengths = self.ds.array_lengths("input_ids")
+    for column in ("input_ids", "indices") if self.packed else ("input_ids",):
+      _token_column(self.ds, column)
+    self.exclude_samples = tuple(exclude_samples)
+    self.excluded = np.zeros(len(self.ds), bool)
+    for entry in self.exclude_samples:
+      where, sample = validate.split_sample_ref(entry)
+      if where.startswith(self.name + "/"):
+        try:
+          self.excluded[self.ds.index_of(where[len(self.name) + 1:], sample)] = True
+        except LookupError as e:
+          raise ConfigError(f"config.data.exclude_samples entry {entry!r}: {e}") from None
+    if self.excluded.any():
+      _log.info("%s: %d samples excluded by data.exclude_samples", path, self.excluded.sum())
+    self._checked_shards: set[int] = set()
+    self.lengths = np.where(self.excluded, 0, self.ds.array_lengths("input_ids"))
     self.num_tokens = int(self.lengths.sum())
     if self.packed:
       rows = np.where(self.lengths >= 2, -(-(self.lengths - 1) // seq_len), 0)
       self._row_ends = np.cumsum(rows)
       self.num_rows = int(self._row_ends[-1]) if rows.size else 0
-      if np.any(self.lengths < 2):
+      short = (self.lengths < 2) & ~self.excluded
+      if np.any(short):
         _log.warning("%s: %d samples shorter than 2 tokens have no target and give no rows",
-                     path, int(np.sum(self.lengths < 2)))
+                     path, int(np.sum(short)))
     else:
       self._starts = np.concatenate([[0], np.cumsum(self.lengths)])
       self.num_rows = -(-(self.num_tokens - 1) // seq_len) if self.num_tokens >= 2 else 0
     if self.num_rows == 0:
-      raise ValueError(f"{path}: {len(self.ds)} samples with {self.num_tokens} tokens give no "
-                       f"training row of data.seq_len={seq_len}")
+      raise mds.MDSFormatError(f"{path}: {len(self.ds)} samples with {self.num_tokens} tokens "
+                               f"give no training row of data.seq_len={seq_len}")
 
   def __len__(self) -> int:
     return self.num_rows
 
-  def _check_ids(self, ids: np.ndarray, sample: int, offset: int) -> None:
-    if ids.size and np.issubdtype(ids.dtype, np.signedinteger) and ids.min() < 0:
-      bad = int(np.argmin(ids))
-      raise ValueError(f"negative token id {int(ids[bad])} at position {offset + bad} of "
-                       f"input_ids in {self.ds.describe(sample)}")
-    if ids.size and ids.max() >= self.vocab_size:
-      bad = int(np.argmax(ids >= self.vocab_size))
-      raise ValueError(f"token id {int(ids[bad])} >= model.vocab_size={self.vocab_size} at "
-                       f"position {offset + bad} of input_ids in {self.ds.describe(sample)}")
+  def _check_shard(self, sample: int) -> None:
+    """The token ids of `sample`'s whole shard, once: all in [0, vocab_size) but excluded ones."""
+    number = self.ds.locate(sample)[0]
+    if number in self._checked_shards:
+      return
+    lo, hi = self.ds.array_extremes("input_ids", number)
+    first = self.ds.first_index(number)
+    bad = first + np.flatnonzero(((lo < 0) | (hi >= self.vocab_size))
+                                 & ~self.excluded[first:first + lo.size])
+    if bad.size:
+      ids = self.ds.get(int(bad[0]), ("input_ids",))["input_ids"].astype(np.int64)
+      at = int(np.argmax((ids < 0) | (ids >= self.vocab_size)))
+      first_bad = (f"token id {int(ids[at])} at position {at} of input_ids in "
+                   f"{self.ds.describe(int(bad[0]))} is outside [0, "
+                   f"model.vocab_size={self.vocab_size})")
+      if bad.size > MAX_EXCLUSIONS_SUGGESTED:
+        raise TokenRangeError(f"{first_bad}, as are {bad.size - 1} more of the shard's "
+                              f"{lo.size} samples: is model.vocab_size that of the tokenizer "
+                              f"the data was made with?")
+      new = [f"{self.name}/{self.ds.shard_basename(number)}:{i - first}" for i in bad]
+      value = "(" + " ".join(f'"{e}",' for e in (*self.exclude_samples, *new)) + ")"
+      also = f" ({bad.size} samples of this shard are out of range)" if bad.size > 1 else ""
+      raise TokenRangeError(
+          f"{first_bad}{also}; to train past {'them' if bad.size > 1 else 'it'}, pass "
+          f"--config.data.exclude_samples='{value}' (or, if the data is right, a larger "
+          f"model.vocab_size)")
+    self._checked_shards.add(number)
 
   def _indices(self, sample: int, values: dict) -> np.ndarray:
     indices, length = values["indices"], values["input_ids"].size
     where = self.ds.describe(sample)
     if indices.ndim != 2 or indices.shape[1] != 2 or indices.shape[0] == 0:
-      raise ValueError(f"indices of {where} must have shape [n_docs >= 1, 2], got "
-                       f"{indices.shape}")
+      raise mds.MDSFormatError(f"indices of {where} must have shape [n_docs >= 1, 2], got "
+                               f"{indices.shape}")
     starts, ends = indices[:, 0].astype(np.int64), indices[:, 1].astype(np.int64)
     bad = np.flatnonzero((starts < 0) | (starts > ends) | (ends > length))
     if bad.size:
       i = int(bad[0])
-      raise ValueError(f"indices row {i} [{starts[i]}, {ends[i]}) of {where} is out of range "
-                       f"for its {length} input_ids")
+      raise mds.MDSFormatError(f"indices row {i} [{starts[i]}, {ends[i]}) of {where} is out of "
+                               f"range for its {length} input_ids")
     bad = np.flatnonzero(starts[1:] < ends[:-1])
     if bad.size:
       i = int(bad[0])
-      raise ValueError(f"indices rows {i} [{starts[i]}, {ends[i]}) and {i + 1} "
-                       f"[{starts[i + 1]}, {ends[i + 1]}) of {where} overlap or are out of "
-                       f"order")
+      raise mds.MDSFormatError(f"indices rows {i} [{starts[i]}, {ends[i]}) and {i + 1} "
+                               f"[{starts[i + 1]}, {ends[i + 1]}) of {where} overlap or are "
+                               f"out of order")
     return indices
 
   def __getitem__(self, row: int) -> dict[str, np.ndarray]:
@@ -290,13 +209,11 @@ class DomainRows:
     if self.packed:
       sample = int(np.searchsorted(self._row_ends, row, side="right"))
       k = row - (int(self._row_ends[sample - 1]) if sample else 0)
+      self._check_shard(sample)
       values = self.ds.get(sample, ("input_ids", "indices"))
       ids = values["input_ids"]
-      if ids.ndim != 1:
-        raise ValueError(f"input_ids of {self.ds.describe(sample)} must be 1-D, got {ids.shape}")
       first = k * T
       tokens = ids[first:first + T + 1]
-      self._check_ids(tokens, sample, first)
       if self.document_masking:
         indices = self._indices(sample, values)
         starts = indices[:, 0].astype(np.int64)
@@ -309,22 +226,22 @@ class DomainRows:
     stop = min(first + T + 1, self.num_tokens)
     s0 = int(np.searchsorted(self._starts, first, side="right")) - 1
     s1 = int(np.searchsorted(self._starts, stop - 1, side="right")) - 1
+    docs = [s for s in range(s0, s1 + 1) if self.lengths[s]]  # Not the excluded ones.
     pieces = []
-    for s in range(s0, s1 + 1):
+    for s in docs:
+      self._check_shard(s)
       values = self.ds.get(s, ("input_ids", "length") if "length" in self.ds.columns
                            else ("input_ids",))
       ids = values["input_ids"]
-      if ids.ndim != 1 or ("length" in values and int(values["length"]) != ids.size):
-        raise ValueError(f"{self.ds.describe(s)}: input_ids of shape {ids.shape} disagrees "
-                         f"with its length column {values.get('length')}")
+      if "length" in values and int(values["length"]) != ids.size:
+        raise mds.MDSFormatError(f"{self.ds.describe(s)}: input_ids of shape {ids.shape} "
+                                 f"disagrees with its length column {values.get('length')}")
       lo = max(first - int(self._starts[s]), 0)
       hi = min(stop - int(self._starts[s]), ids.size)
-      piece = ids[lo:hi]
-      self._check_ids(piece, s, lo)
-      pieces.append(piece)
+      pieces.append(ids[lo:hi])
     tokens = np.concatenate(pieces).astype(np.int32)
     if self.document_masking:
-      starts, ends = self._starts[s0:s1 + 1], self._starts[s0 + 1:s1 + 2]
+      starts, ends = self._starts[docs], self._starts[np.array(docs) + 1]
     else:
       starts, ends = np.array([first]), np.array([stop])
     return cut_row(tokens, starts, ends, first, T)
@@ -334,24 +251,33 @@ class DomainRows:
 
 def build_mixture(data_path: str, domains, *, seq_len: int, document_masking: bool,
                   vocab_size: int, seed: int, cache_dir: str | None = None,
-                  verify_hashes: bool = True) -> Mixture:
-  """The Mixture of `domains` ("name@proportion") under `data_path`."""
+                  verify_hashes: bool = True, exclude_samples: tuple[str, ...] = ()) -> Mixture:
+  """The Mixture of `domains` ("name@proportion") under `data_path`, without the samples
+  `exclude_samples` names (data.exclude_samples: each must name one domain that is read)."""
   if not data_path or not os.path.isdir(data_path):
-    raise FileNotFoundError(f"config.data.path={data_path!r} must be an existing directory "
-                            f"with one MDS directory per domain (e.g. prolong-data-64K)")
+    raise ConfigError(f"config.data.path={data_path!r} is invalid: expected an existing "
+                      f"directory with one MDS directory per domain (e.g. prolong-data-64K)")
   specs = [s for s in parse_domains(domains) if s.weight > 0]
   dropped = [d for d in domains if d.split("@")[0] not in {s.name for s in specs}]
   if dropped:
     _log.info("data.domains: proportion 0, not read: %s", dropped)
+  for entry in exclude_samples:
+    where, _ = validate.split_sample_ref(entry)
+    owners = [s.name for s in specs if where.startswith(s.name + "/")]
+    if len(owners) != 1:
+      raise ConfigError(f"config.data.exclude_samples entry {entry!r} names "
+                        f"{'no' if not owners else 'more than one'} domain that "
+                        f"config.data.domains reads ({', '.join(s.name for s in specs)})")
   rows = []
   for spec in specs:
     path = os.path.join(data_path, spec.name)
     if not os.path.isdir(path):
-      raise FileNotFoundError(f"domain {spec.name!r} of config.data.domains has no directory "
-                              f"{path} under config.data.path")
+      raise ConfigError(f"domain {spec.name!r} of config.data.domains has no directory "
+                        f"{path} under config.data.path")
     rows.append(DomainRows(path, seq_len=seq_len, document_masking=document_masking,
                            vocab_size=vocab_size, cache_dir=cache_dir,
-                           verify_hashes=verify_hashes))
+                           verify_hashes=verify_hashes, name=spec.name,
+                           exclude_samples=tuple(exclude_samples)))
   total = sum(s.weight for s in specs)
   for spec, domain in zip(specs, rows):
     share = spec.weight / total

@@ -10,7 +10,9 @@ sorted path order), e.g. the princeton-nlp/TextbookChapters parquet files; each 
 text field (tokenised with the given Hugging Face tokenizer.json, special tokens added as the
 tokenizer's post-processor defines, e.g. Llama-3's <|begin_of_text|>) or already-tokenised
 `input_ids`. The command prints the prepared directory, DATA_DIR/textbook_chapters/NAME/1.0.0;
-pass it (or DATA_DIR, if it holds one prepared config) as config.eval.path.
+pass it (or DATA_DIR, if it holds one prepared config) as config.eval.path. The tokenizer.json
+is copied into it, so that the trainer can check model.vocab_size against it at the start
+(`pipeline.check_vocabulary`).
 
 Eval rows (`eval_rows`) are read back through grain: a fixed-seed shuffle of the chapters
 (the same set whatever data.seed is), one chapter per row from its first token, truncated to
@@ -26,6 +28,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 import sys
 
 from etils import epath
@@ -34,11 +37,17 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from hybrid_nope.data import packing, prolong
+from hybrid_nope.errors import UserError
 
 NAME = "textbook_chapters"
 SPLIT = "train"  # the release's only split; all of it is eval data here
 EVAL_SHUFFLE_SEED = 0
 _EXTENSIONS = (".jsonl", ".json", ".parquet")
+TOKENIZER_BASENAME = "tokenizer.json"  # The copy in the prepared directory.
+
+
+class EvalDataError(UserError):
+  """A config.eval.path that holds no usable prepared eval set, or too few chapters."""
 
 
 def source_files(source: str) -> list[str]:
@@ -172,6 +181,8 @@ def prepare(source: str, data_dir: str, *, tokenizer: str | None = None,
                                   name=name)
   builder = TextbookChapters(config=config, data_dir=data_dir, file_format="array_record")
   builder.download_and_prepare()
+  if tokenizer:
+    shutil.copyfile(tokenizer, os.path.join(os.fspath(builder.data_dir), TOKENIZER_BASENAME))
   return os.fspath(builder.data_dir)
 
 
@@ -182,7 +193,7 @@ def dataset_dir(path: str) -> str:
   found = sorted(os.path.dirname(p) for p in glob.glob(
       os.path.join(path, "**", "dataset_info.json"), recursive=True))
   if len(found) != 1:
-    raise FileNotFoundError(
+    raise EvalDataError(
         f"config.eval.path={path!r} must be a prepared TextbookChapters directory (with "
         f"dataset_info.json; python -m hybrid_nope.data.textbook_chapters prints it), or hold "
         f"exactly one; found {found or 'none'}")
@@ -200,24 +211,30 @@ def eval_rows(path: str, *, seq_len: int, num_rows: int, vocab_size: int,
               num_rows_key: str = "eval.num_batches") -> dict[str, np.ndarray]:
   """num_rows eval rows ([num_rows, seq_len] per key) from the prepared dataset at `path`."""
   directory = dataset_dir(path)
-  source = tfds.builder_from_directory(directory).as_data_source(SPLIT)
+  try:
+    source = tfds.builder_from_directory(directory).as_data_source(SPLIT)
+  except Exception as e:  # tfds raises many kinds for a half-written or foreign directory.
+    raise EvalDataError(f"config.eval.path={path!r}: {directory} is not a readable prepared "
+                        f"TextbookChapters set ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''}); prepare it again "
+                        f"with python -m hybrid_nope.data.textbook_chapters") from None
   if num_rows > len(source):
-    raise ValueError(f"config.{num_rows_key} asks for {num_rows} eval rows but {directory} "
-                     f"has only {len(source)} chapters")
+    raise EvalDataError(f"config.{num_rows_key} asks for {num_rows} eval rows but {directory} "
+                        f"(config.eval.path) has only {len(source)} chapters")
 
   def to_row(index_and_example):
     index, example = index_and_example
     ids = example["input_ids"]
     record = example["id"].decode() if isinstance(example["id"], bytes) else example["id"]
     if ids.size < 2:
-      raise ValueError(f"chapter {index} ({record}) of {directory} has fewer than 2 "
-                       f"tokens")
+      raise EvalDataError(f"chapter {index} ({record}) of {directory} has fewer than 2 "
+                          f"tokens")
     if ids.min() < 0 or ids.max() >= vocab_size:
       bad = int(np.argmax((ids < 0) | (ids >= vocab_size)))
-      raise ValueError(f"token id {int(ids[bad])} at position {bad} of chapter {index} "
-                       f"({record}) of {directory} is outside [0, "
-                       f"model.vocab_size={vocab_size}); was it tokenised with another "
-                       f"tokenizer?")
+      raise EvalDataError(f"token id {int(ids[bad])} at position {bad} of chapter {index} "
+                          f"({record}) of {directory} is outside [0, "
+                          f"model.vocab_size={vocab_size}); was it tokenised with another "
+                          f"tokenizer?")
     return chapter_row(ids, seq_len)
 
   order = grain.MapDataset.range(len(source)).shuffle(seed=EVAL_SHUFFLE_SEED)[:num_rows]

@@ -25,8 +25,24 @@ the map: no copy) and decompresses each compressed shard once into a local cache
 Every structural check fails with an `MDSFormatError` naming the file, and the sample where
 there is one. `pkl` (arbitrary code on load) and the image encodings are refused.
 
+What is verified, and when (each failure one line naming the file):
+  at open         index.json field by field; every shard file's size against it. An index
+                  that lists no hashes logs one warning per dataset per process: nothing but
+                  sizes and structure can be checked then.
+  first open of   an uncompressed shard: its bytes against index.json's hashes (with
+  a shard         data.verify_hashes; a stamp in the cache skips it until the file changes);
+                  a compressed one, as it is decompressed: size and hashes, and the sha1
+                  of the bytes is written beside the cached copy (cache.py); then the
+                  sample offsets in the shard's header.
+  first use of a  its sha1 against that sidecar, once per process: a cached copy changed since
+  cached copy     it was written is refused (delete it to decompress it again).
+  each read       the sample's column sizes and ndarray header against its byte span.
+ProLong rows (hybrid_nope.data.prolong) add: token columns must be integer ndarrays (at open),
+each shard's token ids within [0, model.vocab_size) (at its first read).
+
 `write_mds` writes exactly what streaming's `MDSWriter` writes (tests compare the bytes with
-files that MDSWriter made); the tests and the benchmark build datasets with it.
+files that MDSWriter made); the tests and the benchmark build datasets with it. It writes sha1
+hashes unless told otherwise (MDSWriter's default is none).
 """
 
 from hybrid_nope.data.mds.dataset import MDSDataset

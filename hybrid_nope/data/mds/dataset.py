@@ -8,16 +8,17 @@ import logging
 import mmap
 import os
 import threading
-import uuid
 from typing import Any, Iterable
 
 import numpy as np
 
+from hybrid_nope.data.mds import cache
 from hybrid_nope.data.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError, _decode,
                                            ndarray_headers, ndarray_itemsizes)
-from hybrid_nope.data.mds.index import _decompressor, _load_index, _Shard, default_cache_dir
+from hybrid_nope.data.mds.index import _load_index, _Shard, default_cache_dir
 
 _log = logging.getLogger(__name__)
+_warned_unhashed: set[str] = set()  # Datasets (cache keys) this process warned about.
 
 class MDSDataset:
   """Random access to an MDS dataset directory: `len(ds)`, `ds[i]` -> {column: value}.
@@ -34,7 +35,9 @@ class MDSDataset:
     verify_hashes: check an uncompressed shard against index.json's hashes the first time it is
       opened (compressed shards are checked as they are decompressed). A verified shard leaves
       a stamp in the cache keyed by its size and mtime, so it is hashed once per machine and
-      version of the file, not at every start.
+      version of the file, not at every start. An index.json without hashes is read with one
+      warning per process. Cached decompressed copies are checked against the sha1 written
+      beside them at their first use in each process either way (cache.py).
   """
 
   def __init__(self, path: str, *, cache_dir: str | None = None, max_open_shards: int = 64,
@@ -54,6 +57,13 @@ class MDSDataset:
     self._ends = np.cumsum([s.samples for s in self._shards], dtype=np.int64)
     for shard in self._shards:
       self._check_files(shard)
+    unhashed = sum(not s.raw_hashes for s in self._shards)
+    if verify_hashes and unhashed and self._cache_root not in _warned_unhashed:
+      _warned_unhashed.add(self._cache_root)
+      _log.warning("%s lists no hashes for %d of its %d shards: their contents are not verified "
+                   "(only sizes and structure are checked); write the dataset with hashes "
+                   "(write_mds does by default, MDSWriter with hashes=['sha1'])",
+                   self._file(INDEX_BASENAME), unhashed, len(self._shards))
 
   # -- files
 
@@ -84,42 +94,10 @@ class MDSDataset:
     self._check_size(zipped, shard.zip_bytes, f"shards[{shard.number}].zip_data.bytes")
 
   def _decompressed_path(self, shard: _Shard) -> str:
-    """The cached uncompressed copy of a compressed shard, made once (atomic rename)."""
-    target = os.path.join(self._cache_root, shard.raw_basename)
-    if os.path.exists(target) and os.path.getsize(target) == shard.raw_bytes:
-      return target
-    zipped = self._file(shard.zip_basename)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = f"{target}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-    hashers = {a: hashlib.new(a) for a in shard.raw_hashes if a in hashlib.algorithms_available}
-    try:
-      with open(zipped, "rb") as src, open(tmp, "wb") as dst:
-        reader = _decompressor(shard.compression)(src)
-        written = 0
-        while chunk := reader.read(1 << 22):
-          dst.write(chunk)
-          for h in hashers.values():
-            h.update(chunk)
-          written += len(chunk)
-          if written > shard.raw_bytes:
-            break
-      if written != shard.raw_bytes:
-        raise MDSFormatError(
-            f"{zipped} decompresses to {'more than ' if written > shard.raw_bytes else ''}"
-            f"{written} bytes but {self._file(INDEX_BASENAME)} says {shard.raw_bytes} "
-            f"(shards[{shard.number}].raw_data.bytes)")
-      for algo, h in hashers.items():
-        if h.hexdigest() != shard.raw_hashes[algo]:
-          raise MDSFormatError(f"{zipped} decompresses to data whose {algo} is {h.hexdigest()}, "
-                               f"but index.json says {shard.raw_hashes[algo]}")
-      os.replace(tmp, target)  # atomic; a racing process renames identical bytes
-    except Exception as e:
-      if os.path.exists(tmp):
-        os.unlink(tmp)
-      if isinstance(e, MDSFormatError):
-        raise
-      raise MDSFormatError(f"cannot decompress {zipped} ({shard.compression}): {e}") from e
-    return target
+    """The cached uncompressed copy of a compressed shard, made once and checked (cache.py)."""
+    return cache.cached_copy(shard, self._file(shard.zip_basename),
+                             os.path.join(self._cache_root, shard.raw_basename),
+                             self._file(INDEX_BASENAME))
 
   def _verify(self, shard: _Shard, path: str) -> None:
     """Hashes an uncompressed shard with one algorithm index.json lists (the first hashlib
@@ -157,25 +135,25 @@ class MDSDataset:
         self._open.move_to_end(number)
         return buf
       shard = self._shards[number]
-      if shard.path is None:
-        shard.path = self._decompressed_path(shard)
-      elif self._verify_hashes and shard.raw_hashes:
-        self._verify(shard, shard.path)
-      path = shard.path
+      if shard.path is None:  # Compressed: checked at its first use in this process.
+        path = self._decompressed_path(shard)
+      else:
+        path = shard.path
+        if self._verify_hashes and shard.raw_hashes:
+          self._verify(shard, path)
       size = os.path.getsize(path)
       if size != shard.raw_bytes:
         raise MDSFormatError(f"{path} is {size} bytes but index.json says {shard.raw_bytes}")
       with open(path, "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
       if shard.offsets is None:
-        shard.offsets = self._read_offsets(shard, buf, size)
+        shard.offsets = self._read_offsets(shard, path, buf, size)
       self._open[number] = buf
       while len(self._open) > self._max_open:
         self._open.popitem(last=False)  # views into it keep the map alive until dropped
       return buf
 
-  def _read_offsets(self, shard: _Shard, buf, size: int) -> np.ndarray:
-    path = shard.path
+  def _read_offsets(self, shard: _Shard, path: str, buf, size: int) -> np.ndarray:
     if size < 4:
       raise MDSFormatError(f"{path} is {size} bytes: too short for an MDS shard header")
     count = int(np.frombuffer(buf, np.uint32, 1, 0)[0])
@@ -260,60 +238,109 @@ class MDSDataset:
   def __getitem__(self, index: int) -> dict[str, Any]:
     return self.get(index)
 
+  def _ndarray_column(self, name: str):
+    column = self.columns.get(name)
+    if column is None or column.kind != "ndarray":
+      raise KeyError(f"{self.path} has no ndarray column {name!r}; its columns are "
+                     f"{ {c.name: c.encoding for c in self._column_list} }")
+    return column
+
+  def shard_basename(self, number: int) -> str:
+    """Shard `number`'s raw basename, as index.json names it (e.g. shard.00003.mds)."""
+    return self._shards[number].raw_basename
+
+  def first_index(self, number: int) -> int:
+    """The dataset index of shard `number`'s first sample."""
+    return int(self._ends[number] - self._shards[number].samples)
+
+  def index_of(self, basename: str, sample: int) -> int:
+    """The dataset index of sample `sample` of the shard whose raw basename (as index.json
+    names it, e.g. shard.00003.mds) is `basename`; LookupError saying what there is."""
+    numbers = [s.number for s in self._shards if s.raw_basename == basename]
+    if not numbers:
+      raise LookupError(f"{self._file(INDEX_BASENAME)} has no shard {basename!r} (its shards "
+                        f"are {self._shards[0].raw_basename} .. {self._shards[-1].raw_basename})")
+    samples = self._shards[numbers[0]].samples
+    if not 0 <= sample < samples:
+      raise LookupError(f"{self._file(basename)} has {samples} samples, so no sample {sample}")
+    return self.first_index(numbers[0]) + sample
+
+  def _array_layout(self, column, number: int):
+    """(data_start, count, itemsize) of a 1-D ndarray column in each sample of shard `number`:
+    where its values begin and how many there are (int64 [samples]; itemsize an int, or an
+    array for a column without a declared dtype). Reads only the sample headers, vectorised."""
+    shard, name = self._shards[number], column.name
+    buf = self._open_shard(number)
+    u8 = np.frombuffer(buf, np.uint8)
+    begin = shard.offsets[:-1]
+    var_sizes = np.zeros((shard.samples, 0), np.int64)
+    if self._num_variable:
+      idx = begin[:, None] + 4 * np.arange(self._num_variable)[None, :]
+      var_sizes = u8[idx[..., None] + np.arange(4)].copy().view("<u4")[..., 0].astype(np.int64)
+    start = begin + 4 * self._num_variable
+    size = None
+    v = 0
+    for c in self._column_list:
+      csize = var_sizes[:, v] if c.size is None else np.full(shard.samples, c.size)
+      v += c.size is None
+      if c is column:
+        size = csize
+        break
+      start = start + csize
+    first = self.first_index(number)
+    if np.any(start + size > shard.offsets[1:]):
+      bad = int(np.argmax(start + size > shard.offsets[1:]))
+      raise MDSFormatError(f"{self.describe(first + bad)}: column sizes run past the sample's "
+                           f"end; the shard is corrupt")
+    try:
+      codes, ndim, _, data_start = ndarray_headers(column, u8, start, size)
+    except HeaderError as e:
+      raise MDSFormatError(f"{self.describe(first + e.sample)}: {e}") from None
+    if np.any(ndim != 1):
+      bad = int(np.argmax(ndim != 1))
+      raise MDSFormatError(f"{self.describe(first + bad)}: column {name!r} has {ndim[bad]} "
+                           "dimensions, expected 1")
+    values, itemsize = start + size - data_start, ndarray_itemsizes(column, codes)
+    if np.any(values % itemsize):
+      bad = int(np.argmax(values % itemsize != 0))
+      raise MDSFormatError(f"{self.describe(first + bad)}: column {name!r} is not a whole "
+                           "number of elements")
+    return data_start, values // itemsize, itemsize
+
   def array_lengths(self, name: str) -> np.ndarray:
     """int64 [len(self)]: the element count of a 1-D ndarray column in every sample.
 
     Reads only the sample headers, vectorised per shard (no array data is touched).
     """
-    column = self.columns.get(name)
-    if column is None or column.kind != "ndarray":
-      raise KeyError(f"{self.path} has no ndarray column {name!r}; its columns are "
-                     f"{ {c.name: c.encoding for c in self._column_list} }")
+    column = self._ndarray_column(name)
     if column.shape is not None:
       if len(column.shape) != 1:
         raise MDSFormatError(f"{self.path}: column {name!r} ({column.encoding}) is not 1-D")
       return np.full(len(self), column.shape[0], np.int64)
-    lengths = []
-    for number, shard in enumerate(self._shards):
-      if shard.samples == 0:
-        continue
-      buf = self._open_shard(number)
-      u8 = np.frombuffer(buf, np.uint8)
-      begin = shard.offsets[:-1]
-      var_sizes = np.zeros((shard.samples, 0), np.int64)
-      if self._num_variable:
-        idx = begin[:, None] + 4 * np.arange(self._num_variable)[None, :]
-        var_sizes = u8[idx[..., None] + np.arange(4)].copy().view("<u4")[..., 0].astype(np.int64)
-      start = begin + 4 * self._num_variable
-      size = None
-      v = 0
-      for c in self._column_list:
-        csize = var_sizes[:, v] if c.size is None else np.full(shard.samples, c.size)
-        v += c.size is None
-        if c is column:
-          size = csize
-          break
-        start = start + csize
-      if np.any(start + size > shard.offsets[1:]):
-        bad = int(np.argmax(start + size > shard.offsets[1:]))
-        raise MDSFormatError(f"{self.describe(int(self._ends[number] - shard.samples) + bad)}: "
-                             f"column sizes run past the sample's end; the shard is corrupt")
-      first = int(self._ends[number] - shard.samples)
-      try:
-        codes, ndim, _, data_start = ndarray_headers(column, u8, start, size)
-      except HeaderError as e:
-        raise MDSFormatError(f"{self.describe(first + e.sample)}: {e}") from None
-      if np.any(ndim != 1):
-        bad = int(np.argmax(ndim != 1))
-        raise MDSFormatError(f"{self.describe(first + bad)}: column {name!r} has {ndim[bad]} "
-                             "dimensions, expected 1")
-      values, itemsize = start + size - data_start, ndarray_itemsizes(column, codes)
-      if np.any(values % itemsize):
-        bad = int(np.argmax(values % itemsize != 0))
-        raise MDSFormatError(f"{self.describe(first + bad)}: column {name!r} is not a whole "
-                             "number of elements")
-      lengths.append(values // itemsize)
+    lengths = [self._array_layout(column, number)[1]
+               for number, shard in enumerate(self._shards) if shard.samples]
     return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+
+  def array_extremes(self, name: str, number: int) -> tuple[np.ndarray, np.ndarray]:
+    """(min, max), int64 [samples], of a 1-D ndarray column with a declared dtype in each
+    sample of shard `number` (0, -1 for an empty array; uint64 values past 2**63 - 1 wrap
+    negative). Vectorised: one gather of the column's bytes in the shard, one reduceat."""
+    column = self._ndarray_column(name)
+    if column.dtype is None:
+      raise MDSFormatError(f"{self.path}: column {name!r} ({column.encoding}) declares no dtype")
+    data_start, count, itemsize = self._array_layout(column, number)
+    u8 = np.frombuffer(self._open_shard(number), np.uint8)
+    edges = np.zeros(u8.size + 1, np.int8)  # +1 where a value's bytes start, -1 where they end
+    np.add.at(edges, data_start, 1)
+    np.add.at(edges, data_start + count * itemsize, -1)
+    values = u8[np.cumsum(edges[:-1], dtype=np.int8).view(bool)].view(column.dtype)
+    lo, hi = np.zeros(count.size, np.int64), np.full(count.size, -1, np.int64)
+    nonempty = count > 0
+    if values.size:
+      starts = (np.cumsum(count) - count)[nonempty]
+      lo[nonempty] = np.minimum.reduceat(values, starts)
+      hi[nonempty] = np.maximum.reduceat(values, starts)
+    return lo, hi
 
   def __getstate__(self):  # memory maps do not pickle; reopened lazily
     state = self.__dict__.copy()

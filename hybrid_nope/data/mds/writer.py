@@ -12,13 +12,17 @@ import numpy as np
 
 from hybrid_nope.data.mds.encoding import INDEX_BASENAME, _encode, parse_encoding
 
+DEFAULT_HASHES = ("sha1",)  # What the reader verifies a shard with (the fastest of hashlib's).
+
 def write_mds(out: str, columns: dict[str, str], samples: Iterable[dict[str, Any]], *,
-              compression: str | None = None, hashes: Iterable[str] = (),
+              compression: str | None = None, hashes: Iterable[str] = DEFAULT_HASHES,
               size_limit: int | None = 1 << 26) -> None:
   """Writes `samples` to the new directory `out` exactly as streaming's MDSWriter would.
 
   Same shard boundaries, bytes, basenames and index.json. `compression` is None or "zstd[:L]"
-  (bytes as libzstd's one-shot compressor writes them); `hashes` may name hashlib algorithms.
+  (bytes as libzstd's one-shot compressor writes them); `hashes` names hashlib algorithms,
+  sha1 by default (MDSWriter's default is none: pass hashes=() for its bytes), so the reader
+  can verify every shard.
   """
   hashes = list(hashes)
   if hashes != sorted(set(hashes)) or any(a not in hashlib.algorithms_available for a in hashes):
