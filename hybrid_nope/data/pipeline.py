@@ -98,9 +98,11 @@ def packed_rows(config, split: str, num_rows_key: str | None = None) -> Rows:
 
 # ---- pipelines ------------------------------------------------------------------------------
 
-def train_dataset(rows: Rows, *, batch_size: int, seed: int,
-                  process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
-  """Infinite MapDataset of this process's batches of `rows`, reshuffled every epoch.
+def train_dataset(rows: Rows, *, batch_size: int, seed: int, process_index: int = 0,
+                  process_count: int = 1, start_row: int = 0) -> grain.MapDataset:
+  """Infinite MapDataset of this process's batches of `rows`, reshuffled every epoch, from row
+  `start_row` of the global row stream on (the rows a resumed run has consumed: counting rows,
+  not batches, lets a resume change the batch size and still read every row once).
 
   In-memory rows: shuffle -> repeat -> shard -> batch. A MapDataset of rows (already infinite
   and shuffled; `seed` is unused) is only sharded and batched. grain's shuffle seeds epoch e with seed + e, so
@@ -112,17 +114,20 @@ def train_dataset(rows: Rows, *, batch_size: int, seed: int,
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} must be in [0, process_count="
                      f"{process_count})")
+  if start_row < 0:
+    raise ValueError(f"start_row={start_row} must be >= 0")
   if isinstance(rows, grain.MapDataset):
-    return rows[process_index::process_count].batch(batch_size, drop_remainder=True)
+    return rows[start_row:][process_index::process_count].batch(batch_size, drop_remainder=True)
   num_rows = len(rows["inputs"])
-  ds = grain.MapDataset.range(num_rows).shuffle(seed=seed).repeat()
+  ds = grain.MapDataset.range(num_rows).shuffle(seed=seed).repeat()[start_row:]
   ds = ds[process_index::process_count].batch(batch_size, drop_remainder=True)
   return ds.map(lambda index_B: {k: rows[k][index_B] for k in BATCH_KEYS})
 
 
-def train_iterator(config, *, process_index: int = 0,
-                   process_count: int = 1) -> grain.DatasetIterator:
-  """Infinite iterator of {BATCH_KEYS: [data.batch_size // process_count, data.seq_len]}."""
+def train_iterator(config, *, process_index: int = 0, process_count: int = 1,
+                   start_row: int = 0) -> grain.DatasetIterator:
+  """Infinite iterator of {BATCH_KEYS: [data.batch_size // process_count, data.seq_len]}, from
+  row `start_row` of the global stream; its state {"next_index": n} counts batches from there."""
   batch_size = _positive_int(config, "data.batch_size")
   if batch_size % process_count:
     raise ValueError(f"config.data.batch_size={batch_size} must be divisible by "
@@ -130,7 +135,7 @@ def train_iterator(config, *, process_index: int = 0,
   seed = validate.data_seed(config)
   ds = train_dataset(packed_rows(config, "train"), batch_size=batch_size // process_count,
                      seed=seed, process_index=process_index,
-                     process_count=process_count)
+                     process_count=process_count, start_row=start_row)
   # A batch is one gather (stdlib) or a few numpy ops per row on memory-mapped shards (mds):
   # worker threads would only contend for the GIL, and without a prefetch buffer the iterator
   # state is just the next batch index. The host builds the next batch while the accelerator
