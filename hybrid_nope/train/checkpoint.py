@@ -111,9 +111,10 @@ class Checkpointer:
     """Raises CheckpointError, in one line, if the last async save failed (a full disk, a
     revoked permission): the loop calls it every step, so a failure surfaces at the next
     step, not at the next save."""
-    if self._saving is None:
+    if self._saving is None or self.manager.is_saving_in_progress():
       return
-    try:
+    try:  # The save is over: this returns at once, or raises what failed it.
+      self.manager.wait_until_finished()
       self.manager.check_for_errors()
     except Exception as e:  # orbax re-raises the writer thread's error, of any kind.
       step, self._saving = self._saving, None
@@ -121,8 +122,7 @@ class Checkpointer:
                             f"({_read_error(e, self.step_directory(step))}); the run stops: "
                             "free space or fix the directory, then rerun to resume from the "
                             "newest good checkpoint") from None
-    if not self.manager.is_saving_in_progress():
-      self._saving = None
+    self._saving = None
 
   def _how_to_go_on(self, step: int) -> str:
     older = [s for s in self.all_steps() if s < step]

@@ -1,0 +1,104 @@
+"""Signals: SIGTERM or Ctrl-C save and exit; inside an eval or a hook they stop it at once; a
+second Ctrl-C aborts."""
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from hybrid_nope.train import loop
+from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
+from tests.helpers import tiny_config
+
+
+def test_a_signal_between_steps_sets_the_flag_and_a_second_ctrl_c_aborts():
+  watcher = PreemptionWatcher()
+  try:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert watcher.should_stop(1, None)
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  finally:
+    watcher.close()
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_signal_inside_an_interruptible_section_stops_it_at_once():
+  watcher = PreemptionWatcher()
+  try:
+    start = time.perf_counter()
+    with pytest.raises(Interrupted):
+      with watcher.interruptible():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    assert time.perf_counter() - start < 5
+    with pytest.raises(Interrupted):  # Signalled before: the next section does not start.
+      with watcher.interruptible():
+        pass
+  finally:
+    watcher.close()
+
+
+HOOK_SECONDS = 600
+
+
+def slow_hook_signalled_by(signum, sent):
+  """A hook factory whose hook, at step 0, receives `signum` (its time into `sent`) and would
+  then work for HOOK_SECONDS."""
+  def factory(context):
+    del context
+
+    def hook(step, params):
+      del params
+      if step == 0:
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signum)
+        time.sleep(HOOK_SECONDS)
+    return hook
+  return factory
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_init_hook_saves_step_0_within_seconds(tmp_path, signum):
+  sent = []
+  summary = loop.train(tiny_config(), str(tmp_path), hooks=[slow_hook_signalled_by(signum, sent)])
+  assert summary["preempted"] and summary["step"] == 0
+  assert time.perf_counter() - sent[0] < HOOK_SECONDS / 10  # Cut short, not waited out.
+  assert Checkpointer(str(tmp_path), keep=10).all_steps() == [0]
+  # The resume redoes the hook the signal cut short, then trains.
+  calls = []
+  summary = loop.train(tiny_config(), str(tmp_path),
+                       hooks=[lambda context: lambda step, params: calls.append(step)])
+  assert summary["step"] == 8 and calls == [0, 4, 8]
+
+
+FULL_DISK_RUN = """
+import json, resource, signal, sys, time
+from hybrid_nope import cli
+from hybrid_nope.train import loop
+from tests.helpers import tiny_config
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # A write past the limit fails (EFBIG), as on a
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # full disk; checkpoints are ~170 KB.
+def main(argv):
+  # Steps as slow as a real run's (0.5 s each), so the save's failure is known by the next one.
+  loop.train(tiny_config(train__steps=12, metrics__every_steps=1), sys.argv[1],
+             hooks=[lambda context: lambda step, params: time.sleep(0.5)])
+cli.run(main)
+"""
+
+
+def test_a_failed_async_save_stops_the_run_at_the_next_step_in_one_line(tmp_path):
+  import subprocess
+  import sys
+  from tests.helpers import REPO
+  proc = subprocess.run([sys.executable, "-c", FULL_DISK_RUN, str(tmp_path)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, PYTHONPATH=REPO))
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("-c: saving checkpoint step 4 to ") and "failed (" in last, last
+  with open(tmp_path / "metrics.jsonl") as f:
+    trained = [r["step"] for r in map(json.loads, f) if "loss" in r]
+  assert max(trained) == 4  # Stopped by step 5's check, not at the next save (step 8).
