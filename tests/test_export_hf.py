@@ -21,6 +21,7 @@ from hybrid_nope.model.definition import init_model
 from hybrid_nope.model.layers import apply_rope
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO, tiny_config
+from tests.test_analysis_checkpoints import FLIPPED_LEAF, flipped_copy
 
 
 def _hf_numpy_logits(cfg: dict, sd: dict, tokens_T: np.ndarray) -> np.ndarray:
@@ -280,3 +281,18 @@ def test_cli_errors_are_one_line(run, tmp_path):
   assert proc.stderr.strip().splitlines()[-1] == (
       f"export_hf.py: --out={tmp_path / 'taken'} exists and is not an empty directory: remove "
       f"it or name a new one")
+
+
+def test_cli_refuses_a_flipped_checkpoint_in_one_line(run, tmp_path):
+  workdir = flipped_copy(run, str(tmp_path))
+  out = tmp_path / "hf"
+  proc = subprocess.run([sys.executable, "launch/export_hf.py", f"--workdir={workdir}",
+                         f"--out={out}"], cwd=REPO, capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=REPO), timeout=300)
+  assert proc.returncode == USAGE_EXIT_CODE, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"export_hf.py: checkpoint step 8 is corrupt: 1 leaves of {workdir}/checkpoints/8/state "
+      f"differ from the checksums saved with them (first: {FLIPPED_LEAF}); other steps with a "
+      f"checkpoint: [4] (--step=N picks one)")
+  assert not out.exists()  # Nothing written from a corrupt checkpoint.

@@ -1,10 +1,11 @@
 """A run's config and parameters, restored for analysis on whatever devices this machine has.
 
 A workdir written by `launch/train.py` holds `config.json` (the run's full config) and
-`checkpoints/<step>/` (orbax: item "state" = TrainState(step, params, opt_state), item "data").
-Only `state.params` is read, as a partial restore into single-device arrays, so neither the
-training mesh nor the optimizer state is needed. Every failure names the path or step and says
-what was expected.
+`checkpoints/<step>/` (orbax: item "state" = TrainState(step, params, opt_state), item "meta" =
+JSON with a checksum of every state leaf). Only `state.params` is read, as a partial restore into
+single-device arrays, so neither the training mesh nor the optimizer state is needed, and each
+leaf read is checked against its checksum (hybrid_nope/checkpoint_integrity.py), as the trainer
+checks a resume. Every failure names the path or step and says what was expected.
 """
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from typing import Any, Mapping
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 
 from hybrid_nope import storage
+from hybrid_nope.checkpoint_integrity import (META_ITEM, STATE_ITEM, corrupt_message,
+                                              differing_leaves, params_checksums,
+                                              unreadable_message)
 from hybrid_nope.errors import UserError
 from hybrid_nope.model.definition import ModelDef, abstract_params, model_definition
 
 CONFIG_FILE = "config.json"
-STATE_ITEM = "state"
 
 
 class AnalysisError(UserError):
@@ -42,6 +46,11 @@ class IncompatibleCheckpointError(AnalysisError):
 
 class DataPathError(AnalysisError):
   pass
+
+
+class CorruptCheckpointError(AnalysisError):
+  """A checkpoint step whose state is missing or unreadable, or whose params differ from the
+  checksums saved with them."""
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -107,9 +116,11 @@ def available_steps(workdir: str, config) -> list[int]:
   return steps
 
 
-def resolve_step(workdir: str, config, step: int | None) -> int:
-  """`step`, checked against the checkpoints on disk; None = the latest."""
-  steps = available_steps(workdir, config)
+def resolve_step(workdir: str, config, step: int | None,
+                 steps: list[int] | None = None) -> int:
+  """`step`, checked against the checkpoints on disk (`steps`, if already listed); None = the
+  latest."""
+  steps = available_steps(workdir, config) if steps is None else steps
   if step is None:
     return steps[-1]
   if step not in steps:
@@ -118,9 +129,14 @@ def resolve_step(workdir: str, config, step: int | None) -> int:
   return step
 
 
+def _name(path) -> str:
+  """"blocks/0/attn/wq_DNH": a leaf's name both in the config's params and in orbax's metadata
+  (whose keys of a list are strings)."""
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
 def _flat(tree) -> dict[str, Any]:
-  return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def check_compatible(stored_params, wanted_params, where: str) -> None:
@@ -144,26 +160,85 @@ def check_compatible(stored_params, wanted_params, where: str) -> None:
           f"config.json and any --config.model.* override)")
 
 
+def _other_steps(steps: list[int], step: int) -> str:
+  others = [s for s in steps if s != step]
+  return (f"other steps with a checkpoint: {others} (--step=N picks one)" if others else
+          "no other step has a checkpoint")
+
+
+def _saved_checksums(step: int, step_dir: str, others: str) -> dict | None:
+  """meta's {leaf key: checksum}; None (with a warning) for a checkpoint from before meta.
+  `others`: what to say about the other steps when meta cannot be used."""
+  where = storage.join(step_dir, META_ITEM)
+  if not storage.exists(where):
+    logging.warning("checkpoint step %d predates checksums (%s has no %s/): its params are "
+                    "restored without being verified", step, step_dir, META_ITEM)
+    return None
+  try:
+    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+      meta = checkpointer.restore(where)
+  except Exception as e:  # orbax raises many kinds; the cause is in the text.
+    raise CorruptCheckpointError(f"{unreadable_message(step, e, where)}; {others}") from None
+  if not isinstance(meta, dict) or not isinstance(meta.get("checksums"), dict):
+    raise CorruptCheckpointError(f"checkpoint step {step}: {where} holds no \"checksums\" "
+                                 f"mapping (expected the JSON launch/train.py saves there); {others}")
+  return meta["checksums"]
+
+
 def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, ModelDef, dict]:
-  """(step, model_def, params) of checkpoint `step` (None = latest), on the default device."""
-  step = resolve_step(workdir, config, step)
+  """(step, model_def, params) of checkpoint `step` (None = latest), on the default device,
+  each leaf verified against the checksum saved with it. Raises CorruptCheckpointError for a
+  state that is missing, unreadable or differs from its checksums."""
+  steps = available_steps(workdir, config)
+  step = resolve_step(workdir, config, step, steps)
   directory = checkpoint_directory(workdir, config)
-  where = f"{directory}/{step}"
-  state_dir = os.path.join(directory, str(step), STATE_ITEM)  # The trainer's step naming.
-  with ocp.PyTreeCheckpointer() as checkpointer:
-    metadata = checkpointer.metadata(state_dir)
+  step_dir = storage.join(directory, str(step))  # The trainer's step naming.
+  state_dir = storage.join(step_dir, STATE_ITEM)
+  if not storage.exists(state_dir):
+    raise CorruptCheckpointError(
+        f"checkpoint step {step} has no {STATE_ITEM}/ in {step_dir}: expected the orbax item "
+        f"{STATE_ITEM!r} (TrainState: step, params, opt_state) that launch/train.py saves in "
+        f"every checkpoint; {_other_steps(steps, step)}")
+  try:
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      metadata = checkpointer.metadata(state_dir)
+  except Exception as e:  # orbax raises many kinds; the cause is in the text.
+    raise CorruptCheckpointError(f"{unreadable_message(step, e, state_dir)}; "
+                                 f"{_other_steps(steps, step)}") from None
   stored = getattr(metadata, "item_metadata", metadata)
+  if stored is None:
+    raise CorruptCheckpointError(
+        f"checkpoint step {step} cannot be read ({state_dir}: orbax reads no metadata of its "
+        f"leaves there, where launch/train.py saves the TrainState); "
+        f"{_other_steps(steps, step)}")
   if "params" not in stored:
-    raise IncompatibleCheckpointError(f"checkpoint {where} has no state.params (keys: "
+    raise IncompatibleCheckpointError(f"checkpoint {step_dir} has no state.params (keys: "
                                       f"{sorted(stored)})")
   wanted = abstract_params(config.model, config.train.seed)
-  check_compatible(stored["params"], wanted, where)
+  check_compatible(stored["params"], wanted, step_dir)
+  saved = _saved_checksums(step, step_dir, _other_steps(steps, step))
 
+  # Read as stored (a checksum is of the saved bits), then cast to the config's dtypes.
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = {"params": jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), wanted)}
-  with ocp.PyTreeCheckpointer() as checkpointer:
-    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-        partial_restore=True))
-  return step, model_definition(config.model), restored["params"]
+  stored_flat = _flat(stored["params"])
+  target = {"params": jax.tree_util.tree_map_with_path(
+      lambda path, x: jax.ShapeDtypeStruct(x.shape, stored_flat[_name(path)].dtype,
+                                           sharding=device), wanted)}
+  try:
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+          partial_restore=True))
+  except Exception as e:  # orbax and tensorstore raise many kinds; the cause is in the text.
+    raise CorruptCheckpointError(f"{unreadable_message(step, e, state_dir)}; "
+                                 f"{_other_steps(steps, step)}") from None
+  params = restored["params"]
+  if saved is not None:
+    computed = jax.device_get(jax.jit(params_checksums)(params))
+    differing = differing_leaves(saved, computed)
+    if differing:
+      raise CorruptCheckpointError(f"{corrupt_message(step, step_dir, differing)}; "
+                                   f"{_other_steps(steps, step)}")
+  params = jax.tree.map(lambda x, w: x if x.dtype == w.dtype else x.astype(w.dtype), params,
+                        wanted)
+  return step, model_definition(config.model), params
