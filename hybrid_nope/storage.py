@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import uuid
 
 import fsspec
+import numpy as np
 from absl import logging
 
 from hybrid_nope.errors import UserError
@@ -73,23 +75,62 @@ def read_bytes(path: str) -> bytes:
     return f.read()
 
 
+def to_json(obj, **kwargs) -> str:
+  """`obj` as JSON text, the one encoder of records and analysis files: a float that is not
+  finite (NaN, ±inf; JSON has no spelling for them) is written as null, numpy scalars and
+  arrays as numbers and lists. `kwargs` go to json.dumps (indent, sort_keys)."""
+  return json.dumps(_finite_or_null(obj), allow_nan=False, **kwargs)
+
+
+def _finite_or_null(value):
+  if isinstance(value, dict):
+    return {k: _finite_or_null(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_finite_or_null(v) for v in value]
+  if isinstance(value, np.ndarray):
+    return _finite_or_null(value.tolist())
+  if isinstance(value, (np.generic,)):
+    value = value.item()
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+def _nan_for_null(value):
+  if value is None:
+    return math.nan
+  if isinstance(value, dict):
+    return {k: _nan_for_null(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_nan_for_null(v) for v in value]
+  return value
+
+
 def read_jsonl(path: str) -> list[dict]:
-  """The records of a JSONL file, one per non-blank line. A torn last line (a writer killed
-  mid-line, or a live run read while it writes) is dropped with a warning; any other line that
-  is not JSON fails, naming the file and line."""
+  """The records of a JSONL file, one per non-blank line, each a JSON object with an integer
+  "step". A null is a number the writer could not spell (`to_json`: NaN or ±inf, or an eval
+  bucket without tokens) and is read as NaN, so arithmetic on it works as on the written value.
+  A torn last line (a writer killed mid-line, or a live run read while it writes) is dropped with
+  a warning; any other line that is not JSON, or a record without a step, fails naming the file
+  and line."""
   lines = read_text(path).splitlines()
   records = []
   for number, line in enumerate(lines, 1):
     if not line.strip():
       continue
     try:
-      records.append(json.loads(line))
+      record = json.loads(line)
     except json.JSONDecodeError as e:
       if number == len(lines):
         logging.warning("%s: dropped its torn last line %d (%r...)", path, number, line[:60])
         continue
       raise UserError(f"{path} line {number} is not JSON ({e}); only a torn last line is "
                       f"dropped by itself: fix or remove that line") from None
+    step = record.get("step") if isinstance(record, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+      raise UserError(f"{path} line {number} is not a record with an integer \"step\" "
+                      f"({line[:60]!r}): every record names its step; fix or remove that line")
+    records.append(_nan_for_null(record) if "null" in line else record)
   return records
 
 

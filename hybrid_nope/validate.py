@@ -11,6 +11,7 @@ import re
 import tempfile
 
 import numpy as np
+from absl import logging
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
@@ -275,9 +276,14 @@ def check_workdir(workdir: str, checkpoint_directory: str = "") -> None:
   """The workdir must be a directory (local, file:// or another fsspec URL such as gs://) this
   process can create and write; checked before any model is built so a bad --workdir fails in a
   line, not after the set-up. Checkpoints go to WORKDIR/checkpoints unless
-  checkpoint.directory is set, which orbax must be able to write."""
+  checkpoint.directory is set, which orbax must be able to write. A memory:// workdir (tests)
+  is allowed with a warning: it lives in this process, and its records vanish at exit."""
   if not isinstance(workdir, str) or not workdir:
     raise ConfigError(f"--workdir={workdir!r} is invalid: expected a directory path")
+  if workdir.startswith("memory://"):
+    logging.warning("--workdir=%s is in this process's memory: its records, config and "
+                    "TensorBoard events vanish when the run exits (use a local path or gs:// "
+                    "for a run to keep)", workdir)
   local = storage.local_path(workdir)
   if (local is None and not checkpoint_directory
       and not workdir.startswith(ORBAX_URL_SCHEMES)):

@@ -1,10 +1,17 @@
-"""hybrid_nope.storage: the same file operations on local paths, file:// and memory:// URLs."""
+"""hybrid_nope.storage: the same file operations on local paths, file:// and memory:// URLs;
+the records' JSON encoder and reader."""
+import json
+import logging
+import math
 import os
 import uuid
 
+import numpy as np
 import pytest
 
 from hybrid_nope import storage
+from hybrid_nope.errors import UserError
+from hybrid_nope.validate import check_workdir
 
 
 @pytest.fixture(params=["local", "file", "memory"])
@@ -49,3 +56,50 @@ def test_local_path_of_each_kind():
   assert storage.local_path("file:///a/b") == "/a/b"
   assert storage.local_path("gs://bucket/b") is None
   assert storage.join("gs://bucket/", "x", "y") == "gs://bucket/x/y"
+
+
+def strict_json(text):
+  """json.loads that refuses the NaN/Infinity tokens Python's json accepts but JSON lacks."""
+  def refuse(token):
+    raise AssertionError(f"{token} is not JSON")
+  return json.loads(text, parse_constant=refuse)
+
+
+def test_to_json_writes_non_finite_numbers_as_null():
+  record = {"step": np.int64(3), "gap": float("nan"), "floor": np.float32(0.25),
+            "profile": [1.0, float("inf"), -float("inf")], "heads": np.array([[0.5, np.nan]]),
+            "name": "x", "flag": np.bool_(True)}
+  assert strict_json(storage.to_json(record)) == {
+      "step": 3, "gap": None, "floor": 0.25, "profile": [1.0, None, None],
+      "heads": [[0.5, None]], "name": "x", "flag": True}
+
+
+def test_read_jsonl_reads_null_as_nan_so_arithmetic_on_it_works(base):
+  path = storage.join(base, "recency.jsonl")
+  written = storage.to_json({"step": 1, "gap": float("nan"), "profile": [0.5, float("nan")]})
+  storage.write_text(path, written + "\n" + '{"step": 2, "gap": NaN}\n')  # An older file.
+  first, second = storage.read_jsonl(path)
+  assert math.isnan(first["gap"]) and math.isnan(first["profile"][1]) and first["profile"][0] == 0.5
+  assert np.isnan(np.mean(first["profile"]))  # A number, as the writer's NaN was.
+  assert math.isnan(second["gap"])  # Files written before null are read as they were.
+
+
+@pytest.mark.parametrize("line", ['{"loss": 1.0}', '{"step": "3"}', '[1, 2]', '{"step": true}'])
+def test_a_record_without_an_integer_step_fails_naming_the_file_and_line(tmp_path, line):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text(f'{{"step": 1}}\n{line}\n{{"step": 3}}\n')
+  with pytest.raises(UserError, match=rf'{path} line 2 is not a record with an integer "step"'):
+    storage.read_jsonl(str(path))
+
+
+def test_a_memory_workdir_is_checked_with_a_warning_that_it_vanishes_at_exit(tmp_path, caplog):
+  """Tests train on memory:// (test_train_loop.py), so it is allowed, but never silently."""
+  url = f"memory://storage_test/{uuid.uuid4().hex}"
+  with caplog.at_level(logging.WARNING):
+    check_workdir(url, checkpoint_directory=str(tmp_path / "checkpoints"))
+  assert f"--workdir={url} is in this process's memory" in caplog.text
+  assert "vanish when the run exits" in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    check_workdir(str(tmp_path / "run"))
+  assert "memory" not in caplog.text

@@ -1,9 +1,13 @@
 import json
 import logging
+import math
 import os
+import shutil
 
 import pytest
 
+from hybrid_nope import storage
+from hybrid_nope.errors import UserError
 from hybrid_nope.train.metrics_writer import MetricsWriter
 
 
@@ -78,6 +82,7 @@ def test_a_missing_file_on_resume_is_a_warning(tmp_path, caplog):
     writer.write(8, {"loss": 0.25})
   writer.close()
   assert "metrics.jsonl is missing although the run resumes at step 7" in caplog.text
+  assert f"only the event files under {tmp_path / 'tensorboard'}, where they survive" in caplog.text
   assert steps_in(tmp_path / "metrics.jsonl") == [8]
 
 
@@ -104,3 +109,66 @@ def test_a_url_workdir_gets_whole_files_at_each_flush_and_resumes_from_them():
 
 def steps_in_text(text):
   return [json.loads(line)["step"] for line in text.splitlines()]
+
+
+def test_non_finite_values_are_written_as_null_and_read_back_as_nan(tmp_path):
+  writer = MetricsWriter(str(tmp_path))
+  writer.write(1, {"loss": float("nan"), "grad_norm": float("inf")})
+  writer.write_record("recency.jsonl", {"step": 1, "gap": float("nan"),
+                                        "profile": [0.5, float("-inf")]})
+  writer.close()
+  for name in ("metrics.jsonl", "recency.jsonl"):
+    text = (tmp_path / name).read_text()
+    assert "NaN" not in text and "Infinity" not in text, text  # Not JSON.
+  assert json.loads((tmp_path / "recency.jsonl").read_text())["profile"] == [0.5, None]
+  (metrics,) = storage.read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert math.isnan(metrics["loss"]) and math.isnan(metrics["grad_norm"])
+  resumed = MetricsWriter(str(tmp_path), resume_step=1)  # The resume rewrite keeps them null.
+  resumed.write(2, {"loss": 1.0})
+  resumed.close()
+  assert (tmp_path / "metrics.jsonl").read_text().splitlines()[0] == (
+      '{"step": 1, "loss": null, "grad_norm": null}')
+
+
+def test_a_record_without_a_step_fails_the_resume_naming_the_file_and_line(tmp_path):
+  write_steps(tmp_path, range(1, 4))
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+  lines[1] = '{"loss": 2.0}\n'  # Valid JSON: the resume's r["step"] raised a KeyError.
+  (tmp_path / "metrics.jsonl").write_text("".join(lines))
+  writer = MetricsWriter(str(tmp_path), resume_step=3)
+  with pytest.raises(UserError, match=r'metrics.jsonl line 2 is not a record with an integer'):
+    writer.write(4, {"loss": 0.25})
+  writer.close()
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "recency.jsonl"])  # Open, and first written.
+def test_a_workdir_deleted_mid_run_is_one_line_naming_it(tmp_path, name):
+  workdir = tmp_path / "run"
+  writer = MetricsWriter(str(workdir))
+  writer.write(1, {"loss": 1.0})
+  shutil.rmtree(workdir)
+  with pytest.raises(UserError, match=f"workdir {workdir} was deleted or moved while the run "
+                                      "wrote to it"):
+    writer.write_record(name, {"step": 2, "loss": 0.5})
+  assert not workdir.exists()  # Not recreated half-empty.
+  writer.close()
+
+
+def test_analysis_reads_the_null_records_as_it_read_the_nan_ones(tmp_path):
+  """report.summarize averages fields that may be NaN (a lag without pairs, an SE of < 2
+  documents): on the records read back it gives what it gives on the written ones."""
+  from hybrid_nope.analysis import report, run_files
+  written = [{"step": 4, "layer": layer, "layer_type": "global", "module": "pre_mixer_norm",
+              "lags": [1, 32], "profile": [0.5, float("nan")], "floor": float("nan"),
+              "gap": gap, "gap_stderr": float("nan"), "logit_gap": [0.2, float("nan")],
+              "logit_gap_stderr": [0.01, 0.02]} for layer, gap in ((1, 0.3), (3, float("nan")))]
+  writer = MetricsWriter(str(tmp_path))
+  for r in written:
+    writer.write_record("recency.jsonl", r)
+  writer.close()
+  read = run_files.read_jsonl(str(tmp_path / "recency.jsonl"))
+  want, got = report.summarize(written), report.summarize(read)
+  assert want.keys() == got.keys()
+  for key in want:
+    assert (got[key] == want[key] or (got[key] is not None and want[key] is not None
+                                      and math.isnan(got[key]) and math.isnan(want[key]))), key

@@ -1,5 +1,6 @@
 """WandbSink in W&B's offline mode: what it logs is read back from the run's .wandb transaction
-log (LevelDB-style records of wandb.proto Record messages) and its media files."""
+log (LevelDB-style records of wandb.proto Record messages) and its media files. The tests
+without the `offline` fixture run without wandb installed."""
 import glob
 import io
 import json
@@ -7,17 +8,17 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
 
+from hybrid_nope.errors import UserError
 from hybrid_nope.train import wandb_sink
 from hybrid_nope.train.wandb_sink import RUN_ID_FILE, WandbSink
 from tests.helpers import REPO, tiny_config
-
-pytest.importorskip("wandb")
 
 BLOCK, HEADER = 32768, 7  # The log's block size, and both its file and record header lengths.
 
@@ -30,6 +31,8 @@ def config_with(project: str, entity: str = "") -> ml_collections.ConfigDict:
 
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
+  """W&B's offline mode in tmp_path; skips the test where wandb is not installed."""
+  pytest.importorskip("wandb")
   root = tmp_path / "wandb_dir"
   for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(root), "WANDB_SILENT": "true",
                      "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
@@ -217,3 +220,32 @@ def test_table_rows_keep_every_key_and_encode_lists():
   assert columns == ["step", "layer", "module", "profile", "mean_decay"]
   assert rows == [[None, 0, "mlp", "[1.0, 0.5]", None], [2, 1, None, None, 0.5]]
   assert type(rows[1][4]) is float
+
+
+def fake_wandb(error_name: str, message: str) -> types.ModuleType:
+  """A wandb module whose init raises wandb.errors.<error_name>(message), as the real one does
+  when no API key is configured (UsageError, checked with wandb 0.31) or a key is refused."""
+  errors = types.SimpleNamespace(**{name: type(name, (Exception,), {})
+                                    for name in ("UsageError", "CommError")})
+  module = types.ModuleType("wandb")
+  module.errors = errors
+
+  def init(**kwargs):
+    raise getattr(errors, error_name)(message)
+  module.init = init
+  return module
+
+
+@pytest.mark.parametrize("error_name, message", [
+    ("UsageError", "No API key configured. Use `wandb login` to log in."),
+    ("CommError", "invalid API key\n(HTTP 401)"),
+])
+def test_no_wandb_login_is_one_line_saying_how_to_log_in_or_go_offline(tmp_path, monkeypatch,
+                                                                      error_name, message):
+  monkeypatch.setitem(sys.modules, "wandb", fake_wandb(error_name, message))
+  with pytest.raises(UserError) as e:
+    WandbSink(config_with("hybrid-nope-test"), str(tmp_path / "run"))
+  text = str(e.value)
+  assert "\n" not in text and " ".join(message.split()) in text
+  assert text.startswith("config.logging.wandb_project='hybrid-nope-test': W&B could not start")
+  assert "`wandb login`" in text and "WANDB_MODE=offline" in text

@@ -384,8 +384,9 @@ def compare(workdirs: Sequence[str], out_dir: str | None = None,
   with open(files[0], "w") as f:
     f.write(text)
   with open(files[1], "w") as f:
-    json.dump({"runs": [_json_run(r) for r in runs], "rows": [_json_row(r) for r in rows],
-               "correlations": {str(k): v for k, v in corr.items()}}, f)
+    f.write(storage.to_json({"runs": [_json_run(r) for r in runs],
+                             "rows": [_json_row(r) for r in rows],
+                             "correlations": {str(k): v for k, v in corr.items()}}))
   if figures:
     files.append(sweep_plots.metrics_vs_window(
         rows, [("eval_loss", "final eval loss")], os.path.join(out_dir, "loss_vs_window.png"),

@@ -24,7 +24,6 @@ Definitions used here and by `compare.py`:
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any, Mapping, Sequence
 
@@ -233,7 +232,7 @@ def check_data(config) -> None:
 
 
 def _write_json(path: str, obj) -> str:
-  storage.write_text(path, json.dumps(obj) + "\n")
+  storage.write_text(path, storage.to_json(obj) + "\n")  # NaN as null
   return path
 
 

@@ -5,7 +5,11 @@ file is appended line by line, so it can be followed live. An object store canno
 there the lines are kept in memory and each changed file is uploaded whole at `flush()`: the
 loop flushes at every log step and checkpoint, so everything up to the last checkpoint is on
 storage, and what a kill loses is what a resume would drop anyway. TensorBoard events are
-written locally and uploaded under DIR/tensorboard/ at the same flushes.
+written locally and uploaded under DIR/tensorboard/ at the same flushes. A memory:// workdir
+lives in this process only: its records and events are gone when it exits.
+
+Records are JSON lines through `storage.to_json`: a non-finite float is written as null (JSON
+has no NaN), which `storage.read_jsonl` reads back as NaN.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import jax
 from absl import logging
 
 from hybrid_nope import storage
+from hybrid_nope.errors import UserError
 from hybrid_nope.train.wandb_sink import rgb_array
 
 
@@ -58,23 +63,35 @@ class MetricsWriter:
     if not storage.exists(path):
       if self.resume_step > 0:
         logging.warning("%s is missing although the run resumes at step %d: its records up to "
-                        "that step are lost (TensorBoard keeps its own copy of the scalars)",
-                        path, self.resume_step)
+                        "that step are lost; only the event files under %s, where they "
+                        "survive, still hold the scalars up to that step", path,
+                        self.resume_step, self._path("tensorboard"))
       return []
-    return [json.dumps(r) + "\n" for r in storage.read_jsonl(path) if r["step"] <= last_step]
+    return [storage.to_json(r) + "\n" for r in storage.read_jsonl(path)
+            if r["step"] <= last_step]
+
+  def _gone(self, name: str) -> UserError:
+    return UserError(f"workdir {self.workdir} was deleted or moved while the run wrote to it "
+                     f"({name} could not be written there): restore it and rerun to resume, or "
+                     f"start over with a new --workdir")
 
   def _replace(self, name: str, lines: list[str]) -> None:
     """The whole file at once: a kill at any instant leaves the old or the new one."""
+    if self._local is not None and not os.path.isdir(self._local):
+      raise self._gone(name)  # Not recreated: the rest of the run's files went with it.
     storage.write_text(self._path(name), "".join(lines))
 
   def _append(self, name: str, record: dict) -> None:
-    line = json.dumps(record) + "\n"
+    line = storage.to_json(record) + "\n"
     self._kept(name).append(line)
     if self._local is None:
       self._dirty.add(name)
     else:
-      with open(os.path.join(self._local, name), "a") as f:
-        f.write(line)
+      try:
+        with open(os.path.join(self._local, name), "a") as f:
+          f.write(line)
+      except FileNotFoundError:
+        raise self._gone(name) from None
 
   def drop_step(self, name: str, step: int) -> None:
     """Removes DIR/<name>'s records of `step` (the resume step), e.g. a hook's partial records

@@ -4,7 +4,8 @@ Off unless `config.logging.wandb_project` is set; then process 0 opens a W&B run
 kept in DIR/wandb_run_id.txt, so rerunning the same command on the same workdir (a resume)
 continues the same W&B run. wandb is imported only when a project is set. Offline use:
 WANDB_MODE=offline, then `wandb sync` the run directory (WANDB_DIR, else the local workdir,
-else a temporary directory for a URL workdir).
+else a temporary directory for a URL workdir). Online use needs a login (`wandb login`, or
+WANDB_API_KEY); without one the run fails at its start in one line saying so.
 
 The files in DIR stay the record of a run; W&B gets a copy. A resume rewinds the files to the
 restored step, but W&B cannot rewind a run: it drops, with a warning, rows logged at steps it has
@@ -13,7 +14,6 @@ already seen, so after a resume its rows of the replayed steps are those of the 
 from __future__ import annotations
 
 import io
-import json
 import os
 import secrets
 import string
@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from hybrid_nope import storage
+from hybrid_nope.errors import UserError
 
 RUN_ID_FILE = "wandb_run_id.txt"
 LEADING_COLUMNS = ("step", "layer", "layer_type", "module")
@@ -39,8 +40,15 @@ class WandbSink:
     import wandb  # Lazily: runs without a project never import it.
     self._wandb = wandb
     self.run_id = run_id(workdir)
-    self.run = wandb.init(project=project, entity=entity or None, config=config.to_dict(),
-                          dir=_local_dir(workdir), id=self.run_id, resume="allow")
+    try:  # No login (UsageError), a bad key or no server (CommError): the user's to fix.
+      self.run = wandb.init(project=project, entity=entity or None, config=config.to_dict(),
+                            dir=_local_dir(workdir), id=self.run_id, resume="allow")
+    except (wandb.errors.UsageError, wandb.errors.CommError) as e:
+      raise UserError(
+          f"config.logging.wandb_project={project!r}: W&B could not start a run "
+          f"({' '.join(str(e).split())}): log in with `wandb login` (or set WANDB_API_KEY), "
+          f"or log offline with WANDB_MODE=offline (then `wandb sync`), or set "
+          f"--config.logging.wandb_project='' for no W&B") from None
 
   @property
   def active(self) -> bool:
@@ -96,14 +104,15 @@ def run_id(workdir: str) -> str:
 
 
 def table_rows(records: list[dict]) -> tuple[list[str], list[list]]:
-  """(columns, rows) of the records: scalars as they are, lists and dicts as JSON strings."""
+  """(columns, rows) of the records: scalars as they are, lists and dicts as JSON strings
+  (`storage.to_json`: a non-finite number in them is null)."""
   columns = [c for c in LEADING_COLUMNS if any(c in r for r in records)]
   for r in records:
     columns += [k for k in r if k not in columns]
 
   def cell(value):
     if isinstance(value, (list, tuple, dict)):
-      return json.dumps(value)
+      return storage.to_json(value)
     if isinstance(value, np.generic):
       return value.item()
     return value
