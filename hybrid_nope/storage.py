@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import uuid
 
 import fsspec
@@ -160,10 +161,24 @@ def write_text(path: str, text: str) -> None:
 
 def checkpoint_directory(workdir: str, configured: str = "") -> str:
   """Where a run's checkpoints are: config checkpoint.directory if set (e.g. gs://...), else
-  WORKDIR/checkpoints; a local path absolute, file:// as the local path orbax wants."""
+  WORKDIR/checkpoints; a relative one inside the workdir (not wherever the command runs), a
+  local path absolute, file:// as the local path orbax wants."""
+  if configured and not is_url(configured) and not os.path.isabs(configured):
+    configured = join(workdir, configured)
   directory = configured or join(workdir, "checkpoints")
   directory = local_path(directory) or directory
   return directory if is_url(directory) else os.path.abspath(directory)
+
+
+def move(source: str, destination: str) -> None:
+  """Renames a file or directory, locally or on an object store (where fsspec copies, then
+  deletes)."""
+  local_source, local_destination = local_path(source), local_path(destination)
+  if local_source is not None and local_destination is not None:
+    shutil.move(local_source, local_destination)
+    return
+  fs, path = _fs(source)
+  fs.mv(path, _fs(destination)[1], recursive=True)
 
 
 def remove(path: str) -> None:

@@ -103,3 +103,16 @@ def test_a_memory_workdir_is_checked_with_a_warning_that_it_vanishes_at_exit(tmp
   with caplog.at_level(logging.WARNING):
     check_workdir(str(tmp_path / "run"))
   assert "memory" not in caplog.text
+
+
+def test_move_renames_a_directory_locally_and_on_an_object_store(tmp_path):
+  import uuid
+  (tmp_path / "a").mkdir()
+  (tmp_path / "a" / "f").write_text("x")
+  storage.move(str(tmp_path / "a"), str(tmp_path / "b"))
+  assert not (tmp_path / "a").exists() and (tmp_path / "b" / "f").read_text() == "x"
+  url = f"memory://move/{uuid.uuid4().hex}"
+  storage.write_text(storage.join(url, "a", "f"), "y")
+  storage.move(storage.join(url, "a"), storage.join(url, "b"))
+  assert storage.read_text(storage.join(url, "b", "f")) == "y"
+  assert not storage.exists(storage.join(url, "a", "f"))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.hook import RecencyHook
-from hybrid_nope.train import loop
+from hybrid_nope.train import evaluation, loop
 from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
 from hybrid_nope.train.step import make_train_step
 from hybrid_nope.validate import ConfigError
@@ -200,7 +200,9 @@ def test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite(tmp_path, 
     loop.train(config, str(tmp_path))
   finite = saved_params_finite(tmp_path, config)
   assert all(finite.values()), finite
-  sane = tiny_config(checkpoint__every_steps=1)
+  sane = tiny_config(checkpoint__every_steps=1,
+                     train__allow_changes=("train.learning_rate",) if "train__learning_rate" in bad
+                     else ())
   if "train__learning_rate" in bad:
     # Step 1 ran at lr 0 (warm-up) and is a healthy checkpoint; step 2's lr of 5e5 left
     # finite but ~5e5-scale parameters whose gradients overflow, so a sane run goes back to 1.
@@ -229,9 +231,9 @@ def test_restore_step_must_be_a_kept_step_and_moves_newer_ones_only_once_restore
 
 
 def sigterm_during_eval_of(step_to_interrupt):
-  """Wraps loop._evaluate so that the eval of the given step receives a SIGTERM, as a spot
+  """Wraps evaluation.evaluate so that the eval of the given step receives a SIGTERM, as a spot
   preemption would deliver it."""
-  inner, calls = loop._evaluate, []
+  inner, calls = evaluation.evaluate, []
 
   def evaluate(*args, **kwargs):
     calls.append(None)
@@ -244,7 +246,7 @@ def sigterm_during_eval_of(step_to_interrupt):
 def test_the_preempted_steps_eval_and_recency_are_redone_on_resume(tmp_path, monkeypatch):
   config = tiny_config(eval__every_steps=1, checkpoint__every_steps=1, metrics__every_steps=1,
                        train__steps=9)
-  monkeypatch.setattr(loop, "_evaluate", sigterm_during_eval_of(6))
+  monkeypatch.setattr(evaluation, "evaluate", sigterm_during_eval_of(6))
   first = loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
   # The signal cut step 6's eval short: step 6 was saved at once, its eval not recorded.
   assert first["preempted"] and first["step"] == 6
@@ -262,7 +264,8 @@ def test_the_preempted_steps_eval_and_recency_are_redone_on_resume(tmp_path, mon
 
 def test_a_resume_onto_other_data_stops_unless_allowed(tmp_path, caplog):
   loop.train(tiny_config(train__steps=4), str(tmp_path))
-  other = dict(train__steps=8, data__eval_fraction=0.2)  # Another split of the corpus.
+  other = dict(train__steps=8, data__eval_fraction=0.2,  # Another split of the corpus.
+               train__allow_changes=("train.steps",))
   with pytest.raises(DataChangedError, match="train.rows: .*allow_changed_data=True"):
     loop.train(tiny_config(**other), str(tmp_path))
   with caplog.at_level(logging.WARNING, logger="absl"):
@@ -273,7 +276,8 @@ def test_a_resume_onto_other_data_stops_unless_allowed(tmp_path, caplog):
 def test_a_file_url_run_then_a_corrupt_checkpoint_fails_in_one_line_on_the_command_line(tmp_path):
   def cli(steps):
     return subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
-                           f"--workdir=file://{tmp_path}", *tiny_flags(train__steps=steps)],
+                           f"--workdir=file://{tmp_path}", *tiny_flags(train__steps=steps),
+                           "--config.train.allow_changes=train.steps"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
   proc = cli(8)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -368,3 +372,10 @@ def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_
 def test_bad_length_multiples_fail_by_name(multiples):
   with pytest.raises(ConfigError, match="eval.length_multiples"):
     loop.train(tiny_config(eval__length_multiples=multiples), "/tmp/unused_workdir_lm")
+
+
+def test_a_vocabulary_smaller_than_the_tokenizers_is_refused_before_anything_is_built(tmp_path):
+  with pytest.raises(ConfigError, match=r"model.vocab_size=100 is smaller than the byte "
+                     r"tokenizer"):
+    loop.train(tiny_config(model__vocab_size=100), str(tmp_path))
+  assert not os.listdir(tmp_path)

@@ -16,21 +16,21 @@ import contextlib
 import io
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
 import traceback
 
-import fsspec
 import grain
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
 from hybrid_nope import storage
-from hybrid_nope.checkpoint_integrity import META_ITEM, state_checksums
+from hybrid_nope.checkpoint_integrity import (META_ITEM, corrupt_message, differing_leaves,
+                                              read_error, state_checksums,
+                                              unreadable_message)
 from hybrid_nope.errors import UserError
 from hybrid_nope.train import run_identity
 
@@ -50,22 +50,6 @@ def changed_data(saved: dict, current: dict) -> list[str]:
   """'key: saved -> current' for each fingerprint entry that differs."""
   return [f"{key}: {saved.get(key, '(absent)')!r} -> {current.get(key, '(absent)')!r}"
           for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
-
-
-def _read_error(error: BaseException, where: str) -> str:
-  """The line that says what failed (tensorstore's status, e.g. OUT_OF_RANGE reading "w/0.0"),
-  from an exception chain whose outer messages hold pages of TensorStore spec."""
-  chain = []
-  while error is not None and len(chain) < 10:
-    chain.append(error)
-    error = error.__cause__ or error.__context__
-  for e in reversed(chain):  # The innermost cause is the most specific.
-    status = re.search(r"\b(OUT_OF_RANGE|DATA_LOSS|NOT_FOUND|INVALID_ARGUMENT|FAILED_PRECONDITION"
-                       r"|INTERNAL|UNKNOWN|UNAVAILABLE|PERMISSION_DENIED)\b: [^\n]{0,300}", str(e))
-    if status:
-      return status.group(0)
-  text = str(chain[0]).strip()
-  return f"{where}: {text.splitlines()[0][:200] if text else type(chain[0]).__name__}"
 
 
 class Checkpointer:
@@ -119,7 +103,7 @@ class Checkpointer:
     except Exception as e:  # orbax re-raises the writer thread's error, of any kind.
       step, self._saving = self._saving, None
       raise CheckpointError(f"saving checkpoint step {step} to {self.directory} failed "
-                            f"({_read_error(e, self.step_directory(step))}); the run stops: "
+                            f"({read_error(e, self.step_directory(step))}); the run stops: "
                             "free space or fix the directory, then rerun to resume from the "
                             "newest good checkpoint") from None
     self._saving = None
@@ -149,8 +133,8 @@ class Checkpointer:
       with tempfile.NamedTemporaryFile("w", prefix=f"restore_step_{step}_", suffix=".txt",
                                        delete=False) as log:
         log.write("".join(traceback.format_exception(e)) + printed.getvalue())
-      raise CheckpointError(f"checkpoint step {step} cannot be read ({_read_error(e, where)}); "
-                            f"{self._how_to_go_on(step)} (full traceback: {log.name})") from None
+      raise CheckpointError(f"{unreadable_message(step, e, where)}; {self._how_to_go_on(step)} "
+                            f"(full traceback: {log.name})") from None
     sys.stderr.write(printed.getvalue())  # A good restore's output, passed on.
     return restored
 
@@ -177,12 +161,10 @@ class Checkpointer:
     else:
       restored = self._read(step, {"state": ocp.args.StandardRestore(abstract_state)})
     state = restored["state"]
-    bad = [] if meta["checksums"] is None else [
-        k for k, v in self.checksums(state).items() if meta["checksums"].get(k) != v]
+    bad = ([] if meta["checksums"] is None else
+           differing_leaves(meta["checksums"], self.checksums(state)))
     if bad:
-      raise CheckpointError(
-          f"checkpoint step {step} is corrupt: {len(bad)} leaves of {where}/state differ from "
-          f"the checksums saved with them (first: {bad[0]}); {self._how_to_go_on(step)}")
+      raise CheckpointError(f"{corrupt_message(step, where, bad)}; {self._how_to_go_on(step)}")
     rows = self._rows(step, meta, batch_size)
     changes = changed_data(meta["data"], data_fingerprint)
     if changes and not allow_changed_data:
@@ -228,7 +210,7 @@ class Checkpointer:
                          time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"_from_{newer[-1]}")
     storage.makedirs(where)
     for s in newer:
-      move(self.step_directory(s), storage.join(where, str(s)))
+      storage.move(self.step_directory(s), storage.join(where, str(s)))
     self.manager.reload()
     return newer, where
 
@@ -279,16 +261,6 @@ def _what_changed(changes: list[str]) -> str:
   if any(k.startswith("eval.") for k in keys):
     return "the training and the eval data"
   return "the training data"
-
-
-def move(source: str, destination: str) -> None:
-  """Renames a file or directory, locally or on an object store."""
-  local_source, local_destination = storage.local_path(source), storage.local_path(destination)
-  if local_source is not None and local_destination is not None:
-    shutil.move(local_source, local_destination)
-  else:  # An object store has no rename: fsspec copies, then deletes.
-    fs, path = fsspec.core.url_to_fs(source)
-    fs.mv(path, fsspec.core.url_to_fs(destination)[1], recursive=True)
 
 
 def _probe_writable(directory: str) -> None:

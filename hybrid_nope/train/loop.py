@@ -6,7 +6,6 @@ import time
 from typing import Sequence
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
@@ -18,16 +17,15 @@ from hybrid_nope.model import parameter_counts
 from hybrid_nope.train import sharding
 from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
 from hybrid_nope.train.checkpoint import Checkpointer
-from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.wandb_sink import WandbSink
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
-from hybrid_nope.train import resume, run_identity
+from hybrid_nope.train import evaluation, resume, run_identity
 from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
 from hybrid_nope.train.profiling import StepProfiler
 from hybrid_nope.train.progress import Progress
 from hybrid_nope.train.state import sharded_train_state
-from hybrid_nope.train.step import make_eval_step, make_train_step
+from hybrid_nope.train.step import make_train_step
 from hybrid_nope.train.workdir_lock import WorkdirLock
 from hybrid_nope.validate import check_workdir, validate
 
@@ -37,49 +35,6 @@ _clock = time.monotonic  # For checkpoint.every_minutes; tests substitute a fake
 
 class NonFiniteLossError(RunStopped, FloatingPointError):
   pass
-
-
-@dataclasses.dataclass
-class _EvalSet:
-  """The eval rows at one multiple k of the training length, and the step that scores them."""
-  multiple: int
-  batches: list
-  step: object
-  bucket_size: int
-
-  @property
-  def suffix(self) -> str:  # Record keys: eval_loss (k = 1), eval_loss@2x, ...
-    return "" if self.multiple == 1 else f"@{self.multiple}x"
-
-
-def _evaluate(eval_step, params, batches, bucket_size: int, suffix: str = "") -> dict:
-  """Mean eval loss, and the loss per bucket of `bucket_size` positions (None where empty)."""
-  loss_b = weight_b = 0.0
-  for batch in batches:
-    l, w = jax.device_get(eval_step(params, batch))
-    loss_b, weight_b = loss_b + np.asarray(l, np.float64), weight_b + np.asarray(w, np.float64)
-  by_position = [float(l / w) if w > 0 else None for l, w in zip(loss_b, weight_b)]
-  return {f"eval_loss{suffix}": float(loss_b.sum() / weight_b.sum()),
-          f"eval_loss_by_position{suffix}": by_position, "eval_bucket_size": bucket_size,
-          f"eval_bucket_weights{suffix}": weight_b.tolist()}
-
-
-def _evaluate_and_log(eval_sets: list, params, writer, step: int) -> float:
-  """Evaluates at every length multiple, writes one record and the TensorBoard scalars, logs;
-  returns the eval loss at the training length."""
-  record = {"step": step}
-  for ev in eval_sets:
-    result = _evaluate(ev.step, params, ev.batches, ev.bucket_size, ev.suffix)
-    record.update(result)
-    by_position = result[f"eval_loss_by_position{ev.suffix}"]
-    writer.write_scalars(step, {f"eval_loss{ev.suffix}": result[f"eval_loss{ev.suffix}"], **{
-        f"eval_loss_by_position{ev.suffix}/{b * ev.bucket_size:06d}": l
-        for b, l in enumerate(by_position) if l is not None}})
-    logging.info("step %d | eval_loss%s %.4f | by %d positions: %s", step, ev.suffix,
-                 result[f"eval_loss{ev.suffix}"], ev.bucket_size,
-                 " ".join("-" if l is None else f"{l:.3f}" for l in by_position))
-  writer.write_record("metrics.jsonl", record)
-  return record["eval_loss"]
 
 
 def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | None) -> None:
@@ -97,7 +52,9 @@ def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | Non
       raise NonFiniteLossError(
           f"{what} at step {step}; the update was refused and the run stops without saving: "
           f"{kept}. Lower train.learning_rate or check the train.* config, then rerun to resume "
-          "(add --config.checkpoint.restore_step=N to resume from an older kept step N).")
+          "(a run-defining key needs --config.train.allow_changes=KEY, e.g. "
+          "train.learning_rate; add --config.checkpoint.restore_step=N to resume from an "
+          "older kept step N).")
     writer.write(step, metrics)
 
 
@@ -136,13 +93,6 @@ def _unfinished_at(step: int, config, writer, hooks) -> tuple[bool, list]:
   return flags[0], [h for h, redo in zip(hooks, flags[1:]) if redo]
 
 
-def _process_rows(batch: dict) -> dict:
-  """This process's contiguous share of a batch every process holds whole (eval)."""
-  p, n = jax.process_index(), jax.process_count()
-  size = len(next(iter(batch.values()))) // n
-  return {k: v[p * size:(p + 1) * size] for k, v in batch.items()}
-
-
 @dataclasses.dataclass
 class _Run:
   """What a run builds once: the mesh, the model, the data, the compiled steps, the stores."""
@@ -151,7 +101,7 @@ class _Run:
   model_def: object
   state_shardings: object
   data_iter: object
-  eval_sets: list  # _EvalSet per eval.length_multiples entry, the training length first
+  eval_sets: list  # evaluation.EvalSet per eval.length_multiples entry, the training length first
   run_context: RunContext
   fingerprint: str
   ckpt: Checkpointer
@@ -177,14 +127,6 @@ def _model_and_state(config, mesh):
   logging.info("parameters: %.2fM non-embedding, %.2fM total", counts["non_embedding"] / 1e6,
                counts["total"] / 1e6)
   return tx, model_def, state, state_shardings
-
-
-def _eval_rows(config):
-  eval_rows = pipeline.eval_batches(config)
-  logging.info("eval-set unigram entropy %.4f nats/token (context-free baseline)",
-               unigram_entropy(np.concatenate([b["targets"] for b in eval_rows]),
-                               np.concatenate([b["weights"] for b in eval_rows])))
-  return eval_rows
 
 
 def _resume(config, plan: resume.ResumePlan, ckpt: Checkpointer, state, state_shardings,
@@ -217,27 +159,6 @@ def _compile_train_step(config, mesh, model_def, tx, state_shardings):
                  out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
 
 
-def _eval_sets(config, mesh, model_def, state_shardings, eval_rows) -> list[_EvalSet]:
-  """The eval rows and a jitted eval step at each of eval.length_multiples (k × seq_len)."""
-  batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
-  sets = []
-  for k in sorted(config.eval.length_multiples):
-    seq_len = k * config.data.seq_len
-    if k == 1:
-      rows = eval_rows
-    else:
-      longer = ml_collections.ConfigDict(config.to_dict())
-      longer.data.seq_len = seq_len
-      rows = pipeline.eval_batches(longer)
-    buckets = pipeline.position_buckets(seq_len, config.eval.bucket_size)
-    step = jax.jit(make_eval_step(model_def, buckets),
-                   in_shardings=(state_shardings.params, batch_shardings),
-                   out_shardings=sharding.replicated(mesh))
-    sets.append(_EvalSet(k, [sharding.global_batch(_process_rows(b), mesh) for b in rows], step,
-                         config.eval.bucket_size))
-  return sets
-
-
 def _replicator(mesh):
   replicated = sharding.replicated(mesh)
   return lambda tree: jax.tree.map(
@@ -252,7 +173,7 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   space = ckpt.expected_size_warning(state)
   if space:
     logging.warning("%s", space)
-  eval_rows = _eval_rows(config)
+  eval_rows = evaluation.eval_rows(config)
   fingerprint = data_fingerprint(config, eval_rows)
   state, start_row = _resume(config, plan, ckpt, state, state_shardings, fingerprint)
   data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
@@ -267,7 +188,7 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   resume.record(workdir, config, plan.new_events, writer)
   with sharding.activation_rules(mesh):
     train_step = _compile_train_step(config, mesh, model_def, tx, state_shardings)
-    eval_sets = _eval_sets(config, mesh, model_def, state_shardings, eval_rows)
+    eval_sets = evaluation.eval_sets(config, mesh, model_def, state_shardings, eval_rows)
   run_context = RunContext(config=config, model_def=model_def, eval_batches=eval_rows,
                            probe_rows=pipeline.probe_pool(config), writer=writer,
                            replicate=_replicator(mesh))
@@ -283,7 +204,7 @@ def _finish_resumed_step(run: _Run, hooks, step: int, params) -> None:
   redo_eval, redo_hooks = _unfinished_at(step, run.config, run.writer, hooks)
   if redo_eval:
     logging.info("step %d: its eval was not on record (preempted?); evaluating now", step)
-    _evaluate_and_log(run.eval_sets, params, run.writer, step)
+    evaluation.evaluate_and_log(run.eval_sets, params, run.writer, step)
   for hook in redo_hooks:
     for name in getattr(hook, "record_files", ()):
       run.writer.drop_step(name, step)
@@ -322,6 +243,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   whether the run stopped early for preemption.
   """
   validate(config)
+  pipeline.check_vocabulary(config)
   check_workdir(workdir, config.checkpoint.directory)
   quiet_library_logs()
   watcher = PreemptionWatcher()  # From here a signal saves (or, before any state, just stops).
@@ -398,7 +320,7 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
         try:  # Eval and hooks stop at a signal; a save runs whole.
           if _due(step, c.eval.every_steps, last) and not preempted:
             with watcher.interruptible():
-              summary["eval_loss"] = _evaluate_and_log(run.eval_sets, state.params, run.writer,
+              summary["eval_loss"] = evaluation.evaluate_and_log(run.eval_sets, state.params, run.writer,
                                                        step)
           if due:
             save(step, state)

@@ -22,7 +22,7 @@ from absl import logging
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
 from hybrid_nope.train import run_identity
-from hybrid_nope.train.checkpoint import Checkpointer, move
+from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.workdir_lock import LOCK_NAME
 from hybrid_nope.validate import ConfigError
 
@@ -67,7 +67,7 @@ def _move_aside(workdir: str) -> str:
   storage.makedirs(where)
   for name in storage.listdir(workdir):
     if name not in keep and not name.startswith(".write_check"):
-      move(storage.join(workdir, name), storage.join(where, name))
+      storage.move(storage.join(workdir, name), storage.join(where, name))
   return where
 
 

@@ -63,10 +63,15 @@ def defining(config) -> dict[str, Any]:
 
 
 def allowed_changes(config) -> tuple[str, ...]:
-  """train.allow_changes as key names: a tuple, or one comma-separated string."""
+  """train.allow_changes as key names: a tuple of names or of comma-separated names (the
+  command line's --config.train.allow_changes=data.batch_size,train.steps arrives as a tuple
+  holding one string)."""
   value = config.train.allow_changes
-  keys = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
-  keys = tuple(k.strip() for k in keys if k.strip())
+  items = (value,) if isinstance(value, str) else tuple(value)
+  if not all(isinstance(item, str) for item in items):
+    raise UserError(f"config.train.allow_changes={value!r} is invalid: expected config key "
+                    "names, e.g. data.batch_size,train.steps")
+  keys = tuple(k.strip() for item in items for k in item.split(",") if k.strip())
   known = flat(config)
   for key in keys:
     if key not in known:
