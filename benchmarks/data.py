@@ -158,7 +158,8 @@ def main():
     config = ml_collections.ConfigDict({
         "data": {"source": "mds", "path": path, "domains": domains, "seq_len": args.seq_len,
                  "batch_size": args.batch_size, "seed": 0, "document_masking": True,
-                 "cache_dir": os.path.join(tmp, "cache"), "verify_hashes": True},
+                 "cache_dir": os.path.join(tmp, "cache"), "verify_hashes": True,
+                 "exclude_samples": ()},
         "model": {"vocab_size": VOCAB}})
     t = time.perf_counter()
     iterator = pipeline.train_iterator(config)
