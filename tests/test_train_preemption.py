@@ -102,3 +102,26 @@ def test_a_failed_async_save_stops_the_run_at_the_next_step_in_one_line(tmp_path
   with open(tmp_path / "metrics.jsonl") as f:
     trained = [r["step"] for r in map(json.loads, f) if "loss" in r]
   assert max(trained) == 4  # Stopped by step 5's check, not at the next save (step 8).
+
+
+class SignalOnFloat:
+  """A metric value whose conversion to float delivers SIGTERM: the signal lands inside a
+  writer call."""
+
+  def __float__(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return 1.0
+
+
+def test_a_signal_inside_a_hooks_write_waits_for_the_write_then_stops_the_hook(tmp_path):
+  def factory(context):
+    def hook(step, params):
+      del params
+      context.writer.write(step, {"a": SignalOnFloat(), "b": 2.0})
+      time.sleep(HOOK_SECONDS)
+    return hook
+  summary = loop.train(tiny_config(), str(tmp_path), hooks=[factory])
+  assert summary["preempted"] and summary["step"] == 0
+  with open(tmp_path / "metrics.jsonl") as f:
+    written = [json.loads(l) for l in f]
+  assert {"step": 0, "a": 1.0, "b": 2.0} in written  # The write finished whole.

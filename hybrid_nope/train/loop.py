@@ -275,6 +275,7 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
   summary = {"step": start, "loss": float("nan"), "eval_loss": float("nan"),
              "tokens_per_second": float("nan"), "preempted": False}
   profiler = StepProfiler(workdir, c.train.profile_start_step, c.train.profile_steps)
+  run.writer.critical = watcher.deferred  # A signal in a hook never cuts a write in half.
   pending = []
 
   def save(step, state):

@@ -13,6 +13,8 @@ has no NaN), which `storage.read_jsonl` reads back as NaN.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -25,12 +27,24 @@ from hybrid_nope.errors import UserError
 from hybrid_nope.train.wandb_sink import rgb_array
 
 
+def _whole(method):
+  """Runs a writer method inside `self.critical()`: a stop signal that cuts an eval or a hook
+  short (train/preemption.py) waits until the write is done, so no file, TensorBoard queue or
+  W&B call is left half-made for the save and the exit that follow."""
+  @functools.wraps(method)
+  def whole(self, *args, **kwargs):
+    with self.critical():
+      return method(self, *args, **kwargs)
+  return whole
+
+
 class MetricsWriter:
   """`write` puts scalars in DIR/metrics.jsonl and TensorBoard; `write_record` appends any JSON
   record to another DIR/<name>.jsonl (e.g. recency.jsonl)."""
 
   def __init__(self, workdir: str, *, resume_step: int = 0, wandb=None):
     self.active = jax.process_index() == 0
+    self.critical = contextlib.nullcontext  # The loop sets PreemptionWatcher.deferred.
     self._wandb = wandb  # A train.wandb_sink.WandbSink or None: W&B gets what TensorBoard gets.
     self.workdir = workdir
     self.resume_step = resume_step
@@ -93,6 +107,7 @@ class MetricsWriter:
       except FileNotFoundError:
         raise self._gone(name) from None
 
+  @_whole
   def drop_step(self, name: str, step: int) -> None:
     """Removes DIR/<name>'s records of `step` (the resume step), e.g. a hook's partial records
     from a run killed while the hook wrote them, before the hook runs again."""
@@ -112,12 +127,14 @@ class MetricsWriter:
         keys.update(record)
     return keys
 
+  @_whole
   def write(self, step: int, metrics: dict) -> None:
     if not self.active:
       return
     self._append("metrics.jsonl", {"step": int(step), **{k: float(v) for k, v in metrics.items()}})
     self.write_scalars(step, metrics)
 
+  @_whole
   def write_scalars(self, step: int, scalars: dict) -> None:
     """TensorBoard only."""
     if self.active:
@@ -126,11 +143,13 @@ class MetricsWriter:
       if self._wandb is not None:
         self._wandb.scalars(step, scalars)
 
+  @_whole
   def write_table(self, name: str, step: int, records: list[dict]) -> None:
     """W&B only: one step's records (e.g. recency.jsonl's) as a table; write_record keeps them."""
     if self.active and self._wandb is not None:
       self._wandb.table(name, step, records)
 
+  @_whole
   def write_images(self, step: int, images: dict) -> None:
     """TensorBoard and W&B images: name -> PNG bytes or an HxWx3 uint8 array."""
     if self.active:
@@ -139,16 +158,19 @@ class MetricsWriter:
       if self._wandb is not None:
         self._wandb.images(step, images)
 
+  @_whole
   def write_record(self, name: str, record: dict) -> None:
     if self.active:
       self._append(name, record)
 
+  @_whole
   def write_config(self, config) -> None:
     """DIR/config.json: what analysis tools need to rebuild the model and data."""
     if self.active:
       storage.write_text(self._path("config.json"),
                          config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
 
+  @_whole
   def flush(self) -> None:
     """Uploads what changed since the last flush (URL workdirs; local files are current)."""
     if not self.active or self._local is not None:
@@ -159,6 +181,7 @@ class MetricsWriter:
     self._tb.flush()
     storage.copy_tree(self._tb_local, self._path("tensorboard"), self._tb_uploaded)
 
+  @_whole
   def close(self) -> None:
     if self._tb is not None:
       self.flush()

@@ -4,7 +4,9 @@ Between steps the signal sets a flag that the loop reads at the next step bounda
 work that does not change the train state and may take minutes (an eval, the recency hook),
 the loop opens an `interruptible()` section: a signal there stops the work at once, with
 `Interrupted`, and the loop saves the state it holds, so a spot VM's notice of ~30 s is
-enough. A second Ctrl-C aborts without saving.
+enough. Writes inside such a section (the metrics writer's methods) run `deferred()`: a signal
+there raises once the write is whole, since a TensorBoard queue cut mid-put hangs at close.
+A second Ctrl-C aborts without saving.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class PreemptionWatcher:
   def __init__(self):
     self._signalled = threading.Event()
     self._interruptible = False
+    self._deferring = 0      # > 0 inside deferred(): a signal raises at its end instead.
+    self._raise_pending = False
     self._previous = {}
     if threading.current_thread() is threading.main_thread():
       for signum in (signal.SIGTERM, signal.SIGINT):
@@ -41,6 +45,9 @@ class PreemptionWatcher:
       raise KeyboardInterrupt  # The second Ctrl-C: abort now, without a save.
     self._signalled.set()
     if self._interruptible and jax.process_count() == 1:
+      if self._deferring:
+        self._raise_pending = True
+        return
       logging.warning("%s received: stopping this eval or hook, checkpointing, then exiting "
                       "(Ctrl-C again aborts without saving)", name)
       raise Interrupted(name)
@@ -57,11 +64,26 @@ class PreemptionWatcher:
     signal came before it."""
     if self._signalled.is_set() and jax.process_count() == 1:
       raise Interrupted("signalled before")
-    self._interruptible = True
+    self._interruptible, self._raise_pending = True, False
     try:
       yield
     finally:
       self._interruptible = False
+
+  @contextlib.contextmanager
+  def deferred(self):
+    """A region a signal must not cut (a record or TensorBoard write inside a hook): an
+    interruption due in it is raised when it ends."""
+    self._deferring += 1
+    try:
+      yield
+    finally:
+      self._deferring -= 1
+    if not self._deferring and self._raise_pending and self._interruptible:
+      self._raise_pending = False
+      logging.warning("stop signal received: stopping this eval or hook, checkpointing, then "
+                      "exiting (Ctrl-C again aborts without saving)")
+      raise Interrupted("signal during a write")
 
   def should_stop(self, step: int, checkpoint_manager) -> bool:
     if jax.process_count() > 1:
