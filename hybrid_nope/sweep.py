@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tarfile
 import time
+
+from hybrid_nope import run_config, storage
 from concurrent import futures
 from typing import Callable, Sequence
 
@@ -133,18 +135,10 @@ def _cores(slot: int, threads: int) -> set[int]:
 
 def trained_steps(workdir: str) -> tuple[int, int]:
   """(last step with a training loss in metrics.jsonl, train.steps of config.json)."""
-  with open(os.path.join(workdir, "config.json")) as f:
-    steps = int(json.load(f)["train"]["steps"])
-  last = 0
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:  # A torn last line.
-        continue
-      if "loss" in record:
-        last = max(last, int(record["step"]))
-  return last, steps
+  with open(os.path.join(workdir, run_config.CONFIG_FILE)) as f:
+    steps = int(run_config.current(workdir, json.load(f))["train"]["steps"])
+  records = storage.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return max([r["step"] for r in records if "loss" in r], default=0), steps
 
 
 def execute(run: Run, *, slot: int, threads: int, log: Callable[[str], None],

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from hybrid_nope.analysis import checkpoints
 from hybrid_nope.data import pipeline
 from hybrid_nope.train import loop, resume
 from hybrid_nope.train.checkpoint import Checkpointer
@@ -104,6 +105,7 @@ def test_an_allowed_batch_change_is_recorded_and_reads_on_from_the_exact_row(run
   assert events[1]["changes"] == {"data.batch_size": {"from": 2, "to": 4},
                                   "train.steps": {"from": 8, "to": 10}}
   assert events[1]["config"]["data"]["batch_size"] == 4
+  assert checkpoints.load_config(str(run_copy)).data.batch_size == 4  # What analysis reads.
   recorded = [r for r in metrics(run_copy) if r.get("event") == "config_change"]
   assert len(recorded) == 1 and recorded[0]["step"] == 8
   # The rows a batch-4 step 9 reads are the batch-2 stream's batches 8 and 9.

@@ -18,14 +18,14 @@ import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
-from hybrid_nope import storage
+from hybrid_nope import run_config, storage
+from hybrid_nope.run_config import CONFIG_FILE
 from hybrid_nope.checkpoint_integrity import (META_ITEM, STATE_ITEM, corrupt_message,
                                               differing_leaves, params_checksums,
                                               unreadable_message)
 from hybrid_nope.errors import UserError
 from hybrid_nope.model.definition import ModelDef, abstract_params, model_definition
 
-CONFIG_FILE = "config.json"
 
 
 class AnalysisError(UserError):
@@ -54,7 +54,8 @@ class CorruptCheckpointError(AnalysisError):
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The run's config from WORKDIR/config.json (written by the training loop at start)."""
+  """The run's config in force now: WORKDIR/config.json (written by the training loop at
+  start), or the last config a resume was allowed to change it to (`run_config`)."""
   if not storage.isdir(workdir):
     raise WorkdirError(f"workdir {workdir} does not exist")
   path = storage.join(workdir, CONFIG_FILE)
@@ -69,9 +70,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
         f"yourself, e.g. python -c \"from configs import demo; open('{path}', 'w')"
         f".write(demo.get_config().to_json_best_effort())\"")
   try:
-    return ml_collections.ConfigDict(json.loads(storage.read_text(path)))
+    started_with = json.loads(storage.read_text(path))
   except json.JSONDecodeError as e:
     raise WorkdirError(f"{path} is not valid JSON: {e}") from None
+  return ml_collections.ConfigDict(run_config.current(workdir, started_with))
 
 
 def apply_overrides(config: ml_collections.ConfigDict,

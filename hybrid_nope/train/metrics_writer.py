@@ -164,13 +164,6 @@ class MetricsWriter:
       self._append(name, record)
 
   @_whole
-  def write_config(self, config) -> None:
-    """DIR/config.json: what analysis tools need to rebuild the model and data."""
-    if self.active:
-      storage.write_text(self._path("config.json"),
-                         config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
-
-  @_whole
   def flush(self) -> None:
     """Uploads what changed since the last flush (URL workdirs; local files are current)."""
     if not self.active or self._local is not None:

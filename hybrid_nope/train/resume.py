@@ -8,8 +8,8 @@ which allowed config changes, rollback and skip; and the run's history kept besi
   checkpoints/rolled_back/; a rerun of the same command after training has passed N again
   finds that rollback in its newest checkpoint's history and resumes from there.
 - data.skip_batches=K skips K batches once per (K, restore_step) in the lineage.
-Events go to WORKDIR/config_history.jsonl (append only) and metrics.jsonl, and into the next
-checkpoint's meta with the rest of the lineage.
+Events go to WORKDIR/config_history.jsonl (append only; `hybrid_nope/run_config.py`) and
+metrics.jsonl, and into the next checkpoint's meta with the rest of the lineage.
 """
 from __future__ import annotations
 
@@ -20,14 +20,13 @@ import time
 from absl import logging
 
 from hybrid_nope import storage
+from hybrid_nope.run_config import CONFIG_FILE, HISTORY_FILE
 from hybrid_nope.errors import UserError
 from hybrid_nope.train import run_identity
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.workdir_lock import LOCK_NAME
 from hybrid_nope.validate import ConfigError
 
-CONFIG_FILE = "config.json"
-HISTORY_FILE = "config_history.jsonl"
 RECORD_FILES = ("metrics.jsonl", "recency.jsonl")  # A run has begun once these hold a line.
 OVERWRITTEN = "overwritten"  # WORKDIR/overwritten/<time>/: records a train.overwrite moved.
 
