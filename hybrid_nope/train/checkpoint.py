@@ -208,9 +208,13 @@ class Checkpointer:
     self.manager.wait_until_finished()
     where = storage.join(self.rolled_back_directory(),
                          time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"_from_{newer[-1]}")
-    storage.makedirs(where)
-    for s in newer:
-      storage.move(self.step_directory(s), storage.join(where, str(s)))
+    if jax.process_index() == 0:  # One mover; the others wait, then list the steps anew.
+      storage.makedirs(where)
+      for s in newer:
+        storage.move(self.step_directory(s), storage.join(where, str(s)))
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices("hybrid_nope rollback")
     self.manager.reload()
     return newer, where
 

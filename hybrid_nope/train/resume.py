@@ -17,6 +17,7 @@ import dataclasses
 import json
 import time
 
+import jax
 from absl import logging
 
 from hybrid_nope import storage
@@ -78,16 +79,17 @@ def _fresh(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
         f"{ckpt.directory}: starting afresh would replace them. If the checkpoints were moved, "
         "point --config.checkpoint.directory at them; else use a new --workdir, or pass "
         "--config.train.overwrite=True to move the old records aside and start again")
-  if records:
-    logging.warning("train.overwrite: moved the records of the run in %s, which has no "
-                    "checkpoint, to %s", workdir, _move_aside(workdir))
   if config.data.skip_batches:
     raise ConfigError(f"config.data.skip_batches={config.data.skip_batches} is invalid here: "
                       f"{workdir} has no checkpoint to resume, so there is nothing to skip "
                       "after (expected 0 at a fresh start)")
-  for name in (CONFIG_FILE, HISTORY_FILE):  # A start that died before any record.
-    if storage.exists(storage.join(workdir, name)):
-      storage.remove(storage.join(workdir, name))
+  if jax.process_index() == 0:  # Process 0 alone writes the workdir's records.
+    if records:
+      logging.warning("train.overwrite: moved the records of the run in %s, which has no "
+                      "checkpoint, to %s", workdir, _move_aside(workdir))
+    for name in (CONFIG_FILE, HISTORY_FILE):  # A start that died before any record.
+      if storage.exists(storage.join(workdir, name)):
+        storage.remove(storage.join(workdir, name))
   start = run_identity.start_event(config)
   return ResumePlan(step=None, meta=None, history=[start], new_events=[start], roll_back=False,
                     skip_rows=0, batch_size_at_step=int(config.data.batch_size))

@@ -11,8 +11,7 @@ import jax
 import numpy as np
 
 from hybrid_nope.analysis.hook import RecencyHook
-from hybrid_nope.data import pipeline
-from hybrid_nope.train import loop, sharding
+from hybrid_nope.train import loop, run_identity, sharding
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import sharded_train_state
@@ -71,18 +70,20 @@ def main(workdir):
   save_cfg, restore_cfg = config_for((1, 8, 1)), config_for((2, 4, 1))
   _, saved, _ = sharded_train_state(save_cfg.model, tx, 1, sharding.make_mesh(save_cfg))
   ckpt_dir = os.path.join(workdir, "cross_mesh")
-  it = pipeline.train_iterator(save_cfg)
-  next(it)  # The saved data position is checked against the step: one batch read by step 1.
+  batch = save_cfg.data.batch_size  # The saved data position: one batch read by step 1.
+  meta = {"data": {"data": "this run's"}, "config": {},
+          "history": [run_identity.start_event(save_cfg)], "data_position": {"rows": batch}}
   ckpt = Checkpointer(ckpt_dir, keep=1)
-  ckpt.save(1, saved, it, {"data": "this run's"})
+  ckpt.save(1, saved, meta)
   ckpt.wait()
   restore_mesh = sharding.make_mesh(restore_cfg)
   _, fresh, shardings = sharded_train_state(restore_cfg.model, tx, 2, restore_mesh)
   target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         fresh, shardings)
-  restored = Checkpointer(ckpt_dir, keep=1).restore(1, target, pipeline.train_iterator(save_cfg),
-                                                    data_fingerprint={"data": "this run's"},
-                                                    allow_changed_data=False)
+  restored, rows = Checkpointer(ckpt_dir, keep=1).restore(
+      1, target, ckpt.read_meta(1), data_fingerprint={"data": "this run's"},
+      allow_changed_data=False, batch_size=batch)
+  assert rows == batch
   same = all(np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)))
   on_new_mesh = all(x.sharding.mesh.shape == restore_mesh.shape
