@@ -101,8 +101,10 @@ def test_two_processes_match_one(tmp_path):
   # The data position is one global number, so the run saved by two processes resumes on one
   # with the batches (hence the losses) of a run that stayed on one process.
   with open(tmp_path / "two" / "checkpoints" / "3" / "meta" / "metadata") as f:
-    assert json.load(f)["data_position"] == {"next_index": 3}
-  longer = tiny_config(**dict(TWO_PROCESS, train__steps=6))
+    rows = 3 * tiny_config(**TWO_PROCESS).data.batch_size
+    assert json.load(f)["data_position"] == {"rows": rows}
+  longer = tiny_config(**dict(TWO_PROCESS, train__steps=6,
+                              train__allow_changes=("train.steps",)))
   for run in ("one", "two"):
     loop.train(longer, str(tmp_path / run))
   np.testing.assert_allclose(losses(tmp_path / "two")[3:], losses(tmp_path / "one")[3:],
