@@ -321,8 +321,8 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
         try:  # Eval and hooks stop at a signal; a save runs whole.
           if _due(step, c.eval.every_steps, last) and not preempted:
             with watcher.interruptible():
-              summary["eval_loss"] = evaluation.evaluate_and_log(run.eval_sets, state.params, run.writer,
-                                                       step)
+              summary["eval_loss"] = evaluation.evaluate_and_log(run.eval_sets, state.params,
+                                                                 run.writer, step)
           if due:
             save(step, state)
             saved_at = _clock()
