@@ -192,3 +192,11 @@ def test_docstring_states_the_generated_command_and_cost(name):
     assert paragraph in source
   if costs.PAPER_NAME.fullmatch(name):
     assert f"--config=configs/{name}.py" in source and "at an assumed" in source
+
+
+def test_train_seed_drives_the_data_order_and_data_seed_can_be_set_alone():
+  c = base.get_config()
+  c.train.seed = 3
+  assert c.data.seed == 3
+  c.data.seed = 7  # A plain FieldReference would set train.seed to 7 as well.
+  assert (c.train.seed, c.data.seed) == (3, 7)
