@@ -20,9 +20,9 @@ import jax.numpy as jnp  # noqa: E402
 from benchmarks.train_step import synthetic_batch  # noqa: E402
 from configs import base, demo  # noqa: E402
 from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
-from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer  # noqa: E402
+from hybrid_nope.train.optimizer import make_optimizer  # noqa: E402
 from hybrid_nope.train.state import init_train_state  # noqa: E402
-from hybrid_nope.train.step import make_train_step  # noqa: E402
+from hybrid_nope.train.step import train_step_for  # noqa: E402
 
 
 class _NoWriter:
@@ -49,7 +49,7 @@ def measure(name, config, step_batch):
       jnp.asarray, t))
   first = _timed(hook, 0, state.params)
   hook_seconds = _timed(hook, 1, state.params)
-  step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
+  step = jax.jit(train_step_for(config, model_def, tx),
                  donate_argnums=0)
   batch = device_batch(step_batch, T, V)
   state, m = step(state, batch)

@@ -31,10 +31,10 @@ import numpy as np  # noqa: E402
 from configs import base, demo  # noqa: E402
 from hybrid_nope.train.flops import (flops_per_token, measure_matmul_flops,  # noqa: E402
                                      peak_flops_per_device)
-from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer  # noqa: E402
+from hybrid_nope.train.optimizer import make_optimizer  # noqa: E402
 from hybrid_nope.train import sharding  # noqa: E402
 from hybrid_nope.train.state import sharded_train_state  # noqa: E402
-from hybrid_nope.train.step import make_train_step  # noqa: E402
+from hybrid_nope.train.step import train_step_for  # noqa: E402
 
 
 def config_for(size: str, pattern: str, seq_len: int, vocab: int, remat: bool, tensor: int,
@@ -78,7 +78,7 @@ def step_and_batch(config, batch_size: int):
   with sharding.activation_rules(mesh):
     model_def, state, shardings = sharded_train_state(config.model, tx, 0, mesh)
     batch = sharding.global_batch(batch, mesh)
-    step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
+    step = jax.jit(train_step_for(config, model_def, tx),
                    in_shardings=(shardings, {k: sharding.batch_sharding(mesh) for k in batch}),
                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
   return step, state, batch, mesh

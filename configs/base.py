@@ -82,6 +82,8 @@ def get_config() -> ml_collections.ConfigDict:
       b1=0.9, b2=0.95, eps=1e-8,
       weight_decay=0.1,        # Not applied to norm gains or embeddings.
       grad_clip=1.0,
+      grad_accum_steps=1,      # Microbatches per step (1 = off): the global batch is split into
+                               # this many, scanned in one jitted step, for one update.
       seed=0,
       log_every_steps=10,
       peak_flops=0.0,          # Per device, for MFU; 0 = look up / measure (hybrid_nope.train.flops).

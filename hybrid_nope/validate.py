@@ -140,8 +140,12 @@ def validate(config, *, check_paths: bool = True) -> None:
               "data.batch_size", "train.steps", "train.log_every_steps",
               "checkpoint.every_steps", "checkpoint.keep", "eval.every_steps",
               "eval.batch_size", "eval.num_batches", "eval.bucket_size",
-              "metrics.probe_batch_size", "metrics.every_steps"):
+              "metrics.probe_batch_size", "metrics.every_steps", "train.grad_accum_steps"):
     positive_int(config, key)
+  accum = config.train.grad_accum_steps
+  _require(config.data.batch_size % accum == 0, "train.grad_accum_steps", accum,
+           f"a divisor of data.batch_size={config.data.batch_size} (each microbatch holds "
+           "data.batch_size / train.grad_accum_steps rows)")
   try:
     layer_kinds(m.pattern, m.num_layers)
   except ValueError as e:
@@ -257,6 +261,9 @@ def check_divisibility(config, shape: tuple[int, int, int]) -> None:
   m = config.model
   checks = [
       ("data.batch_size", config.data.batch_size, data * fsdp, "mesh.data × mesh.fsdp"),
+      ("data.batch_size / train.grad_accum_steps",
+       config.data.batch_size // config.train.grad_accum_steps, data * fsdp,
+       "mesh.data × mesh.fsdp (each microbatch is sharded over them)"),
       ("eval.batch_size", config.eval.batch_size, data * fsdp, "mesh.data × mesh.fsdp"),
       ("model.num_heads", m.num_heads, tensor, "mesh.tensor"),
       ("model.num_kv_heads", m.num_kv_heads, tensor, "mesh.tensor"),

@@ -17,7 +17,7 @@ import pytest
 from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import evaluation, loop
 from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
-from hybrid_nope.train.step import make_train_step
+from hybrid_nope.train.step import train_step_for
 from hybrid_nope.validate import ConfigError
 from tests.helpers import tiny_config, tiny_flags
 
@@ -150,7 +150,7 @@ def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tmp_path, reference_lo
 def nan_from_step(first_bad_step):
   """A train-step factory whose reported loss turns NaN from `first_bad_step` on."""
   def factory(*args, **kwargs):
-    inner = make_train_step(*args, **kwargs)
+    inner = train_step_for(*args, **kwargs)
 
     def step(state, batch):
       state, metrics = inner(state, batch)
@@ -161,7 +161,7 @@ def nan_from_step(first_bad_step):
 
 
 def test_non_finite_loss_stops_and_keeps_the_good_checkpoint(tmp_path, monkeypatch):
-  monkeypatch.setattr(loop, "make_train_step", nan_from_step(6))
+  monkeypatch.setattr(loop, "train_step_for", nan_from_step(6))
   with pytest.raises(loop.NonFiniteLossError, match="step 6.*last checkpoint, step 4, has finite"):
     loop.train(tiny_config(), str(tmp_path))
   assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4]
@@ -170,7 +170,7 @@ def test_non_finite_loss_stops_and_keeps_the_good_checkpoint(tmp_path, monkeypat
 
 
 def test_non_finite_loss_is_caught_before_a_save_even_between_log_steps(tmp_path, monkeypatch):
-  monkeypatch.setattr(loop, "make_train_step", nan_from_step(3))
+  monkeypatch.setattr(loop, "train_step_for", nan_from_step(3))
   with pytest.raises(loop.NonFiniteLossError, match="step 3"):
     loop.train(tiny_config(train__log_every_steps=100), str(tmp_path))
   assert Checkpointer(str(tmp_path), keep=10).all_steps() == []

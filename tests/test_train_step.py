@@ -1,10 +1,12 @@
 import jax
 import numpy as np
+import optax
 
 from hybrid_nope.data import pipeline
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.state import init_train_state
-from hybrid_nope.train.step import make_eval_step, make_train_step
+from hybrid_nope.model.loss import cross_entropy_sums
+from hybrid_nope.train.step import make_eval_step, make_train_step, microbatches
 from tests.helpers import tiny_config
 
 
@@ -50,3 +52,74 @@ def test_a_non_finite_update_returns_the_old_state_and_says_so(bad):
   if int(after.step) == 0:  # Refused from the first step: nothing moved.
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before.params),
                                                      jax.tree.leaves(after.params)))
+
+
+def padded_batches(config, count):
+  """Training batches whose rows hold two documents and unequal padding: each row's second half
+  is a new document (its own segment id, positions from 0, no loss on its first token), and
+  the last 3 × (row index) tokens are padding (segment 0, weight 0), so the microbatches of a
+  batch hold different token counts."""
+  it = pipeline.train_iterator(config)
+  half = config.data.seq_len // 2
+  out = []
+  for _ in range(count):
+    batch = {k: np.array(v) for k, v in next(it).items()}
+    batch["segment_ids"][:, half:] = batch["segment_ids"][:, :1] + 1
+    batch["positions"][:, half:] = np.arange(config.data.seq_len - half)
+    batch["weights"][:, half] = 0
+    for r in range(len(batch["inputs"])):
+      pad = 3 * r
+      if pad:
+        batch["segment_ids"][r, -pad:] = 0
+        batch["weights"][r, -pad:] = 0
+    out.append(batch)
+  return out
+
+
+def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
+  """Three updates with 1, 2 and 4 microbatches: the same parameters (float32, relative 1e-6).
+  A mean of microbatch means would weigh a padded microbatch's tokens more and fail this."""
+  config = tiny_config(data__batch_size=8, train__warmup_steps=0, train__learning_rate=3e-3)
+  batches = padded_batches(config, 3)
+  tx = make_optimizer(config.train)
+  params, losses = {}, {}
+  for accum in (1, 2, 4):
+    model_def, state = init_train_state(config.model, tx, seed=0)
+    step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train), accum))
+    losses[accum] = []
+    for batch in batches:
+      state, metrics = step(state, batch)
+      losses[accum].append(float(metrics["loss"]))
+    params[accum] = jax.tree.leaves(jax.tree.map(np.asarray, state.params))
+  for accum in (2, 4):
+    np.testing.assert_allclose(losses[accum], losses[1], rtol=1e-6)
+    for got, want in zip(params[accum], params[1]):
+      assert relative(got, want) < 1e-6, relative(got, want)
+  # Microbatches hold different token counts, so the mean of their means is another update,
+  # far outside that tolerance: the test can tell the two apart.
+  assert len({float(batches[0]["weights"][i::4].sum()) for i in range(4)}) > 1
+  model_def, state = init_train_state(config.model, tx, seed=0)
+  mean_loss = lambda p, b: (lambda l, w: l / w)(*cross_entropy_sums(
+      model_def.apply(p, b), b["targets"], b["weights"]))
+  micro = microbatches(batches[0], 4)
+  grads = jax.tree.map(lambda *g: sum(g) / 4, *[
+      jax.grad(mean_loss)(state.params, {k: v[i] for k, v in micro.items()}) for i in range(4)])
+  updates, _ = tx.update(grads, state.opt_state, state.params)
+  means_of_means = jax.tree.leaves(optax.apply_updates(state.params, updates))
+  model_def, state = init_train_state(config.model, tx, seed=0)
+  step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train), 4))
+  whole = jax.tree.leaves(step(state, batches[0])[0].params)
+  assert max(relative(a, b) for a, b in zip(means_of_means, whole)) > 1e-4
+
+
+def relative(got, want) -> float:
+  """‖got − want‖ / ‖want‖ (Adam's sign-like first steps amplify float32 rounding in
+  near-zero gradient entries element by element, not in the norm)."""
+  return float(np.linalg.norm(np.asarray(got) - np.asarray(want)) / np.linalg.norm(want))
+
+
+def test_microbatches_spread_each_over_the_batchs_rows():
+  x = np.arange(8)[:, None] * np.ones((1, 3), int)
+  split = microbatches({"inputs": x}, 4)["inputs"]
+  assert split.shape == (4, 2, 3)
+  np.testing.assert_array_equal(split[1][:, 0], [1, 5])  # Rows 1 and 5: one from each half.

@@ -19,13 +19,13 @@ from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.wandb_sink import WandbSink
-from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
+from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train import evaluation, resume, run_identity
 from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
 from hybrid_nope.train.profiling import StepProfiler
 from hybrid_nope.train.progress import Progress
 from hybrid_nope.train.state import sharded_train_state
-from hybrid_nope.train.step import make_train_step
+from hybrid_nope.train.step import train_step_for
 from hybrid_nope.train.workdir_lock import WorkdirLock
 from hybrid_nope.validate import check_workdir, validate
 
@@ -154,7 +154,7 @@ def _resume(config, plan: resume.ResumePlan, ckpt: Checkpointer, state, state_sh
 
 def _compile_train_step(config, mesh, model_def, tx, state_shardings):
   batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
-  return jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
+  return jax.jit(train_step_for(config, model_def, tx),
                  in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
 

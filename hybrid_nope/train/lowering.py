@@ -16,9 +16,9 @@ from jax import export
 from hybrid_nope import kernels
 from hybrid_nope.data import pipeline
 from hybrid_nope.train import sharding
-from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
+from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import abstract_train_state
-from hybrid_nope.train.step import make_train_step
+from hybrid_nope.train.step import train_step_for
 from hybrid_nope.validate import ConfigError, validate
 
 PLATFORMS = ("tpu", "cuda", "cpu")
@@ -42,7 +42,7 @@ def lower_train_step(config, platform: str) -> export.Exported:
     batch = {k: jax.ShapeDtypeStruct((config.data.batch_size, config.data.seq_len),
                                      pipeline.BATCH_DTYPES[k], sharding=batch_sharding)
              for k in pipeline.BATCH_KEYS}
-    step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)),
+    step = jax.jit(train_step_for(config, model_def, tx),
                    in_shardings=(state_shardings, {k: batch_sharding for k in batch}),
                    out_shardings=(state_shardings, sharding.replicated(mesh)),
                    donate_argnums=0)

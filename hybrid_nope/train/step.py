@@ -9,6 +9,7 @@ import numpy as np
 
 from hybrid_nope.model.loss import cross_entropy_by_bucket, cross_entropy_sums
 from hybrid_nope.model.definition import ModelDef
+from hybrid_nope.train.optimizer import learning_rate_schedule
 from hybrid_nope.train.state import TrainState
 
 
@@ -17,17 +18,52 @@ def all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, schedule):
+def microbatches(batch: dict, count: int) -> dict:
+  """Each [B, T] array as [count, B / count, T]: microbatch i holds rows i, i + count, ...
+  Rows of a batch sharded over devices in contiguous blocks then keep each microbatch spread
+  over every device (given B / count divisible by the data-parallel size), not on a few."""
+  def split(x):
+    rows = x.shape[0]
+    return jnp.moveaxis(x.reshape(rows // count, count, *x.shape[1:]), 1, 0)
+  return {k: split(v) for k, v in batch.items()}
+
+
+def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, schedule,
+                    grad_accum_steps: int = 1):
   """(state, batch) -> (state, metrics). An update whose parameters or optimizer state would
   not be finite is refused: the state comes back unchanged and `update_finite` is False, so a
-  checkpoint never holds non-finite values; the loop stops on it before saving."""
-  def loss_fn(params, batch):
+  checkpoint never holds non-finite values; the loop stops on it before saving.
+
+  `grad_accum_steps` > 1 splits the batch into that many microbatches (`microbatches`), scanned
+  in one step, for one update. The loss and its gradient are token-weighted over the whole
+  batch: sums over every microbatch, divided once by the batch's total weight, so microbatches
+  holding different token counts (documents, padding) weigh as their tokens do, exactly as
+  with grad_accum_steps = 1."""
+  def loss_sums(params, batch):
     logits_BTV = model_def.apply(params, batch)
-    loss_sum, weight_sum = cross_entropy_sums(logits_BTV, batch["targets"], batch["weights"])
-    return loss_sum / jnp.maximum(weight_sum, 1.0)
+    return cross_entropy_sums(logits_BTV, batch["targets"], batch["weights"])
+
+  sums_and_grads = jax.value_and_grad(loss_sums, has_aux=True)
+
+  def accumulated(params, batch):
+    """((loss sum, weight sum), gradient of the loss sum) over the whole batch."""
+    if grad_accum_steps == 1:
+      return sums_and_grads(params, batch)
+
+    def add(carry, micro):
+      (loss_sum, weight_sum), grads = carry
+      (l, w), g = sums_and_grads(params, micro)
+      return ((loss_sum + l, weight_sum + w), jax.tree.map(jnp.add, grads, g)), None
+
+    zero = ((jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
+            jax.tree.map(jnp.zeros_like, params))
+    return jax.lax.scan(add, zero, microbatches(batch, grad_accum_steps))[0]
 
   def train_step(state: TrainState, batch: dict):
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+    (loss_sum, weight_sum), grad_sums = accumulated(state.params, batch)
+    tokens = jnp.maximum(weight_sum, 1.0)
+    loss = loss_sum / tokens
+    grads = jax.tree.map(lambda g: g / tokens, grad_sums)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     finite = all_finite((params, opt_state)) & jnp.isfinite(loss)
@@ -39,6 +75,12 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, sched
                          opt_state=jax.tree.map(keep, opt_state, state.opt_state)), metrics
 
   return train_step
+
+
+def train_step_for(config, model_def: ModelDef, tx: optax.GradientTransformation):
+  """The train step a config asks for: its schedule and train.grad_accum_steps."""
+  return make_train_step(model_def, tx, learning_rate_schedule(config.train),
+                         config.train.grad_accum_steps)
 
 
 def make_eval_step(model_def: ModelDef, bucket_T: np.ndarray):
