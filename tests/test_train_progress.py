@@ -40,3 +40,24 @@ def test_each_logged_step_carries_seconds_per_step_eta_and_memory(tmp_path, capl
   eta = [m for m in caplog.messages if m.startswith("step 2/8")][0]
   seconds = records[0]["seconds_per_step"] * 6  # Six steps to go at step 2.
   assert f"ETA {progress._duration(seconds)}" in eta
+
+
+def test_the_eta_adds_the_side_work_still_due_to_the_mean_step_time(monkeypatch):
+  """Steps of 1 s, an eval every 5 steps taking 10 s: at step 6 of 10 the ETA is 4 steps plus
+  the eval at step 10, and throughput counts the steps' own time only."""
+  now = [0.0]
+  monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+  config = tiny_config(train__steps=10, eval__every_steps=5, metrics__every_steps=100,
+                       checkpoint__every_steps=100, train__peak_flops=1e12)
+  p = progress.Progress(config, 0)
+  now[0] += 30.0
+  p.note("compile", 30.0)  # The first step's compile is not a step.
+  for step in range(1, 7):
+    now[0] += 1.0
+    record = p.report(step, 1.0, 0.0)
+    assert record["seconds_per_step"] == pytest.approx(1.0)
+    if step == 5:
+      now[0] += 10.0
+      p.note("eval", 10.0)
+  assert p.eta_seconds(6) == pytest.approx(4 * 1.0 + 10.0)
+  assert p.eta_seconds(10) == 0.0

@@ -58,11 +58,19 @@ def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | Non
     writer.write(step, metrics)
 
 
-def _run_hooks(hooks, writer, step, params) -> None:
+def _run_hooks(hooks, writer, step, params) -> float:
+  """Runs each hook, logging a line as it starts and ends (the init hook can take a minute);
+  returns the seconds they took."""
+  total = 0.0
   for hook in hooks:
+    logging.info("step %d: running the %s hook...", step, hook_name(hook))
     start = time.perf_counter()
     hook(step, params)
-    writer.write(step, {f"{hook_name(hook)}_seconds": time.perf_counter() - start})
+    seconds = time.perf_counter() - start
+    writer.write(step, {f"{hook_name(hook)}_seconds": seconds})
+    logging.info("step %d: the %s hook took %.1f s", step, hook_name(hook), seconds)
+    total += seconds
+  return total
 
 
 def _minutes_due(every_minutes: float, saved_at: float) -> bool:
@@ -306,8 +314,15 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
       saved_at = _clock()
       for step in range(start + 1, c.train.steps + 1):
         profiler.before(step)
+        if step == start + 1:
+          logging.info("compiling the train step...")
+          compile_start = time.perf_counter()
         state, metrics = run.train_step(state, sharding.global_batch(next(run.data_iter),
                                                                      run.mesh))
+        if step == start + 1:  # The first call returns once compiled and dispatched.
+          compiled = time.perf_counter() - compile_start
+          progress.note("compile", compiled)
+          logging.info("train step compiled in %.1f s", compiled)
         run.ckpt.check_saved()
         profiler.after(step, metrics)
         pending.append((step, metrics))
@@ -320,15 +335,19 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
           summary.update(_log(run, progress, pending, last_saved))
         try:  # Eval and hooks stop at a signal; a save runs whole.
           if _due(step, c.eval.every_steps, last) and not preempted:
+            side_start = time.perf_counter()
             with watcher.interruptible():
               summary["eval_loss"] = evaluation.evaluate_and_log(run.eval_sets, state.params,
                                                                  run.writer, step)
+            progress.note("eval", time.perf_counter() - side_start)
           if due:
+            side_start = time.perf_counter()
             save(step, state)
             saved_at = _clock()
+            progress.note("checkpoint", time.perf_counter() - side_start)
           if _due(step, c.metrics.every_steps, last) and not preempted:
             with watcher.interruptible():
-              _run_hooks(active_hooks, run.writer, step, state.params)
+              progress.note("hooks", _run_hooks(active_hooks, run.writer, step, state.params))
         except Interrupted:
           interrupted(step, state)
           break

@@ -29,7 +29,12 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-  """Measures the steps between two log points; `report` returns the scalars it logged."""
+  """Measures the steps between two log points; `report` returns the scalars it logged.
+
+  The loop `note`s the time it spends off the train steps (compiling, evals, hooks, saves).
+  Throughput is the steps' own time; the ETA is the run's mean step time so far times the
+  steps left, plus each kind of side work still due on the schedule times its mean so far, so
+  a run whose evals and hooks take minutes is not promised the end early."""
 
   def __init__(self, config, start_step: int):
     self.total_steps = config.train.steps
@@ -39,18 +44,48 @@ class Progress:
     self.peak = peak * jax.device_count()
     logging.info("MFU against %.1f GFLOP/s (%s)", self.peak / 1e9, source)
     self.step, self.time = start_step, time.perf_counter()
+    # Side work by kind: its period in steps (0: once, not again) and (seconds, count) so far.
+    self._every = {"eval": config.eval.every_steps, "hooks": config.metrics.every_steps,
+                   "checkpoint": config.checkpoint.every_steps, "compile": 0}
+    self._side = {kind: (0.0, 0) for kind in self._every}
+    self._side_in_interval = 0.0
+    self._step_seconds, self._steps_timed = 0.0, 0
+
+  def note(self, kind: str, seconds: float) -> None:
+    """`seconds` of side work of `kind` (a key of the schedule) since the last report."""
+    total, count = self._side[kind]
+    self._side[kind] = (total + seconds, count + 1)
+    self._side_in_interval += seconds
+
+  def _due(self, every: int, step: int) -> int:
+    """How many of the steps after `step` (to the end) do this work: multiples and the last."""
+    if not every:
+      return 0
+    left = self.total_steps // every - step // every
+    return left + (self.total_steps % every != 0 and step < self.total_steps)
+
+  def eta_seconds(self, step: int) -> float:
+    per_step = self._step_seconds / max(self._steps_timed, 1)
+    seconds = per_step * (self.total_steps - step)
+    for kind, every in self._every.items():
+      total, count = self._side[kind]
+      if count:
+        seconds += self._due(every, step) * total / count
+    return seconds
 
   def report(self, step: int, loss: float, learning_rate: float) -> dict:
     now = time.perf_counter()
-    seconds_per_step = (now - self.time) / max(step - self.step, 1)
-    self.step, self.time = step, now
+    steps = max(step - self.step, 1)
+    seconds_per_step = max(now - self.time - self._side_in_interval, 1e-9) / steps
+    self._step_seconds += seconds_per_step * steps
+    self._steps_timed += steps
+    self.step, self.time, self._side_in_interval = step, now, 0.0
     tokens_per_second = self.tokens_per_step / seconds_per_step
     mfu = tokens_per_second * self.flops_per_token / self.peak
     memory, memory_kind = memory_in_use()
     logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | %.3f s/step | ETA %s | "
                  "%s %.2f GiB | lr %.2e", step, self.total_steps, loss, tokens_per_second,
-                 100 * mfu, seconds_per_step,
-                 _duration(seconds_per_step * (self.total_steps - step)), memory_kind,
+                 100 * mfu, seconds_per_step, _duration(self.eta_seconds(step)), memory_kind,
                  memory / 2**30, learning_rate)
     return {"tokens_per_second": tokens_per_second, "mfu": mfu,
             "seconds_per_step": seconds_per_step, "memory_bytes": memory}
