@@ -207,8 +207,9 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   return run, state
 
 
-def _finish_resumed_step(run: _Run, hooks, step: int, params) -> None:
-  """Redoes the eval and the hooks the resumed step owed and has not on record."""
+def _finish_resumed_step(run: _Run, hooks, step: int, params) -> float:
+  """Redoes the eval and the hooks the resumed step owed and has not on record (at a fresh
+  start: the init hooks); returns the hooks' seconds."""
   redo_eval, redo_hooks = _unfinished_at(step, run.config, run.writer, hooks)
   if redo_eval:
     logging.info("step %d: its eval was not on record (preempted?); evaluating now", step)
@@ -216,7 +217,7 @@ def _finish_resumed_step(run: _Run, hooks, step: int, params) -> None:
   for hook in redo_hooks:
     for name in getattr(hook, "record_files", ()):
       run.writer.drop_step(name, step)
-  _run_hooks(redo_hooks, run.writer, step, params)
+  return _run_hooks(redo_hooks, run.writer, step, params)
 
 
 def _due(step: int, every: int, last: bool) -> bool:
@@ -307,7 +308,7 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
       progress = Progress(c, start)
       try:
         with watcher.interruptible():
-          _finish_resumed_step(run, active_hooks, start, state.params)
+          progress.note("hooks", _finish_resumed_step(run, active_hooks, start, state.params))
       except Interrupted:
         interrupted(start, state)
         return _finished(summary, t_start)
