@@ -244,11 +244,17 @@ def eval_rows(path: str, *, seq_len: int, num_rows: int, vocab_size: int,
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--source", required=True, help=".jsonl/.parquet file or directory")
+  parser = argparse.ArgumentParser(description=__doc__,  # The input format is described there.
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--source", required=True,
+                      help=".jsonl / .json / .parquet file, or a directory searched recursively "
+                      "for them (sorted path order); each record holds a text field (see "
+                      "--text_field) or already-tokenised input_ids")
   parser.add_argument("--data_dir", required=True, help="tfds data_dir to write into")
-  parser.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer.json")
-  parser.add_argument("--text_field", default="text")
+  parser.add_argument("--tokenizer", default=None,
+                      help="Hugging Face tokenizer.json that tokenises the text field (needed "
+                      "unless the records hold input_ids); copied into the prepared directory")
+  parser.add_argument("--text_field", default="text", help="the records' text field")
   parser.add_argument("--name", default="default", help="builder config name")
   args = parser.parse_args(argv)
   print(prepare(args.source, args.data_dir, tokenizer=args.tokenizer,
