@@ -61,3 +61,6 @@ def test_the_eta_adds_the_side_work_still_due_to_the_mean_step_time(monkeypatch)
       p.note("eval", 10.0)
   assert p.eta_seconds(6) == pytest.approx(4 * 1.0 + 10.0)
   assert p.eta_seconds(10) == 0.0
+  for seconds in (28.0, 13.0, 11.0):  # The first hook also compiled: left out once others come.
+    p.note("hooks", seconds)
+  assert p._mean("hooks") == pytest.approx(12.0)

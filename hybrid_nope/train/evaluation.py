@@ -3,6 +3,7 @@ position bucket that each eval record holds."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import ml_collections
@@ -73,8 +74,10 @@ def eval_rows(config):
   return eval_rows
 
 
-def eval_sets(config, mesh, model_def, state_shardings, eval_rows) -> list[EvalSet]:
-  """The eval rows and a jitted eval step at each of eval.length_multiples (k × seq_len)."""
+def eval_sets(config, mesh, model_def, state_shardings, eval_rows, params) -> list[EvalSet]:
+  """The eval rows and an eval step at each of eval.length_multiples (k × seq_len), compiled
+  now (for `params`' shapes and shardings) rather than at the first eval: the set-up says so
+  in a line, and the first eval's time is an eval's, which the ETA counts on."""
   batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
   sets = []
   for k in sorted(config.eval.length_multiples):
@@ -89,6 +92,9 @@ def eval_sets(config, mesh, model_def, state_shardings, eval_rows) -> list[EvalS
     step = jax.jit(make_eval_step(model_def, buckets),
                    in_shardings=(state_shardings.params, batch_shardings),
                    out_shardings=sharding.replicated(mesh))
-    sets.append(EvalSet(k, [sharding.global_batch(process_rows(b), mesh) for b in rows], step,
-                         config.eval.bucket_size))
+    batches = [sharding.global_batch(process_rows(b), mesh) for b in rows]
+    start = time.perf_counter()
+    compiled = step.lower(params, batches[0]).compile()
+    logging.info("eval step at %d tokens compiled in %.1f s", seq_len, time.perf_counter() - start)
+    sets.append(EvalSet(k, batches, compiled, config.eval.bucket_size))
   return sets

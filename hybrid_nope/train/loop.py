@@ -196,7 +196,9 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   resume.record(workdir, config, plan.new_events, writer)
   with sharding.activation_rules(mesh):
     train_step = _compile_train_step(config, mesh, model_def, tx, state_shardings)
-    eval_sets = evaluation.eval_sets(config, mesh, model_def, state_shardings, eval_rows)
+    eval_sets = evaluation.eval_sets(config, mesh, model_def, state_shardings, eval_rows,
+                                     state.params)
+    ckpt.checksums(state)  # Compiles the checksums now, not inside the first save.
   run_context = RunContext(config=config, model_def=model_def, eval_batches=eval_rows,
                            probe_rows=pipeline.probe_pool(config), writer=writer,
                            replicate=_replicator(mesh))
