@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import flags  # noqa: E402
 
 from hybrid_nope import cli  # noqa: E402
+from hybrid_nope.errors import UserError  # noqa: E402
 from hybrid_nope.export import hf  # noqa: E402
 from hybrid_nope.logs import quiet_library_logs  # noqa: E402  (orbax logs every file)
 
@@ -21,14 +22,22 @@ flags.DEFINE_integer("step", None, "Checkpoint step to export; default the lates
 flags.DEFINE_string("out", None, "New or empty local directory for the Hugging Face files.")
 flags.DEFINE_string("tokenizer", None, "tokenizer.json (or its directory) for runs on "
                     "pre-tokenised data (data.source=mds); the byte tokenizer needs none.")
+flags.DEFINE_integer("max_position_embeddings", hf.UNCAPPED_POSITIONS,
+                     "config.json's max_position_embeddings: by default no limit an evaluation "
+                     "hits (the layers have none); the training length would make "
+                     "lm-evaluation-harness score in windows of it.")
 flags.mark_flags_as_required(["workdir", "out"])
 
 
 def main(argv):
   del argv
   quiet_library_logs()
+  if flags.FLAGS.max_position_embeddings < 1:
+    raise UserError(f"--max_position_embeddings={flags.FLAGS.max_position_embeddings} is "
+                    "invalid: expected a positive number of positions")
   result = hf.export(flags.FLAGS.workdir, flags.FLAGS.out, step=flags.FLAGS.step,
-                     tokenizer=flags.FLAGS.tokenizer)
+                     tokenizer=flags.FLAGS.tokenizer,
+                     max_position_embeddings=flags.FLAGS.max_position_embeddings)
   print(f"exported step {result['step']}: {result['tensors']} tensors, "
         f"{result['bytes'] / 2**20:.1f} MiB float32")
   for path in result["files"]:

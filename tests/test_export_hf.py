@@ -123,7 +123,9 @@ def test_config_json_of_named_configs(module, pattern, types, rope):
       "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
       "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
       "rms_norm_eps": m.norm_eps, "tie_word_embeddings": m.tie_embeddings,
-      "max_position_embeddings": config.data.seq_len}
+      "max_position_embeddings": hf.UNCAPPED_POSITIONS}
+  assert hf.UNCAPPED_POSITIONS > 64 * config.data.seq_len  # No cap on a length-extrapolation eval.
+  assert hf.hf_config(config, max_position_embeddings=4096)["max_position_embeddings"] == 4096
   assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": m.rope_theta}
   assert cfg["pad_token_id"] is None and cfg["hidden_act"] == "silu"
   json.dumps(cfg)  # Plain JSON values only.

@@ -101,8 +101,16 @@ def uses_rope(kind: str, model_cfg) -> bool:
   return (model_cfg.swa_pos if kind == "S" else model_cfg.global_pos) == "rope"
 
 
-def hf_config(config, *, bos_token_id: int | None = None,
-              eos_token_id: int | None = None) -> dict:
+# What config.json's max_position_embeddings says by default: no limit an evaluation would hit.
+# Neither layer has one: global NoPE layers see no positions, and RoPE in SWA layers only ever
+# rotates by distances under the window (q and k at any absolute position turn alike). The
+# training length there would make lm-evaluation-harness score in windows of that length, so a
+# length-extrapolation eval would silently never go past it.
+UNCAPPED_POSITIONS = 2**20
+
+
+def hf_config(config, *, bos_token_id: int | None = None, eos_token_id: int | None = None,
+              max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
   """The config.json of the SmolLM3 model equivalent to the run's `config.model`."""
   m = config.model
   kinds = check_exportable(m)
@@ -126,7 +134,7 @@ def hf_config(config, *, bos_token_id: int | None = None,
       "no_rope_layers": [int(uses_rope(k, m)) for k in kinds],
       "use_sliding_window": sliding,
       "sliding_window": m.window if sliding else None,
-      "max_position_embeddings": config.data.seq_len,  # The training length (NoPE needs none).
+      "max_position_embeddings": int(max_position_embeddings),
       "tie_word_embeddings": bool(m.tie_embeddings),
       "attention_bias": False,
       "mlp_bias": False,
@@ -228,8 +236,8 @@ def check_out_dir(out: str) -> None:
                       f"new one")
 
 
-def export(workdir: str, out: str, *, step: int | None = None,
-           tokenizer: str | None = None) -> dict:
+def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | None = None,
+           max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
   """Writes the run's checkpoint `step` (None = latest) to OUT; returns what it wrote: step,
   files, tensors, bytes, and a line about the tokenizer."""
   from hybrid_nope.analysis import checkpoints  # orbax: only when a checkpoint is read.
@@ -244,8 +252,8 @@ def export(workdir: str, out: str, *, step: int | None = None,
   config_path, weights_path = os.path.join(out, CONFIG_FILE), os.path.join(out, WEIGHTS_FILE)
   write_safetensors(weights_path, tensors, metadata={"format": "pt"})
   with open(config_path, "w") as f:
-    json.dump(hf_config(config, bos_token_id=plan.bos_id, eos_token_id=plan.eos_id), f,
-              indent=2)
+    json.dump(hf_config(config, bos_token_id=plan.bos_id, eos_token_id=plan.eos_id,
+                        max_position_embeddings=max_position_embeddings), f, indent=2)
     f.write("\n")
   files = [config_path, weights_path] + plan.write(out)
   return {"step": step, "out": out, "files": files, "tensors": len(tensors),
