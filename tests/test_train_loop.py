@@ -14,7 +14,10 @@ import ml_collections
 import numpy as np
 import pytest
 
+from hybrid_nope.analysis import training_plots
 from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.data import pipeline
+from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train import evaluation, loop
 from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
 from hybrid_nope.train.step import train_step_for
@@ -54,6 +57,12 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
     assert len(losses) == -(-64 // r["eval_bucket_size"])
     assert np.sum(losses * weights) / weights.sum() == pytest.approx(r["eval_loss"], rel=1e-9)
   assert any("tokens_per_second" in r and "mfu" in r for r in records)
+  # The eval set's unigram entropy, the loss plots' context-free baseline, at step 0.
+  (unigram,) = [r["eval_unigram_entropy"] for r in records if "eval_unigram_entropy" in r]
+  rows = pipeline.eval_batches(tiny_config())
+  assert unigram == pytest.approx(unigram_entropy(
+      np.concatenate([b["targets"] for b in rows]), np.concatenate([b["weights"] for b in rows])))
+  assert training_plots.unigram_baseline(records) == unigram
   assert glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))
   with open(tmp_path / "config.json") as f:
     assert ml_collections.ConfigDict(json.load(f)).model == tiny_config().model

@@ -16,6 +16,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from hybrid_nope.analysis import plots
+from hybrid_nope.model.loss import UNIGRAM_ENTROPY_KEY
 
 MULTIPLE = re.compile(r"eval_loss@(\d+)x")
 
@@ -31,6 +32,12 @@ def _series(records: Sequence[dict], key: str):
   return tuple(zip(*points)) if points else ((), ())
 
 
+def unigram_baseline(records: Sequence[dict]) -> float | None:
+  """The eval set's unigram entropy the run recorded (the loss a context-free model reaches)."""
+  found = [r[UNIGRAM_ENTROPY_KEY] for r in records if r.get(UNIGRAM_ENTROPY_KEY) is not None]
+  return found[-1] if found else None
+
+
 def loss_curves(runs: Sequence[tuple[str, Sequence[dict]]], path: str) -> str:
   """Training loss and eval loss against step, a colour per run; eval loss at each length
   multiple k (`eval_loss@{k}x`) dashed in its run's colour, with a marker per k."""
@@ -44,6 +51,11 @@ def loss_curves(runs: Sequence[tuple[str, Sequence[dict]]], path: str) -> str:
     for j, k in enumerate(multiples(evals)):
       eval_ax.plot(*_series(evals, f"eval_loss@{k}x"), color=color, linestyle="--",
                    marker="sv^D"[j % 4], label=f"{name} ({k}× training length)")
+    for ax in (train_ax, eval_ax):
+      baseline = unigram_baseline(records)
+      if baseline is not None:
+        ax.axhline(baseline, color=color, linestyle=":", linewidth=1,
+                   label=f"{name}: unigram entropy (no context)")
   for ax, title in ((train_ax, "training loss"), (eval_ax, "eval loss")):
     ax.set_xlabel("step")
     ax.set_ylabel(f"{title} (nats/token)")

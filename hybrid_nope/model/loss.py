@@ -34,6 +34,11 @@ def cross_entropy_by_bucket(logits_BTV, targets_BT, weights_BT, bucket_T, num_bu
   return sums_by_id(loss_BT, bucket_T, num_buckets), sums_by_id(weights_BT, bucket_T, num_buckets)
 
 
+# The record key of the eval set's unigram entropy (metrics.jsonl at step 0; the loss plots'
+# baseline): named here, beside the function, for the trainer and the analysis both.
+UNIGRAM_ENTROPY_KEY = "eval_unigram_entropy"
+
+
 def unigram_entropy(targets_BT, weights_BT) -> float:
   """Entropy (nats) of the weighted target-token distribution: the loss a model that ignores
   context entirely could reach, so a trained model's loss should be clearly below it."""

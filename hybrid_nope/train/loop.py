@@ -14,6 +14,7 @@ from hybrid_nope.data.fingerprint import data_fingerprint
 from hybrid_nope.logs import quiet_library_logs
 from hybrid_nope.errors import RunStopped
 from hybrid_nope.model import parameter_counts
+from hybrid_nope.model.loss import UNIGRAM_ENTROPY_KEY
 from hybrid_nope.train import sharding
 from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
 from hybrid_nope.train.checkpoint import Checkpointer
@@ -181,7 +182,7 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   space = ckpt.expected_size_warning(state)
   if space:
     logging.warning("%s", space)
-  eval_rows = evaluation.eval_rows(config)
+  eval_rows, unigram = evaluation.eval_rows(config)
   fingerprint = data_fingerprint(config, eval_rows)
   state, start_row = _resume(config, plan, ckpt, state, state_shardings, fingerprint)
   data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
@@ -194,6 +195,8 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
                     "more.", workdir, start, config.train.steps)
   writer = MetricsWriter(workdir, resume_step=start, wandb=WandbSink(config, workdir))
   resume.record(workdir, config, plan.new_events, writer)
+  if plan.step is None:
+    writer.write(0, {UNIGRAM_ENTROPY_KEY: unigram})
   with sharding.activation_rules(mesh):
     train_step = _compile_train_step(config, mesh, model_def, tx, state_shardings)
     eval_sets = evaluation.eval_sets(config, mesh, model_def, state_shardings, eval_rows,
