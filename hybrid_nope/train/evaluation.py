@@ -3,7 +3,6 @@ position bucket that each eval record holds."""
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jax
 import ml_collections
@@ -75,10 +74,11 @@ def eval_rows(config) -> tuple[list[dict], float]:
   return eval_rows, entropy
 
 
-def eval_sets(config, mesh, model_def, state_shardings, eval_rows, params) -> list[EvalSet]:
-  """The eval rows and an eval step at each of eval.length_multiples (k × seq_len), compiled
-  now (for `params`' shapes and shardings) rather than at the first eval: the set-up says so
-  in a line, and the first eval's time is an eval's, which the ETA counts on."""
+def eval_sets(config, mesh, model_def, state_shardings, eval_rows) -> list[EvalSet]:
+  """The eval rows and a jitted eval step at each of eval.length_multiples (k × seq_len).
+  (Compiling them here, before the init hook, made the hook's splash-attention trace on an
+  8-device mesh fail on a mesh mismatch; so they compile at the first eval, whose time the ETA
+  leaves out of the eval mean once a second eval is timed.)"""
   batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
   sets = []
   for k in sorted(config.eval.length_multiples):
@@ -93,9 +93,6 @@ def eval_sets(config, mesh, model_def, state_shardings, eval_rows, params) -> li
     step = jax.jit(make_eval_step(model_def, buckets),
                    in_shardings=(state_shardings.params, batch_shardings),
                    out_shardings=sharding.replicated(mesh))
-    batches = [sharding.global_batch(process_rows(b), mesh) for b in rows]
-    start = time.perf_counter()
-    compiled = step.lower(params, batches[0]).compile()
-    logging.info("eval step at %d tokens compiled in %.1f s", seq_len, time.perf_counter() - start)
-    sets.append(EvalSet(k, batches, compiled, config.eval.bucket_size))
+    sets.append(EvalSet(k, [sharding.global_batch(process_rows(b), mesh) for b in rows], step,
+                        config.eval.bucket_size))
   return sets

@@ -199,8 +199,7 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
     writer.write(0, {UNIGRAM_ENTROPY_KEY: unigram})
   with sharding.activation_rules(mesh):
     train_step = _compile_train_step(config, mesh, model_def, tx, state_shardings)
-    eval_sets = evaluation.eval_sets(config, mesh, model_def, state_shardings, eval_rows,
-                                     state.params)
+    eval_sets = evaluation.eval_sets(config, mesh, model_def, state_shardings, eval_rows)
     ckpt.checksums(state)  # Compiles the checksums now, not inside the first save.
   run_context = RunContext(config=config, model_def=model_def, eval_batches=eval_rows,
                            probe_rows=pipeline.probe_pool(config), writer=writer,
