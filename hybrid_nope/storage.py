@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import uuid
 
 import fsspec
@@ -168,6 +169,23 @@ def checkpoint_directory(workdir: str, configured: str = "") -> str:
   directory = configured or join(workdir, "checkpoints")
   directory = local_path(directory) or directory
   return directory if is_url(directory) else os.path.abspath(directory)
+
+
+WRITE_PROBE_PREFIX = ".write_check_"  # The probe file's name: a reader of a workdir skips it.
+
+
+def probe_write(directory: str) -> None:
+  """Writes a file into the existing `directory` and removes it, raising what the write
+  raised: a real write, since os.access says yes to root on a read-only mount."""
+  local = local_path(directory)
+  if local is not None:
+    fd, probe = tempfile.mkstemp(prefix=WRITE_PROBE_PREFIX, dir=local)
+    os.close(fd)
+    os.unlink(probe)
+    return
+  probe = join(directory, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}")
+  write_text(probe, "")
+  remove(probe)
 
 
 def move(source: str, destination: str) -> None:

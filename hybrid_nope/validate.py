@@ -8,7 +8,6 @@ import importlib.util
 import math
 import os
 import re
-import tempfile
 
 import numpy as np
 from absl import logging
@@ -299,9 +298,7 @@ def check_workdir(workdir: str, checkpoint_directory: str = "") -> None:
   if local is None:
     try:
       storage.makedirs(workdir)
-      probe = storage.join(workdir, ".write_check")
-      storage.write_text(probe, "")
-      storage.remove(probe)
+      storage.probe_write(workdir)
     except Exception as e:  # fsspec backends raise their own kinds.
       raise ConfigError(f"--workdir={workdir} is not writable by this process: {e}") from None
     return
@@ -312,9 +309,7 @@ def check_workdir(workdir: str, checkpoint_directory: str = "") -> None:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     raise ConfigError(f"--workdir={workdir} cannot be created: {e.strerror}") from None
-  try:  # A real write: os.access says yes to root on a read-only mount.
-    fd, probe = tempfile.mkstemp(prefix=".write_check_", dir=workdir)
-    os.close(fd)
-    os.unlink(probe)
+  try:
+    storage.probe_write(workdir)
   except OSError as e:
     raise ConfigError(f"--workdir={workdir} is not writable by this process: {e.strerror}") from None

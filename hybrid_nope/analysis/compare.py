@@ -51,10 +51,6 @@ MEASUREMENT_SE = {"gap": "gap_stderr", "logit_gap": "logit_gap_stderr",
 STEP_KEYS = ("gap", "logit_gap")  # The per-step series (gap_vs_step.png).
 
 
-def _known(value) -> bool:
-  return value is not None and math.isfinite(value)
-
-
 def sign_flips(values: Sequence[float | None], stderrs: Sequence[float | None]) -> int:
   """How often the sign of a series changes significantly: a value counts only where
   |value| > SIGNIFICANT_SE x its standard error, and a flip is a significant value whose sign
@@ -64,7 +60,7 @@ def sign_flips(values: Sequence[float | None], stderrs: Sequence[float | None]) 
     raise ValueError(f"{len(values)} values but {len(stderrs)} standard errors")
   flips, last = 0, 0.0
   for v, se in zip(values, stderrs):
-    if not (_known(v) and _known(se)) or abs(v) <= SIGNIFICANT_SE * se:
+    if not (seed_stats.known(v) and seed_stats.known(se)) or abs(v) <= SIGNIFICANT_SE * se:
       continue
     sign = math.copysign(1.0, v)
     flips += last != 0.0 and sign != last

@@ -15,17 +15,18 @@ import numpy as np
 from hybrid_nope.analysis import init_null
 
 
-def _known(value) -> bool:
+def known(value) -> bool:
+  """A number that was measured: not None, not NaN or ±inf."""
   return value is not None and math.isfinite(value)
 
 
 def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]:
   """Mean and standard error (std / sqrt(n), ddof 1) of the known values; SE None below 2."""
-  known = np.asarray([v for v in values if _known(v)], float)
-  if not len(known):
+  measured = np.asarray([v for v in values if known(v)], float)
+  if not len(measured):
     return None, None
-  se = float(known.std(ddof=1) / np.sqrt(len(known))) if len(known) > 1 else None
-  return float(known.mean()), se
+  se = float(measured.std(ddof=1) / np.sqrt(len(measured))) if len(measured) > 1 else None
+  return float(measured.mean()), se
 
 
 def null_z(mean: float | None, null: dict | None, n: int) -> float | None:
@@ -45,8 +46,8 @@ def paired_difference(row: dict, reference: dict, key: str) -> dict[str, Any]:
   shapes agree at init (one seed, one initialisation), so what they share cancels."""
   seeds = sorted(set(row["members_by_seed"]) & set(reference["members_by_seed"]))
   diffs = [row["members_by_seed"][s][key] - reference["members_by_seed"][s][key] for s in seeds
-           if _known(row["members_by_seed"][s].get(key))
-           and _known(reference["members_by_seed"][s].get(key))]
+           if known(row["members_by_seed"][s].get(key))
+           and known(reference["members_by_seed"][s].get(key))]
   mean, se = mean_se(diffs)
   return {"mean": mean, "se": se, "seeds": seeds, "n": len(diffs)}
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -268,13 +267,11 @@ def _what_changed(changes: list[str]) -> str:
 
 
 def _probe_writable(directory: str) -> None:
-  """A real write into the checkpoint directory (os.access says yes to root on a read-only
-  mount), so a directory no save could use fails now, in one line."""
-  probe = storage.join(directory, f".write_check_{os.getpid()}")
+  """A real write into the checkpoint directory, so a directory no save could use fails now,
+  in one line."""
   try:
     storage.makedirs(directory)
-    storage.write_text(probe, "")
-    storage.remove(probe)
+    storage.probe_write(directory)
   except Exception as e:  # OSError locally; fsspec backends raise their own kinds.
     why = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
     raise CheckpointError(f"checkpoint directory {directory} is not writable by this process "

@@ -298,8 +298,9 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
     run.ckpt.save(step, state, run.meta())
     last_saved = step
 
-  def interrupted(step, state):
-    """A signal cut an eval or a hook short: save this step (unless saved) and stop."""
+  def stop_preempted(step, state):
+    """A stop signal: save this step (unless saved) and stop; at a step boundary, or where it
+    cut an eval or a hook short."""
     if last_saved != step:
       save(step, state)
     run.writer.flush()
@@ -314,7 +315,7 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
         with watcher.interruptible():
           progress.note("hooks", _finish_resumed_step(run, active_hooks, start, state.params))
       except Interrupted:
-        interrupted(start, state)
+        stop_preempted(start, state)
         return _finished(summary, t_start)
       saved_at = _clock()
       for step in range(start + 1, c.train.steps + 1):
@@ -354,14 +355,13 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
             with watcher.interruptible():
               progress.note("hooks", _run_hooks(active_hooks, run.writer, step, state.params))
         except Interrupted:
-          interrupted(step, state)
+          stop_preempted(step, state)
+          break
+        if preempted:  # Saved above (a preempted step is the last); the records go out with it.
+          stop_preempted(step, state)
           break
         if due:
           run.writer.flush()  # On a URL workdir, every record up to the checkpoint is on storage.
-        if preempted:
-          logging.warning("preempted: saved step %d; rerun the same command to resume", step)
-          summary["preempted"] = True
-          break
     run.ckpt.wait()
     run.ckpt.check_saved()  # The last save's failure, too, is this run's.
   finally:

@@ -20,7 +20,7 @@ import time
 import jax
 from absl import logging
 
-from hybrid_nope import storage
+from hybrid_nope import run_config, storage
 from hybrid_nope.run_config import CONFIG_FILE, HISTORY_FILE
 from hybrid_nope.errors import UserError
 from hybrid_nope.train import run_identity
@@ -66,7 +66,7 @@ def _move_aside(workdir: str) -> str:
   where = storage.join(workdir, OVERWRITTEN, time.strftime("%Y%m%dT%H%M%S", time.gmtime()))
   storage.makedirs(where)
   for name in storage.listdir(workdir):
-    if name not in keep and not name.startswith(".write_check"):
+    if name not in keep and not name.startswith(storage.WRITE_PROBE_PREFIX):
       storage.move(storage.join(workdir, name), storage.join(where, name))
   return where
 
@@ -159,13 +159,14 @@ def plan(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
     logging.warning("data.skip_batches=%d (with checkpoint.restore_step=%d) was applied earlier "
                     "in this run: not skipping again", skip, restore_step)
     skip = 0
+  skip_rows = skip * int(config.data.batch_size)
   if skip:
     events.append({"step": step, "event": run_identity.EVENT_SKIP, "batches": skip,
                    "restore_step": restore_step, "batch_size": int(config.data.batch_size),
-                   "skipped_rows": skip * int(config.data.batch_size)})
+                   "skipped_rows": skip_rows})
   events = [{**e, "time": _now()} for e in events]
   return ResumePlan(step=step, meta=meta, history=history + events, new_events=events,
-                    roll_back=roll_back, skip_rows=skip * int(config.data.batch_size),
+                    roll_back=roll_back, skip_rows=skip_rows,
                     batch_size_at_step=int(saved_batch))
 
 
@@ -183,21 +184,19 @@ def record(workdir: str, config, events: list[dict], writer) -> None:
   config_path = storage.join(workdir, CONFIG_FILE)
   if not storage.exists(config_path):
     storage.write_text(config_path, config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
-  path = storage.join(workdir, HISTORY_FILE)
-  lines = storage.read_text(path).splitlines() if storage.exists(path) else []
-  seen = [_without_time(json.loads(l)) for l in lines if l.strip()]
+  recorded = run_config.history(workdir)
+  seen = [_without_time(e) for e in recorded]
   added = []
   for event in events:
     if _without_time(event) in seen:
       continue
+    seen.append(_without_time(event))
     line = dict(event)
     if event["event"] in (run_identity.EVENT_START, run_identity.EVENT_CHANGE):
       line["config"] = json.loads(config.to_json_best_effort())
-    added.append(json.dumps(line) + "\n")
-    seen.append(_without_time(event))
+    added.append(line)
     if event["event"] != run_identity.EVENT_START:
-      writer.write_record("metrics.jsonl", {**{k: v for k, v in event.items()
-                                               if k not in ("step", "event")},
-                                            "step": event["step"], "event": event["event"]})
+      writer.write_record("metrics.jsonl", dict(event))
   if added:
-    storage.write_text(path, "".join(l + "\n" for l in lines) + "".join(added))
+    storage.write_text(storage.join(workdir, HISTORY_FILE),
+                       "".join(json.dumps(e) + "\n" for e in recorded + added))
