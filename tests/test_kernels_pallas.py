@@ -76,3 +76,20 @@ def test_every_kernel_works_with_x64_on(kernel):
         "xla": xla.attention}[kernel]
   with jax.enable_x64(True):
     check_against_reference(fn, 100, 16, 2, True)
+
+
+def test_tpu_splash_built_inside_a_shard_map_serves_a_later_trace_outside_it():
+  # The kernel is cached across traces; built first inside a shard_map (a pod's per-shard
+  # attention), its mask tables once carried the Manual mesh axes into the next trace under
+  # the plain mesh (an eval or a resume's redone eval), which failed to trace.
+  mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  q_BTNH = jax.random.normal(jax.random.key(0), (1, 128, 2, 16), jnp.float32)
+  window = 48  # no other test builds this kernel, so this one is built inside the shard_map
+  attend = lambda q: pallas_tpu.attention(q, q, q, window=window, interpret=True)
+  P = jax.sharding.PartitionSpec
+  with jax.set_mesh(mesh):
+    per_shard = jax.jit(jax.shard_map(attend, mesh=mesh, in_specs=P("data"),
+                                      out_specs=P("data"), check_vma=False))(q_BTNH)
+    whole = jax.jit(attend)(q_BTNH)
+  expected = xla.attention(q_BTNH, q_BTNH, q_BTNH, window=window)
+  assert jnp.allclose(per_shard, expected, atol=1e-5) and jnp.allclose(whole, expected, atol=1e-5)

@@ -41,6 +41,9 @@ def available() -> bool:
   return splash is not None
 
 
+_NO_MESH = jax.sharding.AbstractMesh((), ())
+
+
 @functools.lru_cache(maxsize=64)
 def _kernel(T: int, num_heads: int, window: int | None, sizes: BlockSizes, interpret: bool):
   """Mask preprocessing is numpy work proportional to (T / block)², so build each one once."""
@@ -50,8 +53,9 @@ def _kernel(T: int, num_heads: int, window: int | None, sizes: BlockSizes, inter
     mask = splash.LocalMask(shape=(T, T), window_size=(window - 1, 0), offset=0)
   mask = splash.MultiHeadMask([mask] * num_heads)
   # The kernel holds its mask tables as arrays; make them constants, not tracers of whichever
-  # jit happened to build (and cache) the kernel first.
-  with jax.ensure_compile_time_eval():
+  # jit happened to build (and cache) the kernel first, and build them outside any mesh: built
+  # inside a shard_map they would carry its Manual axes into every later trace that reuses them.
+  with jax.ensure_compile_time_eval(), jax.sharding.use_abstract_mesh(_NO_MESH):
     return splash.make_splash_mha(mask, block_sizes=sizes.splash(), head_shards=1,
                                   q_seq_shards=1, interpret=interpret)
 
