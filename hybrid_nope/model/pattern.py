@@ -3,6 +3,7 @@
   S  sliding-window attention   records' layer_type "swa"     a local mixer (window w)
   G  global causal attention    "global"                      NoPE by default: reads recency out
   L  gated linear attention     "linear"                      a local mixer (data-dependent decay)
+  D  gated delta rule           "delta"                       a local mixer (decay and erase)
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ KINDS = {k.letter: k for k in (
     LayerKind("S", "swa", "sliding-window attention", local=True, windowed=True),
     LayerKind("G", "global", "global attention", local=False, windowed=False),
     LayerKind("L", "linear", "gated linear attention", local=True, windowed=False),
+    LayerKind("D", "delta", "gated delta rule (Gated DeltaNet)", local=True, windowed=False),
 )}
 
 
@@ -39,7 +41,7 @@ def layer_kinds(pattern: str, num_layers: int) -> str:
 
 
 def window_of(model_cfg) -> int | None:
-  """model.window where some layer reads it, else None (a pattern of only G and L layers)."""
+  """model.window where some layer reads it, else None (a pattern without S layers)."""
   return model_cfg.window if any(KINDS[k].windowed for k in set(model_cfg.pattern)) else None
 
 

@@ -7,6 +7,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_nope.model.attention import Attention
+from hybrid_nope.model.delta import DeltaAttention
 from hybrid_nope.model.gla import GatedLinearAttention
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init,
@@ -48,6 +49,9 @@ class Block(nnx.Module):
     # `attn` is the block's token mixer, whatever its kind (one parameter tree layout).
     if kind == "L":
       self.attn = GatedLinearAttention(norm_eps=cfg.norm_eps, impl=cfg.linear_impl, **shape)
+    elif kind == "D":
+      self.attn = DeltaAttention(norm_eps=cfg.norm_eps, gate=cfg.delta_gate, impl=cfg.delta_impl,
+                                 **shape)
     else:
       self.attn = Attention(window=cfg.window if sliding else None,
                             position=cfg.swa_pos if sliding else cfg.global_pos,
