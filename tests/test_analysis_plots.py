@@ -179,3 +179,72 @@ def test_heat_maps_hatch_what_noise_explains(tmp_path, figures):
   assert hatched[1] == sorted(zip(*np.nonzero(weak_gap)))
   assert hatched[3] == sorted(zip(*np.nonzero(weak_alignment)))
   assert "null ±0.125" in heat[3].get_title()
+
+
+def _contrast(a, b):
+  """WCAG 2 contrast ratio of two sRGB colours, computed independently of plots.ink."""
+  def luminance(rgb):
+    c = np.asarray(rgb, float)[:3]
+    c = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+  high, low = sorted((luminance(a), luminance(b)), reverse=True)
+  return (high + 0.05) / (low + 0.05)
+
+
+@pytest.mark.parametrize("cmap", ["RdBu_r", "viridis"])
+def test_ink_reads_on_every_colormap_value(cmap):
+  from matplotlib import colormaps, colors
+  for rgba in colormaps[cmap](np.linspace(0, 1, 64)):
+    ink = colors.to_rgb(plots.ink(rgba))
+    other = colors.to_rgb("w" if plots.ink(rgba) == "k" else "k")
+    # The better of black and white, which always reaches 4.5:1 (WCAG AA for text).
+    assert _contrast(ink, rgba) >= max(_contrast(other, rgba), 4.5)
+
+
+def test_hatching_is_drawn_in_ink_that_reads_on_each_cell(tmp_path):
+  """Rendered: inside every hatched cell, from the palest to the darkest colour and the NaN
+  cell, the hatch lines' pixels contrast with the cell's colour at 4.5:1 or more."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  values = np.array([[-1.0, -0.6, -0.2, 0.0, 0.3, 0.7, 1.0, np.nan]])
+  fig = Figure(figsize=(8, 1.2), dpi=100)
+  canvas = FigureCanvasAgg(fig)
+  ax = fig.add_axes((0, 0, 1, 1))
+  image = ax.imshow(values, cmap=plots.HEATMAP_CMAP, vmin=-1, vmax=1, aspect="auto")
+  weak = np.ones(values.shape, bool)
+  weak[0, 1] = False  # One plain cell: no hatch there.
+  plots.hatch_cells(ax, image, weak)
+  ax.set_axis_off()
+  canvas.draw()
+  rgb = np.asarray(canvas.buffer_rgba())[..., :3].astype(float) / 255
+  for j, value in enumerate(values[0]):
+    x, y = ax.transData.transform((j, 0))
+    row, col = int(round(rgb.shape[0] - y)), int(round(x))
+    cell = rgb[row - 25:row + 25, col - 25:col + 25].reshape(-1, 3)
+    colour = plots.HEATMAP_CMAP.get_bad() if np.isnan(value) else image.cmap(image.norm(value))
+    contrast = np.array([_contrast(p, colour) for p in cell])
+    if not weak[0, j]:
+      assert contrast.max() < 1.05  # Plain colour.
+      continue
+    assert 0.05 < np.mean(contrast >= 4.5) < 0.6, (value, np.mean(contrast >= 4.5))
+    assert np.mean(contrast < 1.05) > 0.3  # The cell's colour still shows between the lines.
+
+
+def test_weak_and_missing_values_are_labelled_in_contrasting_ink(tmp_path, figures):
+  a = _synthetic_analysis(4)
+  for r in a["records"]:
+    if "logit_gap" in r:
+      r["logit_gap"] = [float("nan"), 50.0, -50.0, 0.0]  # NaN, darkest red and blue, pale.
+      r["logit_gap_stderr"] = [1.0] * 4
+  plots.logit_gap_alignment(a, str(tmp_path / "h.png"))
+  ax = [ax for ax in figures["h.png"].axes if ax.get_images()][1]  # The logit gap now.
+  image = ax.get_images()[0]
+  hatched = {(round(p.get_y() + 0.5), round(p.get_x() + 0.5)) for p in ax.patches
+             if p.get_hatch()}
+  assert hatched == {(0, 0), (0, 3), (1, 0), (1, 3)}  # NaN and 0: within 2 se of 0.
+  for text in ax.texts:
+    j, i = (round(c) for c in text.get_position())
+    value = image.get_array().data[i, j]
+    colour = plots.HEATMAP_CMAP.get_bad() if np.isnan(value) else image.cmap(image.norm(value))
+    assert _contrast(text.get_color() == "k" and (0, 0, 0) or (1, 1, 1), colour) >= 4.5
+    assert text.get_text() == ("—" if np.isnan(value) else f"{value:+.2g}")

@@ -16,7 +16,6 @@ import io
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from hybrid_nope.analysis import plots, recency, theory
 from hybrid_nope.analysis.records import DATA_LAYER
@@ -79,9 +78,7 @@ def heatmap_figure(records, key: str) -> Figure:
   im = ax.imshow(values, cmap=CMAPS[key], vmin=low, vmax=high, aspect="auto",
                  interpolation="nearest")
   # NaN se (unrecorded) never hatches; a hatched cell is one noise cannot be told from 0.
-  for i, j in zip(*np.nonzero(np.abs(values) <= NOISE_SE * se)):
-    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///",
-                           edgecolor="0.35", linewidth=0))
+  plots.hatch_cells(ax, im, np.abs(values) <= NOISE_SE * se)
   ax.set_xticks(range(len(MODULES)), MODULES, rotation=25, ha="right", fontsize=8)
   ax.set_yticks(range(len(layers)), [f"L{l} {kinds[l]}" for l in layers], fontsize=8)
   fig.colorbar(im, ax=ax, fraction=0.04, pad=0.01)

@@ -11,6 +11,7 @@ import math
 from typing import Sequence
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -26,6 +27,9 @@ DATA_STYLE = dict(color="k", linestyle=":", linewidth=0.9)
 DATA_LABEL = "data: P(t_i = t_{i-d})"
 NOISE_SE = 2  # Bands and significance marks are at ± this many standard errors.
 DPI = 110
+# Heat maps of signed values; a cell with no value (NaN) shows HEATMAP_BAD, hatched.
+HEATMAP_BAD = "0.82"
+HEATMAP_CMAP = colormaps["RdBu_r"].with_extremes(bad=HEATMAP_BAD)
 
 
 def save_figure(fig: Figure, path: str) -> str:
@@ -228,6 +232,33 @@ def _nan_rows(rows) -> np.ndarray:
   return np.array([nan_array(row) for row in rows], float)
 
 
+def ink(rgba) -> str:
+  """"k" or "w", whichever contrasts more with the colour `rgba` (WCAG 2 contrast ratio of
+  relative luminances): at least 4.58:1 against any colour, so a hatch or a number in it
+  reads on every colormap value."""
+  linear = np.where(np.asarray(rgba[:3]) <= 0.04045, np.asarray(rgba[:3]) / 12.92,
+                    ((np.asarray(rgba[:3]) + 0.055) / 1.055) ** 2.4)
+  luminance = float(linear @ [0.2126, 0.7152, 0.0722])
+  return "k" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "w"
+
+
+def hatch_cells(ax, image, weak: np.ndarray, labels: bool = False) -> None:
+  """Hatches the `weak` cells of the heat map `image` (an AxesImage of [rows, cols] values) in
+  the ink of each cell's own colour (a NaN cell's is the colormap's bad colour, HEATMAP_BAD);
+  with `labels`, writes each value in the same ink on a patch of the cell's colour, so the
+  hatching never runs through a number."""
+  values = np.ma.getdata(image.get_array())
+  for (i, j), value in np.ndenumerate(values):
+    colour = image.cmap.get_bad() if np.isnan(value) else image.cmap(image.norm(value))
+    if weak[i, j]:
+      ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///",
+                             edgecolor=ink(colour), linewidth=0))
+    if labels:
+      ax.text(j, i, "—" if np.isnan(value) else f"{value:+.2g}", ha="center", va="center",
+              fontsize=7, color=ink(colour),
+              bbox=dict(facecolor=colour, edgecolor="none", pad=1.0))
+
+
 def _noise(records: dict, layers, key: str) -> np.ndarray | None:
   """[layer, head] standard deviation of `key` under noise: the logit gap's standard error,
   the alignment's null (that of a random M); None where a record lacks it."""
@@ -251,24 +282,19 @@ def logit_gap_alignment(analysis: dict, path: str) -> str:
     scale = max(float(np.nanmax(np.abs(v))) for v, _ in values.values()) or 1.0
     for col, (name, (v, noise)) in enumerate(values.items()):
       ax = axes[row, col]
-      im = ax.imshow(v, cmap="RdBu_r", vmin=-scale, vmax=scale, aspect="auto")
+      im = ax.imshow(v, cmap=HEATMAP_CMAP, vmin=-scale, vmax=scale, aspect="auto")
       ax.set_yticks(range(len(layers)), [f"layer {l}" for l in layers], fontsize=8)
       ax.set_xticks(range(v.shape[1]), range(v.shape[1]), fontsize=8)
       ax.set_xlabel("head")
-      weak = np.zeros(v.shape, bool) if noise is None else ~(np.abs(v) > NOISE_SE * noise)
-      for i, j in zip(*np.nonzero(weak)):
-        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///",
-                               edgecolor="0.45", linewidth=0))
-      if v.size <= 64:
-        for (i, j), value in np.ndenumerate(v):
-          ax.text(j, i, f"{value:+.2g}", ha="center", va="center", fontsize=7,
-                  color="0.55" if weak[i, j] else "k")
+      # A NaN value is weak too: nothing was measured there to tell from noise.
+      weak = np.isnan(v) if noise is None else ~(np.abs(v) > NOISE_SE * noise)
+      hatch_cells(ax, im, weak, labels=v.size <= 64)
       ax.set_title(f"{key.replace('_', ' ')}, {name} (mean {np.nanmean(v):+.3f}); "
                    f"{_noise_text(key, noise)}", fontsize=8)
       fig.colorbar(im, ax=ax, fraction=0.046)
   fig.suptitle("Logit gap ℓ(1) − ℓ(L) and alignment cos(M_h, G_X(1) − G_X(L)) per global NoPE "
-               f"layer and head, seq_len {analysis['seq_len']}; hatched, grey: within "
-               f"{NOISE_SE} noise sd of 0")
+               f"layer and head, seq_len {analysis['seq_len']}; hatched: within "
+               f"{NOISE_SE} noise sd of 0 (grey: no value)")
   return save_figure(fig, path)
 
 
