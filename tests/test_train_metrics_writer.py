@@ -172,3 +172,57 @@ def test_analysis_reads_the_null_records_as_it_read_the_nan_ones(tmp_path):
   for key in want:
     assert (got[key] == want[key] or (got[key] is not None and want[key] is not None
                                       and math.isnan(got[key]) and math.isnan(want[key]))), key
+
+
+def _flat(tree, prefix=""):
+  """An independent flattening of config.to_dict(): {"section.key": value}."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+  return out
+
+
+def test_the_config_and_hparams_reach_tensorboard(tmp_path):
+  """Read back from the event file: the Text plugin's config table (every key, the defining
+  ones marked) and the HParams plugin's experiment and session, whose metric is the eval loss
+  the same run writes as a scalar."""
+  from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+  from tests.helpers import tiny_config
+  from tests.test_analysis_live_figures import read_events
+  config = tiny_config(model__pattern="SG", data__batch_size=4)
+  writer = MetricsWriter(str(tmp_path))
+  writer.write_config(0, config)
+  writer.write_scalars(8, {"eval_loss": 2.5})
+  writer.close()
+  (path,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+  values = {v.tag: v for e in read_events(path) for v in e.summary.value}
+
+  text = values["config/text_summary"]
+  assert text.metadata.plugin_data.plugin_name == "text"
+  rows = [line.split(" | ") for line in text.tensor.string_val[0].decode().splitlines()[2:]]
+  table = {key.lstrip("| "): (value, mark.rstrip("| ")) for key, value, mark in rows}
+  expected = _flat(config.to_dict())
+  assert {k: json.loads(v) for k, (v, _) in table.items()} == expected
+  defining = {k for k, (_, mark) in table.items() if mark == "yes"}
+  assert {"model.pattern", "model.window", "data.batch_size", "train.seed",
+          "train.learning_rate"} <= defining
+  assert not defining & {"model.attention_impl", "model.remat", "eval.every_steps",
+                         "checkpoint.every_steps", "train.log_every_steps"}
+
+  def plugin(tag):
+    value = values[f"_hparams_/{tag}"]
+    assert value.metadata.plugin_data.plugin_name == "hparams"
+    return HParamsPluginData.FromString(value.metadata.plugin_data.content)
+
+  experiment = plugin("experiment").experiment
+  assert [m.name.tag for m in experiment.metric_infos] == ["eval_loss"]
+  assert {h.name for h in experiment.hparam_infos} == defining
+  session = plugin("session_start_info").session_start_info.hparams
+  assert set(session) == defining
+  assert session["model.pattern"].string_value == "SG"
+  assert session["data.batch_size"].number_value == 4
+  assert session["train.learning_rate"].number_value == config.train.learning_rate
+  assert values["eval_loss"].simple_value == 2.5  # The metric's scalar, in the same run.

@@ -195,6 +195,7 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
                     "more.", workdir, start, config.train.steps)
   writer = MetricsWriter(workdir, resume_step=start, wandb=WandbSink(config, workdir))
   resume.record(workdir, config, plan.new_events, writer)
+  writer.write_config(start, config)  # TensorBoard: the config and hparams in force.
   if plan.step is None:
     writer.write(0, {UNIGRAM_ENTROPY_KEY: unigram})
   with sharding.activation_rules(mesh):

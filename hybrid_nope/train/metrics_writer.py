@@ -24,6 +24,7 @@ from absl import logging
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
+from hybrid_nope.train import config_summary
 from hybrid_nope.train.wandb_sink import rgb_array
 
 
@@ -157,6 +158,16 @@ class MetricsWriter:
         self._tb.add_image(tag, rgb_array(image), int(step), dataformats="HWC")
       if self._wandb is not None:
         self._wandb.images(step, images)
+
+  @_whole
+  def write_config(self, step: int, config) -> None:
+    """TensorBoard: the config as a markdown table (Text) and its run-defining keys as the
+    run's HParams session, with the eval loss as the metric (`train/config_summary.py`)."""
+    if self.active:
+      self._tb.add_text(config_summary.CONFIG_TAG, config_summary.markdown_table(config),
+                        int(step))
+      for summary in config_summary.hparams_summaries(config):
+        self._tb.file_writer.add_summary(summary, int(step))
 
   @_whole
   def write_record(self, name: str, record: dict) -> None:
