@@ -35,8 +35,9 @@ class Attention(nnx.Module):
     self.wv_DKH = param(rngs, default_init, (D, K, H), ("embed", "kv_heads", "kv"))
     self.wo_NHD = param(rngs, default_init, (N, H, D), ("heads", "kv", "embed"), in_axes=(0, 1))
 
-  def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-               segment_ids_BT: jax.Array | None) -> jax.Array:
+  def qkv(self, x_BTD: jax.Array, positions_BT: jax.Array):
+    """q [B,T,N,H], k, v [B,T,K,H], RoPE'd at `positions_BT` where the layer uses it (also what
+    a decode step caches: model/decode_layers.py)."""
     x_BTD = x_BTD.astype(self.dtype)
     q_BTNH = constrain(project(x_BTD, self.wq_DNH[...].astype(self.dtype)), BTNH)
     k_BTKH = constrain(project(x_BTD, self.wk_DKH[...].astype(self.dtype)), BTKH)
@@ -44,6 +45,15 @@ class Attention(nnx.Module):
     if self.position == "rope":
       q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_theta)
       k_BTKH = apply_rope(k_BTKH, positions_BT, self.rope_theta)
+    return q_BTNH, k_BTKH, v_BTKH
+
+  def out(self, out_BTNH: jax.Array) -> jax.Array:
+    """The output projection W_O of the heads' attention outputs."""
+    return project(out_BTNH, self.wo_NHD[...].astype(self.dtype), contract=2)
+
+  def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
+               segment_ids_BT: jax.Array | None) -> jax.Array:
+    q_BTNH, k_BTKH, v_BTKH = self.qkv(x_BTD, positions_BT)
     # The kernel applies 1/sqrt(H) to the logits (jax.nn.dot_product_attention's default),
     # and runs on each device's shard of batch and heads under the trainer's mesh.
     batch_axes, _, head_axes, _ = mesh_axes(BTNH)
@@ -54,4 +64,4 @@ class Attention(nnx.Module):
     out_BTNH = kernels.attention(q_BTNH, k_BTKH, v_BTKH, window=self.window,
                                  segment_ids=segment_ids_BT, impl=self.impl,
                                  batch_axes=batch_axes, head_axes=head_axes)
-    return project(out_BTNH, self.wo_NHD[...].astype(self.dtype), contract=2)
+    return self.out(out_BTNH)

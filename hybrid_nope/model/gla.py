@@ -51,18 +51,28 @@ class GatedLinearAttention(nnx.Module):
     logits_BTKH = logits_BTKH.astype(jnp.float32) + self.gate_bias_KH[...]
     return constrain(jax.nn.log_sigmoid(logits_BTKH) / GATE_TEMPERATURE, BTKH)
 
-  def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-               segment_ids_BT: jax.Array | None) -> jax.Array:
-    del positions_BT  # No position encoding: the decay orders the past.
+  def inputs(self, x_BTD: jax.Array):
+    """The recurrence's inputs q [B,T,N,H], k, v, log α [B,T,K,H] (also a decode step's)."""
     x_BTD = x_BTD.astype(self.dtype)
     q_BTNH = constrain(project(x_BTD, self.wq_DNH[...].astype(self.dtype)), BTNH)
     k_BTKH = constrain(project(x_BTD, self.wk_DKH[...].astype(self.dtype)), BTKH)
     v_BTKH = constrain(project(x_BTD, self.wv_DKH[...].astype(self.dtype)), BTKH)
     log_decay_BTKH = self.log_decay(x_BTD)  # float32 whatever the compute dtype: α is near 1.
+    return q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH
+
+  def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
+               segment_ids_BT: jax.Array | None) -> jax.Array:
+    del positions_BT  # No position encoding: the decay orders the past.
+    q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH = self.inputs(x_BTD)
     batch_axes, _, head_axes, _ = mesh_axes(BTNH)
     out_BTNH = kernels.linear_attention(
         q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids=segment_ids_BT,
         impl=self.impl, batch_axes=batch_axes, head_axes=head_axes)
+    return self.output(out_BTNH, x_BTD)
+
+  def output(self, out_BTNH: jax.Array, x_BTD: jax.Array) -> jax.Array:
+    """W_O (RMSNorm_head(o) ⊙ swish(x W_G)) of the recurrence's output o and the layer input x."""
+    x_BTD = x_BTD.astype(self.dtype)
     o32 = out_BTNH.astype(jnp.float32)
     normed = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, -1, keepdims=True) + self.norm_eps)
     gate_BTNH = jax.nn.silu(project(x_BTD, self.w_out_gate_DNH[...].astype(self.dtype)))
