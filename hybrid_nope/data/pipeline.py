@@ -70,15 +70,21 @@ def _mds_rows(config, split: str, num_rows_key: str | None = None):
                                        num_rows_key=num_rows_key or "eval.num_batches")
   if split != "train":
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+  return grain.MapDataset.source(train_mixture(config))
+
+
+def train_mixture(config):
+  """The ProLong mixture (`prolong.build_mixture`) of config.data's domains: a
+  `mixture.Mixture` whose `domains` are `prolong.DomainRows` (data/check.py reports them)."""
   from hybrid_nope.data import prolong  # pylint: disable=g-import-not-at-top
   cache_dir = validate.string(config, "data.cache_dir", "a path or '' (the default cache)")
-  mixture = prolong.build_mixture(
+  return prolong.build_mixture(
       validate.value(config, "data.path"), validate.value(config, "data.domains"),
-      seq_len=seq_len, document_masking=validate.boolean(config, "data.document_masking"),
-      vocab_size=vocab_size, seed=validate.data_seed(config), cache_dir=cache_dir or None,
-      verify_hashes=validate.boolean(config, "data.verify_hashes"),
+      seq_len=_positive_int(config, "data.seq_len"),
+      document_masking=validate.boolean(config, "data.document_masking"),
+      vocab_size=_positive_int(config, "model.vocab_size"), seed=validate.data_seed(config),
+      cache_dir=cache_dir or None, verify_hashes=validate.boolean(config, "data.verify_hashes"),
       exclude_samples=validate.exclude_samples(config))
-  return grain.MapDataset.source(mixture)
 
 
 Rows = Union[dict[str, np.ndarray], grain.MapDataset]

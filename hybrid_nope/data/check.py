@@ -1,0 +1,128 @@
+"""Is the config's data in place? `python launch/check_data.py --config=... [--config.*=...]`.
+
+Reads what the trainer reads at its start, through the same code (`validate.validate`,
+`pipeline.train_mixture`, `pipeline.eval_batches`, `pipeline.probe_pool`,
+`pipeline.check_vocabulary`), so each rule has one home and a config that passes here starts:
+
+  train data   each domain of data.domains under data.path: its MDS directory (index.json, every
+               shard file at its listed size), samples, shards, tokens and training rows;
+  eval data    the prepared TextbookChapters directory at eval.path: its chapters, the eval rows
+               the config reads (token ids checked against model.vocab_size) and the probe pool;
+  tokenizer    the tokenizer.json files the data carries (data.path, the eval directory): their
+               vocabulary against model.vocab_size. For mds data one is required here, so that
+               the trainer can check the vocabulary before it builds anything.
+
+The first problem fails as one line naming the file or key (a `DataCheckError`, exit code 2 on
+the command line). Training shards' token ids and hashes are checked as the trainer reads them,
+not here: that would read the whole corpus.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from hybrid_nope import validate
+from hybrid_nope.data import pipeline
+from hybrid_nope.errors import UserError
+
+
+class DataCheckError(UserError):
+  """Data the config names that is missing or does not fit the config."""
+
+
+@dataclasses.dataclass
+class Domain:
+  name: str
+  share: float
+  kind: str  # "packed" (input_ids + indices) or "raw" (one document per sample)
+  shards: int
+  samples: int
+  tokens: int
+  rows: int
+
+
+@dataclasses.dataclass
+class DataReport:
+  source: str
+  seq_len: int
+  vocab_size: int
+  train_path: str = ""
+  domains: list[Domain] = dataclasses.field(default_factory=list)
+  eval_path: str = ""
+  chapters: int = 0
+  eval_rows: int = 0
+  eval_tokens: int = 0
+  probe_rows: int = 0
+  tokenizers: list[str] = dataclasses.field(default_factory=list)
+  tokenizer_size: int | None = None
+
+  def text(self) -> str:
+    if self.source == "stdlib":
+      lines = [f"data.source=stdlib: the embedded corpus (nothing to fetch); seq_len "
+               f"{self.seq_len}"]
+    else:
+      header = ("domain", "share", "kind", "shards", "samples", "tokens", f"rows of {self.seq_len}")
+      cells = [header] + [(d.name, f"{d.share:.3f}", d.kind, f"{d.shards:,}", f"{d.samples:,}",
+                           f"{d.tokens:,}", f"{d.rows:,}") for d in self.domains]
+      cells.append(("total", "1.000", "", *(f"{sum(getattr(d, k) for d in self.domains):,}"
+                                            for k in ("shards", "samples", "tokens", "rows"))))
+      widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+      lines = [f"train data: {self.train_path} (data.path), {len(self.domains)} domains"]
+      lines += ["  " + "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
+                                 for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+                for row in cells]
+      lines.append(f"eval data: {self.eval_path} (eval.path): {self.chapters:,} chapters")
+    lines.append(f"  eval reads {self.eval_rows} rows (eval.batch_size × eval.num_batches) "
+                 f"holding {self.eval_tokens:,} tokens; the recency probe is chosen from "
+                 f"{self.probe_rows} rows (metrics.probe_pool_rows)")
+    where = ", ".join(self.tokenizers) or "the byte tokenizer (data.source=stdlib)"
+    lines.append(f"tokenizer: {where}: {self.tokenizer_size:,} token ids <= model.vocab_size "
+                 f"{self.vocab_size:,}")
+    return "\n".join(lines + ["OK: the data is in place for this config"])
+
+
+def _chapters(config) -> tuple[str, int]:
+  """(the prepared eval directory, its number of chapters)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
+  directory = textbook_chapters.dataset_dir(validate.value(config, "eval.path"))
+  info = tfds.builder_from_directory(directory).info
+  return directory, int(info.splits[textbook_chapters.SPLIT].num_examples)
+
+
+def check(config) -> DataReport:
+  """The report of the config's data, or a DataCheckError (a UserError) naming the problem."""
+  try:
+    validate.validate(config)
+    source = config.data.source
+    report = DataReport(source=source, seq_len=int(config.data.seq_len),
+                        vocab_size=int(config.model.vocab_size))
+    if source == "mds":
+      report.train_path = validate.value(config, "data.path")
+      report.tokenizers = pipeline.tokenizer_files(config)
+      if not report.tokenizers:
+        raise DataCheckError(
+            f"no tokenizer.json in config.data.path={report.train_path} or in the eval "
+            f"directory under config.eval.path={config.eval.path}: put the tokenizer the data "
+            f"was made with there (the Llama-3 one for ProLong, docs/reproduce.md), so that "
+            f"the trainer checks model.vocab_size against it")
+    report.tokenizer_size = pipeline.check_vocabulary(config)
+    if source == "mds":
+      mixture = pipeline.train_mixture(config)
+      total = sum(s.weight for s in mixture.specs)
+      report.domains = [Domain(name=s.name, share=s.weight / total,
+                               kind="packed" if d.packed else "raw", shards=d.ds.num_shards,
+                               samples=len(d.ds), tokens=d.num_tokens, rows=len(d))
+                        for s, d in zip(mixture.specs, mixture.domains)]
+    batches = pipeline.eval_batches(config)
+    report.eval_rows = sum(len(b["inputs"]) for b in batches)
+    report.eval_tokens = int(sum(np.count_nonzero(b["segment_ids"]) for b in batches))
+    report.probe_rows = len(pipeline.probe_pool(config)["inputs"])
+    if source == "mds":
+      report.eval_path, report.chapters = _chapters(config)
+    return report
+  except DataCheckError:
+    raise
+  except (UserError, FileNotFoundError) as e:  # MDS, config and eval-set errors name the file.
+    raise DataCheckError(" ".join(str(e).split())) from None
