@@ -5,10 +5,13 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from hybrid_nope.analysis import hook as hook_lib
 from hybrid_nope.analysis import probe as probe_lib
 from hybrid_nope.analysis.hook import PROBE_FILE, RecencyHook
 from hybrid_nope.data import pipeline
+from hybrid_nope.model.delta import DeltaAttention
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.train.hooks import RunContext
 from hybrid_nope.train.metrics_writer import MetricsWriter
@@ -232,16 +235,13 @@ def test_a_paper_config_writes_every_field():
   assert np.all(np.isfinite(glob["logit_gap_stderr"]))
 
 
-def test_gated_linear_attention_layers_are_local_mixers_with_their_mean_decay():
-  config = tiny_config(model__pattern="LG", metrics__probe_batch_size=4)
+def records_and_first_mixer(config):
+  """The hook's layered records at init, and layer 0's mixer with the input it reads on the
+  probe (pre_mixer_norm) and the probe's real-token mask, from the model run here."""
   model_def, params = init_model(config.model, seed=0)
   batches = pipeline.eval_batches(config)
   hook = RecencyHook(config, model_def, batches, writer=None)
   records = [r for r in hook.records(0, params) if r["layer"] >= 0]
-  linear = [r for r in records if r["layer_type"] == "linear"]
-  assert {r["layer"] for r in linear} == {0}
-  assert {r["layer_type"] for r in records if r["layer"] == 1} == {"global"}
-  # The gate's α over the probe's real tokens, computed here straight from the layer.
   rows = {k: np.concatenate([b[k] for b in batches])[hook.rows] for k in ("inputs", "segment_ids",
                                                                           "positions")}
   model = model_def.bind(params)
@@ -249,14 +249,65 @@ def test_gated_linear_attention_layers_are_local_mixers_with_their_mean_decay():
   model(jnp.asarray(rows["inputs"]), positions_BT=jnp.asarray(rows["positions"]),
         segment_ids_BT=jnp.asarray(rows["segment_ids"]),
         observe=lambda layer, name, x: seen.setdefault((layer, name), x))
-  alpha = np.exp(np.asarray(model.blocks[0].attn.log_decay(seen[(0, "pre_mixer_norm")])))
-  want = alpha.mean(axis=(2, 3))[rows["segment_ids"] != 0].mean()
+  return records, model.blocks[0].attn, seen[(0, "pre_mixer_norm")], rows["segment_ids"] != 0
+
+
+def test_gated_linear_attention_layers_are_local_mixers_with_their_mean_decay():
+  config = tiny_config(model__pattern="LG", metrics__probe_batch_size=4)
+  records, mixer, x, real = records_and_first_mixer(config)
+  linear = [r for r in records if r["layer_type"] == "linear"]
+  assert {r["layer"] for r in linear} == {0}
+  assert {r["layer_type"] for r in records if r["layer"] == 1} == {"global"}
+  # The gate's α over the probe's real tokens, computed here straight from the layer.
+  alpha = np.exp(np.asarray(mixer.log_decay(x)))
+  want = alpha.mean(axis=(2, 3))[real].mean()
   for r in linear:
     assert r["mean_decay"] == pytest.approx(want, rel=1e-5)
     assert r["recency_scale"] == pytest.approx(1 / (1 - want), rel=1e-5)
   assert not any("mean_decay" in r for r in records if r["layer_type"] != "linear")
   assert any("logit_gap" in r for r in records if r["layer"] == 1)
 
+
+@pytest.mark.parametrize("gate", ["head", "channel"])
+def test_gate_means_average_heads_and_channels_over_real_tokens(gate):
+  """The hook's reduction of a D layer's α ([B, T, K] per head, [B, T, K, H] per channel) and β
+  ([B, T, K]): the mean over real tokens of the per-token mean over heads (and channels),
+  against a float64 loop over tokens; padding (segment 0) does not count."""
+  layer = DeltaAttention(d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, norm_eps=1e-6,
+                         gate=gate, impl="xla", dtype=jnp.float32, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  x_BTD = jnp.asarray(rng.standard_normal((3, 10, 32)), jnp.float32)
+  seg_BT = np.array([[1] * 10, [1] * 4 + [2] * 3 + [0] * 3, [0] * 10])
+  for values in (jnp.exp(layer.log_decay(x_BTD)), layer.beta(x_BTD)):
+    v = np.asarray(values, np.float64)
+    tokens = [v[b, t].mean() for b in range(3) for t in range(10) if seg_BT[b, t] != 0]
+    got = float(hook_lib._token_mean(values, jnp.asarray(seg_BT)))
+    assert got == pytest.approx(np.mean(tokens), rel=1e-6)
+
+
+def test_delta_rule_layers_are_local_mixers_with_their_mean_decay_beta_and_recency_scale():
+  """D layers (per-head gate, Gated DeltaNet): layer_type "delta" with the gate's mean α and the
+  mean β over the probe's real tokens and heads, computed here from the layer, and the recency
+  scale 1/(1 − α(1 − β/H)) of analysis.theory.delta_cosine. (The per-channel gate's reduction:
+  `test_gate_means_average_heads_and_channels_over_real_tokens`.)"""
+  config = tiny_config(model__pattern="DG", metrics__probe_batch_size=4)
+  records, mixer, x, real = records_and_first_mixer(config)
+  delta = [r for r in records if r["layer_type"] == "delta"]
+  assert {r["layer"] for r in delta} == {0} and len(delta) == len(BOUNDARIES)
+  alpha = np.exp(np.asarray(mixer.log_decay(x), np.float64))
+  beta = np.asarray(mixer.beta(x), np.float64)
+  assert alpha.ndim == 3 and beta.ndim == 3
+  want_alpha = alpha.mean(-1)[real].mean()
+  want_beta = beta.mean(-1)[real].mean()
+  H = config.model.head_dim
+  for r in delta:
+    assert r["mean_decay"] == pytest.approx(want_alpha, rel=1e-5)
+    assert r["mean_beta"] == pytest.approx(want_beta, rel=1e-5)
+    assert r["recency_scale"] == pytest.approx(1 / (1 - want_alpha * (1 - want_beta / H)),
+                                               rel=1e-4)
+  assert 0.2 < want_beta < 0.8  # sigmoid of zero-mean logits: β ≈ 1/2, far from the GLA limit
+  assert not any("mean_beta" in r or "mean_decay" in r for r in records if r["layer"] == 1)
+  assert any("logit_gap" in r for r in records if r["layer"] == 1)
 
 @pytest.mark.parametrize("figures", [True, False])
 def test_each_measurement_draws_the_figures_unless_switched_off(tmp_path, figures):

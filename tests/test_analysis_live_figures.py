@@ -128,14 +128,21 @@ def test_theory_curves_follow_the_mixers_below(hybrid):
   assert np.all(np.diff(global_law) < 0) and global_law[0] < 1
 
 
-def test_a_linear_layers_mean_decay_selects_the_linear_law(hybrid):
-  config, records = hybrid
-  config = copy.deepcopy(config)
-  config.model.pattern = "LG"  # No sliding layer: no SWA law.
-  linear = copy.deepcopy(records)
-  for r in linear:
+def as_pattern(hybrid, pattern, **gates):
+  """The hybrid's config with `pattern` and a copy of its records in which the SWA layers take
+  the pattern's layer types, with `gates` (key -> value) on their records."""
+  config, records = copy.deepcopy(hybrid)
+  config.model.pattern = pattern
+  types = {"L": "linear", "D": "delta"}
+  for r in records:
     if r["layer_type"] == "swa":
-      r["layer_type"] = "linear"
+      r.update(layer_type=types[pattern[r["layer"] % len(pattern)]], **gates)
+  return config, records
+
+
+def test_a_linear_layers_mean_decay_selects_the_linear_law(hybrid):
+  records = hybrid[1]
+  config, linear = as_pattern(hybrid, "LG")  # No sliding layer: no SWA law.
   assert live_figures.theory_curves(linear, config, 1) == {}  # No decay recorded: no law.
   for r in linear:
     if r["layer"] == 0:
@@ -153,6 +160,25 @@ def test_a_linear_layers_mean_decay_selects_the_linear_law(hybrid):
   without = live_figures.figures(records, config)[INPUTS]
   assert live_figures.figures(linear, config)[INPUTS] != without
 
+
+def test_a_delta_layers_mean_decay_and_beta_select_the_delta_law(hybrid):
+  records = hybrid[1]
+  config, mixed = as_pattern(hybrid, "LGDG", mean_decay=0.9)  # No sliding layer: no SWA law.
+  assert [law for law, _ in live_figures.theory_curves(mixed, config, 3).values()] == [
+      "global", "linear"]  # The delta layer records no β: no delta law.
+  for r in mixed:
+    if r["layer"] == 2:
+      r["mean_beta"] = [0.4, 0.8]  # Per head: the law takes their mean.
+  curves = live_figures.theory_curves(mixed, config, 3)
+  assert [law for law, _ in curves.values()] == ["global", "linear", "delta"]
+  label, (_, curve) = list(curves.items())[2]
+  H = config.model.head_dim
+  assert f"α=0.900, β=0.60, H={H} (L2)" in label
+  lags = records[3]["lags"]
+  np.testing.assert_allclose(curve, theory.delta_cosine(lags, 0.9, 0.6, H))
+  assert np.all(curve[1:] < theory.linear_cosine(lags, 0.9)[1:])  # The erase shortens it.
+  assert live_figures.theory_curves(mixed, config, 1).keys() == {
+      "linear law α^d, α=0.900 (L0)"}  # Layer 2 is above layer 1.
 
 def read_events(path):
   """tensorboardX's event file: TFRecords (length, crc, Event bytes, crc)."""

@@ -37,10 +37,12 @@ def _concat(batches) -> dict[str, np.ndarray]:
   return {k: np.concatenate([np.asarray(b[k]) for b in batches]) for k in batches[0]}
 
 
-def _mean_decay(log_decay_BTKH, segment_ids_BT):
-  """The gate's mean α over the probe's tokens (not padding), its channels and heads."""
+def _token_mean(values_BT_, segment_ids_BT):
+  """The mean over the probe's tokens (not padding) of a per-token gate value (α or β),
+  averaged first over its heads and, for a per-channel gate, its channels."""
   real_BT = (segment_ids_BT != 0).astype(jnp.float32)
-  per_token_BT = jnp.mean(jnp.exp(log_decay_BTKH.astype(jnp.float32)), axis=(2, 3))
+  values = values_BT_.astype(jnp.float32)
+  per_token_BT = jnp.mean(values, axis=tuple(range(2, values.ndim)))
   return jnp.sum(per_token_BT * real_BT) / jnp.maximum(jnp.sum(real_BT), 1.0)
 
 
@@ -70,6 +72,8 @@ class RecencyHook:
     self.readout_layers = {i for i, k in enumerate(self.kinds)
                            if k == "G" and m.global_pos == "nope"}
     self.linear_layers = {i for i, k in enumerate(self.kinds) if k == "L"}
+    self.delta_layers = {i for i, k in enumerate(self.kinds) if k == "D"}
+    self.head_dim = m.head_dim  # The delta rule's key dimension H (analysis.theory.delta_cosine).
     self.d_model = m.d_model
     rows = _concat(eval_batches)
     doc_ids_RT = probe_lib.document_ids(rows["segment_ids"], rows["positions"])
@@ -123,9 +127,11 @@ class RecencyHook:
         out[f"{layer}/m_norms"] = recency.m_norms(wq, wk)
         out[f"{layer}/delta_norm"] = recency.delta_norm(x_BTD, 1, self.far, self.positions,
                                                         batch["segment_ids"])
-      if name == "pre_mixer_norm" and layer in self.linear_layers:
-        out[f"{layer}/decay"] = _mean_decay(model.blocks[layer].attn.log_decay(x_BTD),
-                                            batch["segment_ids"])
+      if name == "pre_mixer_norm" and layer in self.linear_layers | self.delta_layers:
+        mixer, seg = model.blocks[layer].attn, batch["segment_ids"]
+        out[f"{layer}/decay"] = _token_mean(jnp.exp(mixer.log_decay(x_BTD)), seg)
+        if layer in self.delta_layers:
+          out[f"{layer}/beta"] = _token_mean(mixer.beta(x_BTD), seg)
       return x_BTD
 
     def observe_shuffled(layer, name, x_BTD):
@@ -165,7 +171,8 @@ class RecencyHook:
         step, sums, kinds=self.kinds, layer_types=[layer_type(k) for k in self.kinds],
         boundaries=BOUNDARIES, final_boundary=FINAL_BOUNDARY, lags=self.lags, far=self.far,
         d_model=self.d_model, readout_layers=self.readout_layers,
-        linear_layers=self.linear_layers, data_control=data_control)
+        linear_layers=self.linear_layers, delta_layers=self.delta_layers,
+        head_dim=self.head_dim, data_control=data_control)
 
   def records(self, step: int, params, *, data_control: bool | None = None) -> list[dict]:
     """Measures and returns the records without writing them: the data control (at step 0,

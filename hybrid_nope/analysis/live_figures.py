@@ -29,7 +29,7 @@ HEATMAP_WIDTH, HEATMAP_BASE, HEATMAP_ROW = 800, 130, 24  # Pixels: width, height
 CMAPS = {"gap": "RdBu_r", "floor": "viridis"}  # The gap's sign matters: diverging about 0.
 DEFINITIONS = {"gap": "f(1) − f(L)", "floor": "f(L)"}
 LAW_STYLES = {"swa": dict(color="C0", linestyle="--"), "global": dict(color="C2", linestyle="-."),
-              "linear": dict(color="C4", linestyle="--")}
+              "linear": dict(color="C4", linestyle="--"), "delta": dict(color="C5", linestyle=":")}
 
 
 def png(fig: Figure) -> bytes:
@@ -92,11 +92,12 @@ def _mixers_before(records, layer: int) -> dict[int, str]:
   return {r["layer"]: r["layer_type"] for r in _layered(records) if r["layer"] < layer}
 
 
-def _mean_decay(records, layer: int) -> float | None:
-  """The head mean of the decay a linear layer's records carry (a scalar or per head)."""
+def _gate_mean(records, layer: int, key: str) -> float | None:
+  """The head mean of a gate value (`mean_decay`, `mean_beta`: a scalar or per head) that a
+  linear or delta layer's records carry."""
   for r in records:
-    if r["layer"] == layer and r.get("mean_decay") is not None:
-      return float(np.mean(r["mean_decay"]))
+    if r["layer"] == layer and r.get(key) is not None:
+      return float(np.mean(r[key]))
   return None
 
 
@@ -112,8 +113,10 @@ def global_law(lags, config) -> np.ndarray:
 
 def theory_curves(records, config, layer: int) -> dict[str, tuple[str, np.ndarray]]:
   """label -> (law, c(d) at the layer's lags) for the kinds of mixer below `layer`: SWA with
-  model.window, uniform causal attention (`global_law`), and the constant-decay linear law
-  α^d (long prefix) with the mean decay of the nearest linear layer below that records one."""
+  model.window, uniform causal attention (`global_law`), the constant-decay linear law α^d
+  (long prefix) with the mean decay of the nearest linear layer below that records one, and the
+  delta rule's law (α(1 − β/H))^d (theory.delta_cosine, long prefix, H = model.head_dim) with
+  the mean α and β of the nearest delta layer below that records them."""
   lags = next(r["lags"] for r in _layered(records) if r["layer"] == layer)
   below = _mixers_before(records, layer)
   curves = {}
@@ -122,12 +125,23 @@ def theory_curves(records, config, layer: int) -> dict[str, tuple[str, np.ndarra
     curves[f"SWA law [1 − d/w]₊, w={window}"] = ("swa", theory.swa_cosine(lags, window))
   if "global" in below.values():
     curves["global law, mean over query i ≥ d"] = ("global", global_law(lags, config))
-  decays = [(l, _mean_decay(records, l)) for l, kind in sorted(below.items()) if kind == "linear"]
-  decays = [(l, a) for l, a in decays if a is not None]
-  if decays:
-    l, alpha = decays[-1]
+
+  def nearest(kind, keys):
+    """(layer, *gate means) of the nearest layer of `kind` below that records all `keys`."""
+    found = [(l, *(_gate_mean(records, l, key) for key in keys))
+             for l, mixer in sorted(below.items()) if mixer == kind]
+    found = [g for g in found if None not in g]
+    return found[-1] if found else None
+
+  if linear := nearest("linear", ("mean_decay",)):
+    l, alpha = linear
     curves[f"linear law α^d, α={alpha:.3f} (L{l})"] = ("linear",
                                                       theory.linear_cosine(lags, alpha))
+  if delta := nearest("delta", ("mean_decay", "mean_beta")):
+    l, alpha, beta = delta
+    H = config.model.head_dim
+    curves[f"delta law (α(1 − β/H))^d, α={alpha:.3f}, β={beta:.2f}, H={H} (L{l})"] = (
+        "delta", theory.delta_cosine(lags, alpha, beta, H))
   return curves
 
 

@@ -15,7 +15,8 @@ A sums dict holds, for lags Λ (with 1 and the far lag L), C clusters and N head
   "{layer}/{module}/shuffled" [2, C]  Σ cos at lags (1, L) with tokens shuffled in each document
   "{layer}/logit" [Λ, C, N]           Σ q_i · k_{i−d} / sqrt(H) (global NoPE layers)
   "{layer}/m_norms" [N], "{layer}/delta_norm" []   ‖M_h‖_F and ‖G_X(1) − G_X(L)‖_F
-  "{layer}/decay" []                  mean gate α (linear layers)
+  "{layer}/decay" []                  mean gate α (linear and delta layers)
+  "{layer}/beta" []                   mean write strength β (delta layers)
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import io
 import numpy as np
 
 from hybrid_nope.analysis import recency
-from hybrid_nope.analysis.theory import linear_recency_scale
+from hybrid_nope.analysis.theory import delta_recency_scale, linear_recency_scale
 
 DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE = -1, "data", "tokens"
 
@@ -137,11 +138,19 @@ def linear_fields(sums: dict, layer: int) -> dict:
   return {"mean_decay": decay, "recency_scale": float(linear_recency_scale(decay))}
 
 
+def delta_fields(sums: dict, layer: int, head_dim: int) -> dict:
+  decay, beta = float(sums[f"{layer}/decay"]), float(sums[f"{layer}/beta"])
+  return {"mean_decay": decay, "mean_beta": beta,
+          "recency_scale": float(delta_recency_scale(decay, beta, head_dim))}
+
+
 def build(step: int, sums: dict, *, kinds, layer_types, boundaries, final_boundary: str,
-          lags, far: int, d_model: int, readout_layers, linear_layers,
-          data_control: bool) -> list[dict]:
+          lags, far: int, d_model: int, readout_layers, linear_layers, delta_layers=(),
+          head_dim: int | None = None, data_control: bool) -> list[dict]:
   """The records of one measurement: the data control (if asked), then one per layer and
-  boundary, and the final norm on the last layer."""
+  boundary, and the final norm on the last layer. `head_dim`: the delta layers' key dimension."""
+  if delta_layers and head_dim is None:
+    raise ValueError(f"delta layers {sorted(delta_layers)} need head_dim (their key dimension)")
   records = []
   head = lambda layer, kind, module: {"step": int(step), "layer": layer, "layer_type": kind,
                                       "module": module}
@@ -155,6 +164,8 @@ def build(step: int, sums: dict, *, kinds, layer_types, boundaries, final_bounda
       extra = readout_fields(sums, layer, lags, far, d_model)
     if layer in linear_layers:
       extra = linear_fields(sums, layer)
+    if layer in delta_layers:
+      extra = delta_fields(sums, layer, head_dim)
     modules = tuple(boundaries) + ((final_boundary,) if layer == last else ())
     for module in modules:
       key = f"{layer}/{module}"

@@ -5,8 +5,8 @@
   linear_cosine(d, α) = α^d                              constant-decay linear mixer, long prefix
                                                          (with i: the finite-prefix form)
   linear_recency_scale(α) = 1/(1 − α)                    its recency scale (SWA-equivalent window)
-  delta_cosine(d, α, β, H) = (α(1 − β/H))^d              gated delta rule over random unit keys,
-                                                         long prefix (with i: the finite-prefix form)
+  delta_cosine(d, α, β, H) = (α(1 − β/H))^d              gated delta rule, random unit keys in H
+                                                         dims, long prefix (with i: finite prefix)
   delta_recency_scale(α, β, H) = 1/(1 − α(1 − β/H))      its recency scale
   G_Y(d) ≈ A (g_a ∗ G_X)(d) Aᵀ                           cross-moment through an attention layer
   k_f(p) = Σ a_n² pⁿ / Σ a_n²                            wide random MLP kernel (Hermite a_n)
