@@ -30,7 +30,8 @@ from hybrid_nope.analysis.records import DATA_LAYER
 
 METRICS_FILE = "metrics.jsonl"
 READOUT_MODULE = "pre_mixer_norm"  # Where the logit read-out of a global NoPE layer is measured.
-LINEAR_KEYS = ("mean_decay", "recency_scale")  # Extra keys of gated linear attention records.
+# Extra keys of gated linear attention (L) and delta rule (D: mean_beta too) records.
+LINEAR_KEYS = ("mean_decay", "mean_beta", "recency_scale")
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1360px; color: #222; }
 h1 { font-size: 22px; } h2 { font-size: 19px; border-bottom: 1px solid #ccc; }
@@ -198,7 +199,8 @@ def _mean(value):
 
 def module_table(records: Sequence[dict], far_lag: int) -> str:
   """One row per (layer, module) record in depth order: floor and gap ± se; the logit
-  read-out (head means) on global NoPE layers' read-out rows; GLA's decay keys where present."""
+  read-out (head means) on global NoPE layers' read-out rows; GLA and delta layers' gate keys
+  where present."""
   layered = sorted((r for r in records if r["layer"] != DATA_LAYER), key=plots._depth)
   extra = [k for k in LINEAR_KEYS if any(k in r for r in layered)]
   header = ["layer", "type", "module", "floor f(L)", "gap f(1) − f(L)",
