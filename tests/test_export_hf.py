@@ -1,6 +1,9 @@
-"""The SmolLM3 export without torch: config.json, the safetensors file, the weight mapping (by a
-numpy re-implementation of transformers' SmolLM3 forward), the tokenizer and the errors.
-tests/hf/check_hf.py (`make check-hf`) checks the same exports against transformers itself."""
+"""The Hugging Face export without torch: config.json (and auto_map with the remote-code files
+for L and D layers), the safetensors file, the weight mapping (by a numpy re-implementation of
+transformers' SmolLM3 forward and of modeling_hybrid_nope.py's recurrent mixers), the tokenizer
+and the errors. tests/hf/check_hf.py (`make check-hf`) checks the same exports against
+transformers itself."""
+import ast
 import json
 import os
 import struct
@@ -12,11 +15,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from configs import base, demo, nope_120m, nopeswa64_120m, swa256_120m
+from configs import base, demo, gla_120m, nope_120m, nopeswa64_120m, swa256_120m
 from hybrid_nope.data.tokenizer import ByteTokenizer
 from hybrid_nope.errors import USAGE_EXIT_CODE
 from hybrid_nope.export import hf
 from hybrid_nope.export import tokenizer as export_tokenizer
+from hybrid_nope.model import delta, gla
 from hybrid_nope.model.definition import init_model
 from hybrid_nope.model.layers import apply_rope
 from tests.analysis_runs import trained_run
@@ -24,9 +28,49 @@ from tests.helpers import REPO, tiny_config
 from tests.test_analysis_checkpoints import FLIPPED_LEAF, flipped_copy
 
 
+def _silu(x):
+  return x / (1 + np.exp(-x))
+
+
+def _recurrent_numpy(cfg: dict, w, kind: str, h: np.ndarray) -> np.ndarray:
+  """modeling_hybrid_nope.py's L (GLA) or D (gated delta rule) mixer on one row h [T, D],
+  transcribed into float64 numpy from its docstring's formulas; w(name) is self_attn.<name>."""
+  T, N, K, H = len(h), cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+  q, k, v = (h @ w(f"{n}_proj.weight").T for n in "qkv")
+  gate = (h @ w("gate_down_proj.weight").T) @ w("gate_up_proj.weight").T + w("gate_up_proj.bias")
+  alpha = np.exp(-np.logaddexp(0, -gate) / cfg["gate_temperature"]).reshape(T, K, -1)
+  out = np.zeros((T, K, N // K, H))
+  if kind == "L":
+    q = q.reshape(T, K, N // K, H)
+    k, v, S = k.reshape(T, K, H), v.reshape(T, K, H), np.zeros((K, H, H))  # S [key, value]
+    for t in range(T):
+      S = alpha[t][..., None] * S + k[t][:, :, None] * v[t][:, None, :]
+      out[t] = np.einsum("kgh,khv->kgv", q[t], S) / np.sqrt(H)
+  else:
+    width = cfg["conv_width"]
+    def conv(x, weight_C1W):  # Causal, depthwise, taps oldest first; zeros before the row.
+      padded = np.concatenate([np.zeros((width - 1, x.shape[1])), x])
+      return _silu(sum(weight_C1W[:, 0, j] * padded[j:j + T] for j in range(width)))
+    l2 = lambda x: x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+    q = l2(conv(q, w("q_conv1d.weight")).reshape(T, K, N // K, H))
+    k = l2(conv(k, w("k_conv1d.weight")).reshape(T, K, H))
+    v = conv(v, w("v_conv1d.weight")).reshape(T, K, H)
+    beta, S = 1 / (1 + np.exp(-h @ w("beta_proj.weight").T)), np.zeros((K, H, H))  # S [v, k]
+    for t in range(T):
+      S = S * alpha[t][:, None, :]
+      S = S + beta[t][:, None, None] * (v[t] - np.einsum("kvd,kd->kv", S, k[t]))[..., None] * (
+          k[t][:, None, :])
+      out[t] = np.einsum("kvd,kgd->kgv", S, q[t])
+  out = out.reshape(T, N, H)
+  normed = out / np.sqrt(np.mean(out * out, -1, keepdims=True) + cfg["rms_norm_eps"])
+  y = normed * w("out_norm.weight") * _silu(h @ w("out_gate_proj.weight").T).reshape(T, N, H)
+  return y.reshape(T, -1) @ w("o_proj.weight").T
+
+
 def _hf_numpy_logits(cfg: dict, sd: dict, tokens_T: np.ndarray) -> np.ndarray:
   """transformers' SmolLM3ForCausalLM forward (eager attention), transcribed into numpy from
-  modeling_smollm3.py and masking_utils.py: what the exported files mean to transformers."""
+  modeling_smollm3.py and masking_utils.py, with modeling_hybrid_nope.py's mixers in its
+  "linear_attention" layers: what the exported files mean to transformers."""
   f64 = lambda name: sd[name].astype(np.float64)
   T, H, eps = len(tokens_T), cfg["head_dim"], cfg["rms_norm_eps"]
   norm = lambda x, w: w * x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps)
@@ -39,22 +83,25 @@ def _hf_numpy_logits(cfg: dict, sd: dict, tokens_T: np.ndarray) -> np.ndarray:
   for i in range(cfg["num_hidden_layers"]):
     p = f"model.layers.{i}."
     h = norm(x, f64(p + "input_layernorm.weight"))
-    q, k, v = (h @ f64(p + f"self_attn.{n}_proj.weight").T for n in "qkv")
-    q, k, v = (y.reshape(T, -1, H).transpose(1, 0, 2) for y in (q, k, v))  # [heads, T, H]
-    if cfg["no_rope_layers"][i]:
-      q, k = rope(q), rope(k)
-    groups = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
-    k, v = np.repeat(k, groups, 0), np.repeat(v, groups, 0)  # repeat_kv
-    allowed = kv_idx <= q_idx
-    if cfg["layer_types"][i] == "sliding_attention":
-      allowed &= kv_idx > q_idx - cfg["sliding_window"]  # sliding_window_overlay
-    scores = np.where(allowed, q @ k.transpose(0, 2, 1) * H ** -0.5, -np.inf)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    out = (probs / probs.sum(-1, keepdims=True)) @ v
-    x = x + out.transpose(1, 0, 2).reshape(T, -1) @ f64(p + "self_attn.o_proj.weight").T
+    if cfg["layer_types"][i] == "linear_attention":
+      x = x + _recurrent_numpy(cfg, lambda n: f64(p + "self_attn." + n), cfg["layer_kinds"][i], h)
+    else:
+      q, k, v = (h @ f64(p + f"self_attn.{n}_proj.weight").T for n in "qkv")
+      q, k, v = (y.reshape(T, -1, H).transpose(1, 0, 2) for y in (q, k, v))  # [heads, T, H]
+      if cfg["no_rope_layers"][i]:
+        q, k = rope(q), rope(k)
+      groups = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+      k, v = np.repeat(k, groups, 0), np.repeat(v, groups, 0)  # repeat_kv
+      allowed = kv_idx <= q_idx
+      if cfg["layer_types"][i] == "sliding_attention":
+        allowed &= kv_idx > q_idx - cfg["sliding_window"]  # sliding_window_overlay
+      scores = np.where(allowed, q @ k.transpose(0, 2, 1) * H ** -0.5, -np.inf)
+      probs = np.exp(scores - scores.max(-1, keepdims=True))
+      out = (probs / probs.sum(-1, keepdims=True)) @ v
+      x = x + out.transpose(1, 0, 2).reshape(T, -1) @ f64(p + "self_attn.o_proj.weight").T
     h = norm(x, f64(p + "post_attention_layernorm.weight"))
     gate, up = h @ f64(p + "mlp.gate_proj.weight").T, h @ f64(p + "mlp.up_proj.weight").T
-    x = x + (gate / (1 + np.exp(-gate)) * up) @ f64(p + "mlp.down_proj.weight").T
+    x = x + (_silu(gate) * up) @ f64(p + "mlp.down_proj.weight").T
   head = "model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"
   return norm(x, f64("model.norm.weight")) @ f64(head).T
 
@@ -65,7 +112,11 @@ def _hf_numpy_logits(cfg: dict, sd: dict, tokens_T: np.ndarray) -> np.ndarray:
     {"model__global_pos": "rope", "model__pattern": "SSG", "model__num_layers": 3,
      "model__head_dim": 16, "model__num_kv_heads": 1},       # head_dim != d_model / heads
     {"model__pattern": "G"},
-], ids=["rope_swa_gqa_tied", "nope_swa_untied", "rope_global_ssg_mqa", "nope_only"])
+    {"model__pattern": "LG"},                               # GLA
+    {"model__pattern": "DG", "model__tie_embeddings": False},  # gated delta rule, per-head gate
+    {"model__pattern": "SDLG", "model__num_layers": 4, "model__delta_gate": "channel"},
+], ids=["rope_swa_gqa_tied", "nope_swa_untied", "rope_global_ssg_mqa", "nope_only", "gla_lg",
+        "delta_dg", "sdlg_channel_gate"])
 def test_hf_forward_on_the_export_matches_ours(overrides):
   config = tiny_config(**overrides)
   _, params = init_model(config.model, seed=1)
@@ -230,19 +281,87 @@ def test_mds_runs_need_a_given_tokenizer(tmp_path):
     export_tokenizer.plan(demo.get_config(), str(given))
 
 
+@pytest.mark.parametrize("overrides, kinds", [
+    ({"model__pattern": "LG"}, "LG"),
+    ({"model__pattern": "SDLG", "model__num_layers": 8, "model__delta_gate": "channel"},
+     "SDLG" * 2),
+])
+def test_config_json_of_recurrent_hybrids_names_the_remote_code(overrides, kinds):
+  config = tiny_config(**overrides)
+  cfg = hf.hf_config(config)
+  assert (cfg["architectures"], cfg["model_type"]) == (["HybridNopeForCausalLM"], "hybrid_nope")
+  assert cfg["auto_map"] == {"AutoConfig": "configuration_hybrid_nope.HybridNopeConfig",
+                             "AutoModel": "modeling_hybrid_nope.HybridNopeModel",
+                             "AutoModelForCausalLM": "modeling_hybrid_nope.HybridNopeForCausalLM"}
+  types = {"S": "sliding_attention", "G": "full_attention", "L": "linear_attention",
+           "D": "linear_attention"}
+  assert cfg["layer_kinds"] == kinds and cfg["layer_types"] == [types[k] for k in kinds]
+  assert cfg["no_rope_layers"] == [int(k == "S") for k in kinds]  # RoPE in SWA only (demo's).
+  assert (cfg["gate_rank"], cfg["gate_temperature"]) == (gla.GATE_RANK, gla.GATE_TEMPERATURE)
+  if "D" in kinds:
+    assert (cfg["delta_gate"], cfg["conv_width"]) == ("channel", delta.CONV_WIDTH)
+  else:
+    assert "delta_gate" not in cfg and "conv_width" not in cfg
+  json.dumps(cfg)
+
+
+def test_named_gla_config_exports_with_remote_code():
+  cfg = hf.hf_config(gla_120m.get_config())
+  assert cfg["layer_kinds"] == "LG" * 6 and cfg["model_type"] == "hybrid_nope"
+  assert cfg["use_sliding_window"] is False and cfg["sliding_window"] is None
+
+
+def _classes(path: str) -> set[str]:
+  tree = ast.parse(open(path, encoding="utf-8").read())
+  return {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+
+def test_remote_code_is_copied_as_it_is_and_auto_map_names_its_classes(tmp_path):
+  assert hf.write_remote_code(str(tmp_path), "SGSG") == []  # SmolLM3 needs no code.
+  assert not os.listdir(tmp_path)
+  written = hf.write_remote_code(str(tmp_path), "LGLG")
+  assert sorted(os.path.basename(f) for f in written) == sorted(hf.REMOTE_CODE_FILES)
+  source = os.path.join(REPO, "hybrid_nope", "export")
+  for name in hf.REMOTE_CODE_FILES:
+    assert (tmp_path / name).read_bytes() == open(os.path.join(source, name), "rb").read()
+  for entry in hf.AUTO_MAP.values():  # "module.Class": the class is defined in the copied file.
+    module, cls = entry.split(".")
+    assert cls in _classes(str(tmp_path / f"{module}.py")), entry
+  modeling = (tmp_path / "modeling_hybrid_nope.py").read_text()
+  # transformers copies a remote module's relative imports along with it: the config must be one.
+  assert "from .configuration_hybrid_nope import HybridNopeConfig" in modeling
+  assert f'model_type = "{hf.REMOTE_MODEL_TYPE}"' in (
+      tmp_path / "configuration_hybrid_nope.py").read_text()
+
+
 @pytest.mark.parametrize("key, value, match", [
-    ("pattern", "SLG", r"config.model.pattern='SLG' has 'L' \(gated linear attention\): SmolLM3 "
-                       r"has attention layers only"),
-    ("pattern", "SX", r"config.model.pattern='SX' has 'X' \(an unknown layer kind\)"),
+    ("pattern", "SX", r"config.model.pattern='SX' has 'X' \(an unknown layer kind\), which the "
+                      r"exporter cannot write"),
+    ("pattern", "L", r"config.model.pattern='L' has no attention layer \(S or G\)"),
+    ("pattern", "DL", r"config.model.pattern='DL' has no attention layer \(S or G\)"),
     ("swa_pos", "alibi", r"config.model.swa_pos='alibi': expected one of \('rope', 'nope'\)"),
     ("num_layers", 3, r"config.model.num_layers=3 is invalid"),
-    ("qk_norm", True, r"config.model.qk_norm is not known to the SmolLM3 exporter"),
+    ("qk_norm", True, r"config.model.qk_norm is not known to the Hugging Face exporter"),
 ])
 def test_unexportable_configs_name_the_key(key, value, match):
   config = tiny_config()
   config.model[key] = value
   with pytest.raises(hf.ExportError, match=match):
     hf.hf_config(config)
+
+
+def test_cli_refuses_a_recurrent_only_pattern_in_one_line_before_reading_a_checkpoint(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()  # A config and no checkpoint: the refusal comes first.
+  (workdir / "config.json").write_text(tiny_config(model__pattern="L").to_json_best_effort())
+  proc = subprocess.run([sys.executable, "launch/export_hf.py", f"--workdir={workdir}",
+                         f"--out={tmp_path / 'hf'}"], cwd=REPO, capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=REPO), timeout=300)
+  assert proc.returncode == USAGE_EXIT_CODE, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "export_hf.py: config.model.pattern='L' has no attention layer (S or G): transformers "
+      "counts the tokens"), proc.stderr[-2000:]
+  assert not (tmp_path / "hf").exists()
 
 
 @pytest.fixture(scope="module")

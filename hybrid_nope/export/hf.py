@@ -1,15 +1,26 @@
-"""A run's checkpoint as a Hugging Face model: the SmolLM3 layout of `transformers`.
+"""A run's checkpoint as a Hugging Face model: the SmolLM3 layout of `transformers`, and for
+hybrids with recurrent layers (L, D) a trust_remote_code model built on it.
 
   python launch/export_hf.py --workdir=DIR [--step=N] --out=OUT [--tokenizer=PATH]
 
 writes OUT/config.json and OUT/model.safetensors (float32), which
 `transformers.SmolLM3ForCausalLM.from_pretrained(OUT)` loads, and a tokenizer (tokenizer.py).
 SmolLM3 is a Llama block with a per-layer choice of RoPE or NoPE and of sliding-window or full
-attention, so each layer of ours maps onto one of its layers:
+attention, so each attention layer of ours maps onto one of its layers:
 
   S → layer_types "sliding_attention", G → "full_attention";
   no_rope_layers[i] = 1 where layer i uses RoPE (model.swa_pos / model.global_pos == "rope"), 0 for
   NoPE — SmolLM3's own meaning (1 = rotary on), so NoPE-in-SWA and RoPE-in-global export too.
+
+A pattern with L (gated linear attention) or D (gated delta rule) layers also gets
+configuration_hybrid_nope.py and modeling_hybrid_nope.py (this directory) copied into OUT and
+named in config.json's auto_map: model_type "hybrid_nope", SmolLM3's config plus `layer_kinds`
+(the pattern repeated) and the gate's constants; those layers are layer_types
+"linear_attention" (transformers' recurrent-state cache layer), and
+`AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)` loads it. Their weights keep
+the block's `self_attn.` prefix: q/k/v/o_proj as attention's, gate_down_proj, gate_up_proj (with
+bias), out_gate_proj, out_norm, and for D q/k/v_conv1d ([channels, 1, width], taps oldest first)
+and beta_proj.
 
 Conventions, each checked against transformers 5.23 by tests/hf/check_hf.py (`make check-hf`):
 - Linear weights are [out, in]: q_proj = wq_DNH viewed [D, N·H], transposed; head-major rows
@@ -26,14 +37,16 @@ Conventions, each checked against transformers 5.23 by tests/hf/check_hf.py (`ma
   1/sqrt(D) is folded into the final norm's gain (exact: that norm feeds only the head). HF's
   last_hidden_state is therefore ours / sqrt(D). An untied head is written as lm_head.
 - Positions: ours are per document; HF takes position_ids and, given positions that restart
-  without an attention_mask, masks across the restarts as our segment_ids do.
-Anything SmolLM3 cannot express (another layer kind, a model key this file does not know) fails
-with an ExportError naming the config key.
+  without an attention_mask, masks across the restarts as our segment_ids do; L and D states
+  (and D's convolution windows) start empty there in modeling_hybrid_nope.py.
+Anything the export cannot express (an unknown layer kind, a model key this file does not know)
+fails with an ExportError naming the config key.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 
 import ml_dtypes
@@ -41,49 +54,62 @@ import numpy as np
 
 from hybrid_nope.errors import UserError
 from hybrid_nope.export import tokenizer as export_tokenizer
+from hybrid_nope.model import delta, gla
 from hybrid_nope.model.pattern import KINDS, layer_kinds
 
 ARCHITECTURE = "SmolLM3ForCausalLM"
 MODEL_TYPE = "smollm3"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-HF_LAYER_TYPES = {"S": "sliding_attention", "G": "full_attention"}
+HF_LAYER_TYPES = {"S": "sliding_attention", "G": "full_attention", "L": "linear_attention",
+                  "D": "linear_attention"}
+RECURRENT_KINDS = ("L", "D")  # Layers SmolLM3 lacks: exported with modeling_hybrid_nope.py.
+REMOTE_ARCHITECTURE = "HybridNopeForCausalLM"
+REMOTE_MODEL_TYPE = "hybrid_nope"
+REMOTE_CODE_FILES = ("configuration_hybrid_nope.py", "modeling_hybrid_nope.py")
+AUTO_MAP = {"AutoConfig": "configuration_hybrid_nope.HybridNopeConfig",
+            "AutoModel": "modeling_hybrid_nope.HybridNopeModel",
+            "AutoModelForCausalLM": "modeling_hybrid_nope.HybridNopeForCausalLM"}
 POSITION_ENCODINGS = ("rope", "nope")
 # model.* keys this exporter maps into SmolLM3, and those that only choose how ours computes.
 MAPPED_KEYS = {"pattern", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim",
                "mlp_dim", "window", "swa_pos", "global_pos", "rope_theta", "vocab_size",
-               "tie_embeddings", "norm_eps"}
-COMPUTE_KEYS = {"dtype", "remat", "attention_impl", "linear_impl"}
+               "tie_embeddings", "norm_eps", "delta_gate"}
+COMPUTE_KEYS = {"dtype", "remat", "attention_impl", "linear_impl", "delta_impl"}
 SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
                       np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int32): "I32",
                       np.dtype(np.int64): "I64"}
 
 
 class ExportError(UserError):
-  """A run, config or output directory the exporter cannot turn into a SmolLM3 model."""
+  """A run, config or output directory the exporter cannot turn into a Hugging Face model."""
 
 
 def check_exportable(model_cfg) -> str:
   """The layer kinds (pattern repeated to num_layers), or an ExportError naming the model.* key
-  SmolLM3 cannot represent."""
+  the export cannot represent."""
   unknown = sorted(set(model_cfg.keys()) - MAPPED_KEYS - COMPUTE_KEYS)
   if unknown:
     raise ExportError(
-        f"config.model.{unknown[0]} is not known to the SmolLM3 exporter (hybrid_nope/export/"
-        f"hf.py maps {sorted(MAPPED_KEYS)}): it may change the forward pass in a way SmolLM3 "
-        f"cannot represent, so the export stops rather than drop it")
+        f"config.model.{unknown[0]} is not known to the Hugging Face exporter (hybrid_nope/"
+        f"export/hf.py maps {sorted(MAPPED_KEYS)}): it may change the forward pass in a way the "
+        f"export cannot represent, so the export stops rather than drop it")
   pattern = model_cfg.pattern
   foreign = [k for k in dict.fromkeys(pattern) if k not in HF_LAYER_TYPES]
   if foreign:
     name = KINDS[foreign[0]].description if foreign[0] in KINDS else "an unknown layer kind"
     raise ExportError(
-        f"config.model.pattern={pattern!r} has {foreign[0]!r} ({name}): SmolLM3 has attention "
-        f"layers only, so the exporter expects letters from {sorted(HF_LAYER_TYPES)} "
-        f"(S → sliding_attention, G → full_attention)")
+        f"config.model.pattern={pattern!r} has {foreign[0]!r} ({name}), which the exporter "
+        f"cannot write: it expects letters from {sorted(HF_LAYER_TYPES)}")
   try:
     kinds = layer_kinds(pattern, model_cfg.num_layers)
   except ValueError as e:
     raise ExportError(str(e)) from None
+  if all(k in RECURRENT_KINDS for k in kinds):
+    raise ExportError(
+        f"config.model.pattern={pattern!r} has no attention layer (S or G): transformers counts "
+        f"the tokens a cache has seen on its attention layers (DynamicCache.get_seq_length), so "
+        f"an export of recurrent layers only could not run or generate with a cache")
   for key in ("swa_pos", "global_pos"):
     if model_cfg[key] not in POSITION_ENCODINGS:
       raise ExportError(f"config.model.{key}={model_cfg[key]!r}: expected one of "
@@ -98,7 +124,24 @@ def check_exportable(model_cfg) -> str:
 
 
 def uses_rope(kind: str, model_cfg) -> bool:
+  """Whether the layer rotates q and k: an attention layer per its *_pos key; L and D never."""
+  if kind in RECURRENT_KINDS:
+    return False
   return (model_cfg.swa_pos if kind == "S" else model_cfg.global_pos) == "rope"
+
+
+def needs_remote_code(kinds: str) -> bool:
+  return any(k in RECURRENT_KINDS for k in kinds)
+
+
+def remote_code_config(kinds: str, model_cfg) -> dict:
+  """What config.json adds for modeling_hybrid_nope.py (HybridNopeConfig's fields)."""
+  out = {"architectures": [REMOTE_ARCHITECTURE], "model_type": REMOTE_MODEL_TYPE,
+         "auto_map": dict(AUTO_MAP), "layer_kinds": kinds, "gate_rank": gla.GATE_RANK,
+         "gate_temperature": float(gla.GATE_TEMPERATURE)}
+  if "D" in kinds:
+    out.update(delta_gate=model_cfg.delta_gate, conv_width=delta.CONV_WIDTH)
+  return out
 
 
 # What config.json's max_position_embeddings says by default: no limit an evaluation would hit.
@@ -111,11 +154,11 @@ UNCAPPED_POSITIONS = 2**20
 
 def hf_config(config, *, bos_token_id: int | None = None, eos_token_id: int | None = None,
               max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
-  """The config.json of the SmolLM3 model equivalent to the run's `config.model`."""
+  """The config.json of the Hugging Face model equivalent to the run's `config.model`."""
   m = config.model
   kinds = check_exportable(m)
   sliding = "S" in kinds
-  return {
+  out = {
       "architectures": [ARCHITECTURE],
       "model_type": MODEL_TYPE,
       "vocab_size": m.vocab_size,
@@ -146,6 +189,9 @@ def hf_config(config, *, bos_token_id: int | None = None, eos_token_id: int | No
       "torch_dtype": "float32",
       "use_cache": True,
   }
+  if needs_remote_code(kinds):
+    out.update(remote_code_config(kinds, m))
+  return out
 
 
 def _item(tree, index: int):
@@ -153,20 +199,43 @@ def _item(tree, index: int):
   return tree[index] if index in tree else tree[str(index)]
 
 
+def _linear(w_IO: np.ndarray, inputs: int = 1) -> np.ndarray:
+  """A torch Linear weight [out, in] from ours [*in, *out] with `inputs` leading input axes."""
+  return w_IO.reshape(int(np.prod(w_IO.shape[:inputs])), -1).T
+
+
+def _recurrent_mixer(attn: dict, f32) -> dict[str, np.ndarray]:
+  """self_attn.* of an L or D layer (modeling_hybrid_nope.RecurrentMixer and its subclasses)."""
+  up = next(k for k in attn if k.startswith("w_gate_up_"))  # RKH, or RK for D's per-head gate
+  bias = next(k for k in attn if k.startswith("gate_bias_"))
+  out = {"gate_down_proj.weight": _linear(f32(attn["w_gate_down_DR"])),
+         "gate_up_proj.weight": _linear(f32(attn[up])), "gate_up_proj.bias": f32(attn[bias]).ravel(),
+         "out_gate_proj.weight": _linear(f32(attn["w_out_gate_DNH"])),
+         "out_norm.weight": f32(attn["out_norm_scale_H"])}
+  if "w_beta_DK" in attn:  # D: the short convolutions and the write strength β.
+    out["beta_proj.weight"] = _linear(f32(attn["w_beta_DK"]))
+    for name in ("q", "k", "v"):
+      w_WXH = f32(attn[f"w_conv_{name}_W{'N' if name == 'q' else 'K'}H"])
+      out[f"{name}_conv1d.weight"] = w_WXH.reshape(w_WXH.shape[0], -1).T[:, None, :]
+  return out
+
+
 def hf_state_dict(params: dict, model_cfg) -> dict[str, np.ndarray]:
-  """SmolLM3ForCausalLM's state dict (float32 numpy, [out, in] linears) from our params dict."""
+  """The exported model's state dict (float32 numpy, [out, in] linears) from our params dict."""
   kinds = check_exportable(model_cfg)
   f32 = lambda x: np.asarray(x, np.float32)
   D = model_cfg.d_model
   out = {"model.embed_tokens.weight": f32(params["embed"]["embedding_VD"])}
-  for i in range(len(kinds)):
+  for i, kind in enumerate(kinds):
     block, prefix = _item(params["blocks"], i), f"model.layers.{i}."
     attn, mlp = block["attn"], block["mlp"]
     out[prefix + "input_layernorm.weight"] = f32(block["attn_norm"]["scale_D"])
     for name in ("q", "k", "v"):
       w_DXH = f32(attn[f"w{name}_D{'N' if name == 'q' else 'K'}H"])
-      out[prefix + f"self_attn.{name}_proj.weight"] = w_DXH.reshape(D, -1).T
-    out[prefix + "self_attn.o_proj.weight"] = f32(attn["wo_NHD"]).reshape(-1, D).T
+      out[prefix + f"self_attn.{name}_proj.weight"] = _linear(w_DXH)
+    out[prefix + "self_attn.o_proj.weight"] = _linear(f32(attn["wo_NHD"]), inputs=2)
+    if kind in RECURRENT_KINDS:
+      out.update({prefix + "self_attn." + k: v for k, v in _recurrent_mixer(attn, f32).items()})
     out[prefix + "post_attention_layernorm.weight"] = f32(block["mlp_norm"]["scale_D"])
     out[prefix + "mlp.gate_proj.weight"] = f32(mlp["w_gate_DF"]).T
     out[prefix + "mlp.up_proj.weight"] = f32(mlp["w_up_DF"]).T
@@ -236,6 +305,15 @@ def check_out_dir(out: str) -> None:
                       f"new one")
 
 
+def write_remote_code(out: str, kinds: str) -> list[str]:
+  """Copies REMOTE_CODE_FILES (this directory's sources, as they are) into OUT when the layer
+  kinds need them; returns the paths written."""
+  if not needs_remote_code(kinds):
+    return []
+  here = os.path.dirname(os.path.abspath(__file__))
+  return [shutil.copy(os.path.join(here, name), out) for name in REMOTE_CODE_FILES]
+
+
 def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | None = None,
            max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
   """Writes the run's checkpoint `step` (None = latest) to OUT; returns what it wrote: step,
@@ -243,7 +321,7 @@ def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | 
   from hybrid_nope.analysis import checkpoints  # orbax: only when a checkpoint is read.
 
   config = checkpoints.load_config(workdir)
-  check_exportable(config.model)  # Before any checkpoint is read.
+  kinds = check_exportable(config.model)  # Before any checkpoint is read.
   plan = export_tokenizer.plan(config, tokenizer)
   check_out_dir(out)
   step, _, params = checkpoints.restore_params(workdir, config, step)
@@ -255,6 +333,6 @@ def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | 
     json.dump(hf_config(config, bos_token_id=plan.bos_id, eos_token_id=plan.eos_id,
                         max_position_embeddings=max_position_embeddings), f, indent=2)
     f.write("\n")
-  files = [config_path, weights_path] + plan.write(out)
+  files = [config_path, weights_path] + plan.write(out) + write_remote_code(out, kinds)
   return {"step": step, "out": out, "files": files, "tensors": len(tensors),
           "bytes": sum(x.nbytes for x in tensors.values()), "tokenizer": plan.note}
