@@ -17,13 +17,18 @@ exactly its full forward pass's context:
      not, NoPE-in-SWA), as in training.
   G  the same buffer with R = capacity columns (prompt + new tokens): it never wraps.
   L  GLA's state S [B, K, H, H] (kernels/linear_attention.py's recurrence), float32.
+  D  the gated delta rule's state [B, K, H, H] (kernels.delta_step), float32, and the last
+     CONV_WIDTH − 1 projections of q, k and v that the short convolutions read (model/delta.py),
+     zero before the prompt's first token as the forward pass's conv_windows makes them.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from hybrid_nope import kernels
 from hybrid_nope.errors import UserError
+from hybrid_nope.model.delta import conv_windows
 
 
 class DecodeError(UserError):
@@ -111,7 +116,49 @@ class LinearDecoder:
     return mixer.output(out_B1NH, x_B1D), {"state": state_BKHJ}
 
 
-DECODERS = {"S": AttentionDecoder(), "G": AttentionDecoder(), "L": LinearDecoder()}
+class DeltaDecoder:
+  """D layers (model/delta.py): S_t = α_t S_{t−1} (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ after
+  short causal convolutions of q, k, v."""
+
+  STREAMS = ("q", "k", "v")
+
+  def prefill(self, mixer, x_BTD, positions_BT, start_B, capacity):
+    del positions_BT, capacity
+    T = x_BTD.shape[1]
+    prompt_BT = jnp.arange(T)[None, :] >= start_B[:, None]
+    windows = [conv_windows(p, prompt_BT.astype(jnp.int32)) for p in mixer.projections(x_BTD)]
+    q_BTNH, k_BTKH, v_BTKH = mixer.convolved(*windows)
+    log_decay, beta_BTK = mixer.log_decay(x_BTD), mixer.beta(x_BTD)
+    B, _, K, H = k_BTKH.shape
+
+    # No chunked form returns the final state: the prompt's tokens one at a time, padding
+    # (which comes first) leaving the zero state as it is.
+    def one_token(state_BKHH, inputs):
+      prompt_B, q_BNH, k_BKH, v_BKH, log_decay_t, beta_BK = inputs
+      new_BKHH, _ = kernels.delta_step(state_BKHH, q_BNH, k_BKH, v_BKH, log_decay_t, beta_BK)
+      return jnp.where(prompt_B[:, None, None, None], new_BKHH, state_BKHH), None
+
+    time_major = lambda x: jnp.moveaxis(x, 1, 0)
+    state_BKHH, _ = jax.lax.scan(one_token, jnp.zeros((B, K, H, H), jnp.float32), tuple(
+        map(time_major, (prompt_BT, q_BTNH, k_BTKH, v_BTKH, log_decay, beta_BTK))))
+    # The newest CONV_WIDTH − 1 inputs of the last column's window: the next token's context.
+    return {"state": state_BKHH,
+            **{name: w[:, -1, 1:] for name, w in zip(self.STREAMS, windows)}}
+
+  def step(self, mixer, cache, x_B1D, positions_B1, column, start_B):
+    del positions_B1, column, start_B
+    windows = [jnp.concatenate([cache[name], p_B1C], axis=1)  # [B, CONV_WIDTH, ...]
+               for name, p_B1C in zip(self.STREAMS, mixer.projections(x_B1D))]
+    q_B1NH, k_B1KH, v_B1KH = mixer.convolved(*(w[:, None] for w in windows))
+    state_BKHH, out_BNH = kernels.delta_step(
+        cache["state"], q_B1NH[:, 0], k_B1KH[:, 0], v_B1KH[:, 0], mixer.log_decay(x_B1D)[:, 0],
+        mixer.beta(x_B1D)[:, 0])
+    return mixer.output(out_BNH[:, None], x_B1D), {
+        "state": state_BKHH, **{name: w[:, 1:] for name, w in zip(self.STREAMS, windows)}}
+
+
+DECODERS = {"S": AttentionDecoder(), "G": AttentionDecoder(), "L": LinearDecoder(),
+            "D": DeltaDecoder()}
 
 
 def decoder_for(letter: str):
