@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
-.PHONY: demo test analyze install install-gpu install-tpu clean check-hf
+.PHONY: demo test analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval
 
 CUDA ?= 13  # CUDA major version of the GPU jax build; current H100/H200 drivers run CUDA 13.
 
@@ -34,12 +34,24 @@ test: install
 # own so torch and transformers stay out of .venv; reinstalled when the lock changes. torch
 # 2.13.0 is the CPU build where pip's find-links hold it, else PyPI's CUDA build (several GB);
 # TORCH="torch==X" picks another.
-check-hf:
+install-hf:
 	[ -x .venv-hf/bin/python ] || $(PYTHON) -m venv .venv-hf
 	[ .venv-hf/.installed -nt requirements.lock ] || { .venv-hf/bin/python -m pip install \
 	    --quiet --no-cache-dir -r requirements.lock "$${TORCH:-torch==2.13.0}" \
 	    transformers==5.23.0 safetensors==0.8.0 && touch .venv-hf/.installed; }
+
+check-hf: install-hf
 	.venv-hf/bin/python tests/hf/check_hf.py
+
+# lm-evaluation-harness's rolling loglikelihood on an export against launch/score.py
+# (tests/hf/check_lm_eval.py, docs/evaluation.md). lm_eval goes into .venv-hf constrained to
+# what is already there (pip freeze), so it adds its dependencies and changes no torch.
+LM_EVAL ?= lm_eval[hf]==0.4.13
+check-lm-eval: install-hf
+	[ .venv-hf/.lm_eval-installed -nt .venv-hf/.installed ] || { .venv-hf/bin/python -m pip \
+	    freeze > .venv-hf/constraints.txt && .venv-hf/bin/python -m pip install --quiet \
+	    --no-cache-dir -c .venv-hf/constraints.txt "$(LM_EVAL)" && touch .venv-hf/.lm_eval-installed; }
+	.venv-hf/bin/python tests/hf/check_lm_eval.py
 
 clean:
 	rm -rf $(VENV) .venv-hf workdirs .pytest_cache
