@@ -19,23 +19,15 @@ import numpy as np
 from hybrid_nope.analysis import checkpoints
 from hybrid_nope.analysis.checkpoints import AnalysisError
 from hybrid_nope.data import pipeline
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data.text_codec import text_codec
 from hybrid_nope.model.loss import cross_entropy_by_bucket
 
 
 def tokenizer_for(config, tokenizer_path: str | None = None):
   """text -> int ids: the byte tokenizer (data.source=stdlib) with BOS, or a tokenizer.json
-  (`tokenizer_path`, else the one the data carries) with its own special tokens."""
-  if tokenizer_path is None and config.data.source == "stdlib":
-    byte_tokenizer = ByteTokenizer()
-    return lambda text: byte_tokenizer.encode(text, add_bos=True, add_eos=False)
-  found = [tokenizer_path] if tokenizer_path else pipeline.tokenizer_files(config)
-  if not found or not os.path.isfile(found[0]):
-    raise AnalysisError(f"no tokenizer.json for this run (data.source={config.data.source}): "
-                        "pass --tokenizer=/path/to/tokenizer.json")
-  import tokenizers  # pylint: disable=g-import-not-at-top
-  tokenizer = tokenizers.Tokenizer.from_file(found[0])
-  return lambda text: np.asarray(tokenizer.encode(text).ids, np.int32)
+  (`tokenizer_path`, else the one the data carries) with its own special tokens
+  (data/text_codec.py)."""
+  return text_codec(config, tokenizer_path).encode
 
 
 def file_rows(ids: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ stops when every row has emitted `eos_id`.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Sequence
 
 import jax
@@ -139,7 +140,8 @@ def _decode(state, first_B, caches, start_B, key, prompt_width, eos, *, graphdef
 class Generator:
   """One model, sampling rule and `max_new_tokens`; compiled once per prompt batch shape (the
   compiled programs are shared by every Generator of the same model graph and settings).
-  `prefill` and `decode` are separate calls so that their times can be told apart."""
+  `prefill` and `decode` are separate calls, and `compile` compiles both ahead of them, so that
+  compilation, prompt and token loop can be timed apart."""
 
   def __init__(self, model: LanguageModel, max_new_tokens: int, *, temperature: float = 0.0,
                top_p: float = 1.0, eos_id: int | None = None):
@@ -154,19 +156,41 @@ class Generator:
     self.max_new_tokens = int(max_new_tokens)
     self.eos_id = eos_id
     self.sampling = dict(temperature=float(temperature), top_p=float(top_p))
+    self._programs = {}  # prompt batch shape -> (prefill, decode) compiled ahead of time
+
+  def _prefill_args(self, tokens_BT, start_B, key):
+    capacity = tokens_BT.shape[1] + self.max_new_tokens - 1  # Columns a step ever writes.
+    return ((self.state, tokens_BT, start_B, key),
+            dict(graphdef=self.graphdef, capacity=capacity, **self.sampling))
+
+  def _decode_args(self, first_B, caches, start_B, key, prompt_width):
+    eos = -1 if self.eos_id is None else self.eos_id
+    return ((self.state, first_B, caches, start_B, key, jnp.int32(prompt_width), jnp.int32(eos)),
+            dict(graphdef=self.graphdef, max_new_tokens=self.max_new_tokens, **self.sampling))
+
+  def compile(self, tokens_BT, start_B) -> float:
+    """Compiles both programs for this prompt batch's shape; returns the seconds it took."""
+    begin = time.perf_counter()
+    args, static = self._prefill_args(tokens_BT, start_B, jax.random.key(0))
+    prefill_program = _prefill.lower(*args, **static).compile()
+    first_B, caches, key = jax.eval_shape(functools.partial(_prefill, **static), *args)
+    args, static = self._decode_args(first_B, caches, start_B, key, tokens_BT.shape[1])
+    self._programs[tokens_BT.shape] = (prefill_program, _decode.lower(*args, **static).compile())
+    return time.perf_counter() - begin
 
   def prefill(self, tokens_BT, start_B, key):
     """(first new token [B], caches, key) of left-padded prompts (`left_pad`)."""
-    capacity = tokens_BT.shape[1] + self.max_new_tokens - 1  # Columns a step ever writes.
-    return _prefill(self.state, tokens_BT, start_B, key, graphdef=self.graphdef,
-                    capacity=capacity, **self.sampling)
+    args, static = self._prefill_args(tokens_BT, start_B, key)
+    if tokens_BT.shape in self._programs:
+      return self._programs[tokens_BT.shape][0](*args)
+    return _prefill(*args, **static)
 
   def decode(self, first_B, caches, start_B, key, prompt_width: int):
-    """(new tokens [B, max_new_tokens], how many the loop made)."""
-    eos = -1 if self.eos_id is None else self.eos_id
-    return _decode(self.state, first_B, caches, start_B, key, jnp.int32(prompt_width),
-                   jnp.int32(eos), graphdef=self.graphdef, max_new_tokens=self.max_new_tokens,
-                   **self.sampling)
+    """(new tokens [B, max_new_tokens], how many the loop made, the first included)."""
+    args, static = self._decode_args(first_B, caches, start_B, key, prompt_width)
+    if (first_B.shape[0], prompt_width) in self._programs:
+      return self._programs[(first_B.shape[0], prompt_width)][1](*args)
+    return _decode(*args, **static)
 
   def __call__(self, prompts: Sequence[np.ndarray], seed: int = 0) -> list[np.ndarray]:
     tokens_BT, start_B = left_pad([np.asarray(p, np.int32) for p in prompts])
