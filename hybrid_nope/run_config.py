@@ -1,10 +1,13 @@
 """A run's config on disk: WORKDIR/config.json holds it as the run started and is never
 rewritten; WORKDIR/config_history.jsonl holds the run's events (its start, each config change a
 resume was allowed to make, rollbacks, skips), a change with the full config after it. Readers
-(analysis, the sweep) take the config in force now from here."""
+(analysis, the sweep) take the config in force now from here. Which keys define a run (a
+resume may not change them, train/run_identity.py) is written here once, for the trainer and
+the report alike."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hybrid_nope import storage
 
@@ -24,3 +27,40 @@ def current(workdir: str, started_with: dict) -> dict:
   (config.json's)."""
   configs = [event["config"] for event in history(workdir) if "config" in event]
   return configs[-1] if configs else started_with
+
+
+# Keys whose change makes another run: the architecture, what a step sees, the init and the
+# data order, and the learning-rate schedule. Implementation choices (kernels, remat) produce
+# the same function and may change freely, as may eval, logging and checkpoint settings.
+DEFINING_PREFIXES = ("model.",)
+DEFINING_KEYS = ("data.batch_size", "data.seq_len", "train.seed", "train.learning_rate",
+                 "train.warmup_steps", "train.min_learning_rate_ratio", "train.steps")
+FREE_MODEL_KEYS = ("model.attention_impl", "model.linear_impl", "model.delta_impl",
+                   "model.remat")
+
+
+def flat(config) -> dict[str, Any]:
+  """{"section.key": value} of a ConfigDict or nested dict, values as JSON would hold them
+  (tuples as lists), so a config and one read back from meta compare equal."""
+  tree = config.to_dict() if hasattr(config, "to_dict") else config
+  out = {}
+
+  def walk(prefix, node):
+    for key, value in node.items():
+      name = f"{prefix}{key}"
+      if isinstance(value, dict):
+        walk(name + ".", value)
+      else:
+        out[name] = json.loads(json.dumps(value, default=str))
+  walk("", tree)
+  return out
+
+
+def is_defining(key: str) -> bool:
+  return key not in FREE_MODEL_KEYS and (key.startswith(DEFINING_PREFIXES)
+                                         or key in DEFINING_KEYS)
+
+
+def defining(config) -> dict[str, Any]:
+  """The run-defining part of `config`, flat: what each checkpoint's meta keeps."""
+  return {k: v for k, v in flat(config).items() if is_defining(k)}

@@ -4,6 +4,7 @@ import html.parser
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import uuid
@@ -12,7 +13,7 @@ import fsspec
 import pytest
 from PIL import Image
 
-from hybrid_nope.analysis import html_report
+from hybrid_nope.analysis import html_report, html_tables
 from hybrid_nope.analysis.hook import DATA_LAYER
 from hybrid_nope.errors import UserError
 from tests.analysis_runs import trained_run
@@ -22,12 +23,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Page(html.parser.HTMLParser):
-  """Tags of a page: every <img> src, every table as rows of cell texts, headings, notes."""
+  """Tags of a page: every <img> src, every table as rows of cell texts (a table split into
+  column groups joined again), headings, notes."""
 
   def __init__(self, text):
     super().__init__()
     self.tags, self.images, self.tables, self.headings = [], [], [], []
-    self.text, self._cell, self._heading = text, None, None
+    self.text, self._cell, self._heading, self._continued = text, None, None, False
     self.feed(text)
 
   def handle_starttag(self, tag, attrs):
@@ -35,6 +37,8 @@ class Page(html.parser.HTMLParser):
     if tag == "img":
       self.images.append(dict(attrs)["src"])
     elif tag == "table":
+      continued = dict(attrs).get("class") == html_tables.CONTINUED
+      self._continued = continued and int(dict(attrs)[html_tables.KEY_COLUMNS_ATTRIBUTE])
       self.tables.append([])
     elif tag == "tr":
       self.tables[-1].append([])
@@ -44,7 +48,12 @@ class Page(html.parser.HTMLParser):
       self._heading = ""
 
   def handle_endtag(self, tag):
-    if tag in ("td", "th"):
+    if tag == "table" and self._continued:  # Its rows, less the repeated key columns.
+      part, keys = self.tables.pop(), self._continued
+      assert [row[:keys] for row in part] == [row[:keys] for row in self.tables[-1]]
+      for row, more in zip(self.tables[-1], part, strict=True):
+        row.extend(more[keys:])
+    elif tag in ("td", "th"):
       self.tables[-1][-1].append(self._cell)
       self._cell = None
     elif tag == "h3":
@@ -108,6 +117,17 @@ def test_a_trained_run_gets_every_section(tmp_path_factory):
           "effect on gap (vs what it receives)"].startswith(f"{r['gap_change']:+.4f} ± ")
   assert "not recorded: init null" in page.text
   assert "Per-layer cosine profiles (step 8)" in page.headings
+  # Throughput: the median of metrics.jsonl's progress records; the config in force.
+  progress = [r for r in _records(workdir, "metrics.jsonl") if "tokens_per_second" in r]
+  (throughput,) = page.table("logged intervals")
+  assert throughput[0]["logged intervals"] == f"median of {len(progress)}"
+  median = statistics.median(r["tokens_per_second"] for r in progress)
+  assert throughput[0]["tokens/s"] == f"{median:,.0f}"
+  assert throughput[2]["MFU"] == f"{100 * progress[-1]['mfu']:.1f}%"
+  (config,) = [t for t in page.tables if t[0][:2] == ["key", "value"]]
+  pairs = {row[i]: row[i + 1] for row in config[1:] for i in range(0, len(row), 2) if row[i]}
+  assert pairs["model.pattern"] == "SG" and pairs["data.seq_len"] == "64"
+  assert "model.attention_impl" not in pairs and "eval.every_steps" not in pairs
   # The tiny run sets no eval.length_multiples: said, not left out.
   assert "not recorded: eval_loss@{k}x" in page.text
 

@@ -5,17 +5,17 @@ through `hybrid_nope.storage`, so DIR may be a gs:// URL and the run may still b
 torn last line is dropped (`storage.read_jsonl`), and a recency step still being written is
 passed over for the last complete one. Figures are the PNGs of `plots.py`, `training_plots.py`
 and (sweeps) `compare.py`, inlined as base64; the page has no script. Whatever a run did not
-record is said on the page ("not recorded: ..."), never left out silently.
+record is said on the page ("not recorded: ..."), never left out silently. Tables are
+`html_tables.py`'s (split into column groups that fit a 1280 px window); the throughput, MFU
+and config section is `html_throughput.py`.
 """
 from __future__ import annotations
 
 import base64
 import collections
 import dataclasses
-import html
 import json
 import os
-import re
 import tempfile
 import time
 from typing import Sequence
@@ -23,8 +23,10 @@ from typing import Sequence
 import ml_collections
 
 from hybrid_nope import storage
-from hybrid_nope.analysis import checkpoints, compare, init_null, plots, report, run_files
-from hybrid_nope.analysis import training_plots
+from hybrid_nope.analysis import checkpoints, compare, html_tables, html_throughput, init_null
+from hybrid_nope.analysis import plots, report, run_files, training_plots
+from hybrid_nope.analysis.html_tables import esc as _esc, markdown_html, missing as _missing
+from hybrid_nope.analysis.html_tables import table as _table
 from hybrid_nope.analysis.hook import PROBE_FILE, RECORD_FILE
 from hybrid_nope.analysis.records import DATA_LAYER
 
@@ -33,7 +35,8 @@ READOUT_MODULE = "pre_mixer_norm"  # Where the logit read-out of a global NoPE l
 # Extra keys of gated linear attention (L) and delta rule (D: mean_beta too) records.
 LINEAR_KEYS = ("mean_decay", "mean_beta", "recency_scale")
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1360px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1360px; color: #222;
+       padding: 0 16px; }
 h1 { font-size: 22px; } h2 { font-size: 19px; border-bottom: 1px solid #ccc; }
 h3 { font-size: 16px; margin-top: 22px; }
 img { max-width: 100%; display: block; margin: 8px 0; }
@@ -44,7 +47,7 @@ tr.global { background: #fdf0f0; }  /* As the figures shade global layers. */
 .scroll { overflow-x: auto; } .missing { color: #a33; font-style: italic; }
 .meta { color: #555; font-size: 13px; } code { font-size: 12px; }
 details > summary { font-size: 18px; font-weight: bold; cursor: pointer; margin: 14px 0; }
-"""
+""" + html_tables.STYLE
 
 
 @dataclasses.dataclass
@@ -110,61 +113,7 @@ def load_run(workdir: str, name: str | None = None) -> Run:
              notes=notes)
 
 
-# ---- HTML pieces -------------------------------------------------------------------------------
-
-def _esc(value) -> str:
-  return html.escape(str(value))
-
-
-def _missing(what: str) -> str:
-  return f'<p class="missing">not recorded: {_esc(what)}</p>'
-
-
-NUMBER = re.compile(r"[+\-−]?(\d|—$)")
-
-
-def _td(cell) -> str:
-  """Numbers (and the dash of a missing one) right-aligned, words left."""
-  kind = ' class="num"' if NUMBER.match(str(cell)) else ""
-  return f"<td{kind}>{_esc(cell)}</td>"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence],
-           row_classes: Sequence[str] | None = None) -> str:
-  head = "".join(f"<th>{_esc(h)}</th>" for h in header)
-  body = "".join(f'<tr class="{kind}">' + "".join(_td(c) for c in row) + "</tr>"
-                 for row, kind in zip(rows, row_classes or [""] * len(rows)))
-  return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
-
-
-def _inline(text: str) -> str:
-  """Markdown's `code` spans as <code>, the rest escaped."""
-  return re.sub(r"`([^`]*)`", r"<code>\1</code>", _esc(text))
-
-
-def markdown_html(markdown: str) -> str:
-  """The subset of markdown compare.markdown writes: headings, bullets, one pipe table."""
-  out, table, items = [], [], []
-  for line in markdown.splitlines() + [""]:
-    if line.startswith("|"):
-      table.append([c.strip() for c in line.strip().strip("|").split("|")])
-      continue
-    if line.startswith("- "):
-      items.append(f"<li>{_inline(line[2:])}</li>")
-      continue
-    if table:  # The second line is the header's |---| rule.
-      out.append(_table(table[0], table[2:]))
-      table = []
-    if items:
-      out.append(f"<ul>{''.join(items)}</ul>")
-      items = []
-    if line.startswith("#"):
-      level = len(line) - len(line.lstrip("#"))
-      out.append(f"<h{level + 1}>{_inline(line.lstrip('# '))}</h{level + 1}>")
-    elif line.strip():
-      out.append(f"<p>{_inline(line)}</p>")
-  return "\n".join(out)
-
+# ---- figures ---------------------------------------------------------------------------------
 
 class Figures:
   """Draws figures into a scratch directory and returns each as an inline <img>."""
@@ -223,7 +172,7 @@ def module_table(records: Sequence[dict], far_lag: int) -> str:
         compare._cell(_mean(r["alignment"]), "+.4f", _mean(r.get("alignment_stderr")))
         if readout else "",
         compare._cell(r.get("alignment_mean_null"), ".3g") if readout else ""])
-  return _table(header, rows, [r["layer_type"] for r in layered])
+  return _table(header, rows, [r["layer_type"] for r in layered], key_columns=3)
 
 
 def _overview(run: Run) -> str:
@@ -334,7 +283,8 @@ def _null_line(run: Run, records: Sequence[dict]) -> str:
 
 
 def run_html(run: Run, fig: Figures) -> str:
-  return "\n".join([_overview(run), *_loss_sections(run, fig), *_recency_sections(run, fig)])
+  return "\n".join([_overview(run), *html_throughput.section(run), *_loss_sections(run, fig),
+                    *_recency_sections(run, fig)])
 
 
 # ---- the page ----------------------------------------------------------------------------------

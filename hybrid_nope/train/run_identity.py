@@ -12,17 +12,12 @@ the data stream stands: rows consumed, summed over the batch sizes the run has h
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from hybrid_nope.errors import UserError
+# The rule of which keys define a run lives beside the config files (analysis reads it too).
+from hybrid_nope.run_config import (DEFINING_KEYS, DEFINING_PREFIXES,  # noqa: F401
+                                    FREE_MODEL_KEYS, defining, flat, is_defining)
 
-# Keys whose change makes another run: the architecture, what a step sees, the init and the
-# data order, and the learning-rate schedule. Implementation choices (kernels, remat) produce
-# the same function and may change freely, as may eval, logging and checkpoint settings.
-DEFINING_PREFIXES = ("model.",)
-DEFINING_KEYS = ("data.batch_size", "data.seq_len", "train.seed", "train.learning_rate",
-                 "train.warmup_steps", "train.min_learning_rate_ratio", "train.steps")
-FREE_MODEL_KEYS = ("model.attention_impl", "model.linear_impl", "model.remat")
 # train.steps sets the cosine decay's length: lowering it is allowed with a warning (the run
 # stops earlier; the schedule from here on decays faster), raising it needs the opt-in.
 STEPS_KEY = "train.steps"
@@ -33,33 +28,6 @@ EVENT_START, EVENT_CHANGE, EVENT_ROLLBACK, EVENT_SKIP = ("start", "config_change
 
 class RunChangedError(UserError):
   """A resume whose config would make the workdir hold another run."""
-
-
-def flat(config) -> dict[str, Any]:
-  """{"section.key": value} of a ConfigDict or nested dict, values as JSON would hold them
-  (tuples as lists), so a config and one read back from meta compare equal."""
-  tree = config.to_dict() if hasattr(config, "to_dict") else config
-  out = {}
-
-  def walk(prefix, node):
-    for key, value in node.items():
-      name = f"{prefix}{key}"
-      if isinstance(value, dict):
-        walk(name + ".", value)
-      else:
-        out[name] = json.loads(json.dumps(value, default=str))
-  walk("", tree)
-  return out
-
-
-def is_defining(key: str) -> bool:
-  return key not in FREE_MODEL_KEYS and (key.startswith(DEFINING_PREFIXES)
-                                         or key in DEFINING_KEYS)
-
-
-def defining(config) -> dict[str, Any]:
-  """The run-defining part of `config`, flat: what each checkpoint's meta keeps."""
-  return {k: v for k, v in flat(config).items() if is_defining(k)}
 
 
 def allowed_changes(config) -> tuple[str, ...]:
