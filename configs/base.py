@@ -72,6 +72,11 @@ def get_config() -> ml_collections.ConfigDict:
       every_steps=1000,
       length_multiples=(1,),   # Also evaluate on rows of k × data.seq_len (extrapolation), e.g.
                                # (1, 2, 4): logged as eval_loss@{k}x and by position bucket.
+      sample_every_steps=0,    # Every this many steps (and at the last; 0 = off), greedy
+                               # continuations of sample_prompts (tokenised as the training
+                               # data) go to metrics.jsonl, TensorBoard text and W&B.
+      sample_prompts=(),
+      sample_max_new_tokens=64,  # Tokens generated per prompt.
   ))
 
   c.train = ml_collections.ConfigDict(dict(

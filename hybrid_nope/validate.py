@@ -196,6 +196,13 @@ def validate(config, *, check_paths: bool = True) -> None:
            "(eval rows of k × data.seq_len)")
   for key in ("data.verify_hashes", "data.allow_changed_data", "metrics.figures"):
     boolean(config, key)
+  samples_every = int_in(config, "eval.sample_every_steps", 0, None,
+                         "an integer >= 0 (0 = no samples during training)")
+  prompts = value(config, "eval.sample_prompts")
+  _require(isinstance(prompts, (tuple, list)) and all(isinstance(p, str) and p for p in prompts)
+           and (bool(prompts) or not samples_every), "eval.sample_prompts", prompts,
+           "a tuple of non-empty strings, at least one when eval.sample_every_steps > 0")
+  positive_int(config, "eval.sample_max_new_tokens")
   int_in(config, "checkpoint.restore_step", 0, None, "an integer >= 0 (0 = the newest checkpoint)")
   int_in(config, "train.profile_steps", 0, None, "an integer >= 0 (0 = no profile)")
   int_in(config, "train.profile_start_step", 0 if config.train.profile_steps == 0 else 1,

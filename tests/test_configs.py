@@ -87,6 +87,10 @@ def test_demo_runs_on_embedded_data_without_paths():
     ("model.rope_theta", 0.0, "model.rope_theta"),
     ("metrics.probe_batch_size", 2000, "metrics.probe_pool_rows = 1024"),  # demo pool
     ("metrics.probe_pool_rows", 0, "metrics.probe_pool_rows"),
+    ("eval.sample_every_steps", -1, "eval.sample_every_steps"),
+    ("eval.sample_every_steps", 5, "eval.sample_prompts"),  # Samples, but no prompt.
+    ("eval.sample_prompts", ("def ", ""), "eval.sample_prompts"),
+    ("eval.sample_max_new_tokens", 0, "eval.sample_max_new_tokens"),
 ])
 def test_bad_values_fail_naming_the_key(key, value, message):
   config = tiny_config(**{key.replace(".", "__"): value})

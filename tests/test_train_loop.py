@@ -14,9 +14,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis import training_plots
+from hybrid_nope.analysis import checkpoints, training_plots
 from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.data import pipeline
+from hybrid_nope.data.text_codec import text_codec
+from hybrid_nope.model import decode
 from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train import evaluation, loop
 from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
@@ -44,9 +46,24 @@ def recorded_steps(workdir) -> set[int]:
     return set()
 
 
+SAMPLED = dict(eval__sample_every_steps=4, eval__sample_prompts=("def ", "import"),
+               eval__sample_max_new_tokens=6)
+
+
 def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
-  summary = loop.train(tiny_config(), str(tmp_path), hooks=[RecencyHook.for_run])
+  summary = loop.train(tiny_config(**SAMPLED), str(tmp_path), hooks=[RecencyHook.for_run])
   records = read_metrics(tmp_path)
+  # Samples at every eval.sample_every_steps: greedy continuations by the step's parameters,
+  # which the checkpoint of that step holds.
+  sampled = {r["step"]: r["samples"] for r in records if "samples" in r}
+  assert sorted(sampled) == [4, 8]
+  config = checkpoints.load_config(str(tmp_path))
+  _, model_def, params = checkpoints.restore_params(str(tmp_path), config, 8)
+  codec = text_codec(config)
+  rows = decode.generate(model_def.bind(params), [codec.encode(p) for p in ("def ", "import")], 6,
+                         eos_id=codec.eos_id)
+  assert sampled[8] == [{"prompt": p, "text": codec.decode(r)}
+                        for p, r in zip(("def ", "import"), rows)]
   assert sorted(losses_by_step(tmp_path)) == list(range(1, 9))
   evals = [r for r in records if "eval_loss" in r]
   assert [r["step"] for r in evals] == [4, 8]
@@ -91,7 +108,7 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   # Run again on the finished workdir: nothing is trained, it says so, the records stay, and
   # the hook cut short is redone whole (not appended to).
   with caplog.at_level(logging.WARNING, logger="absl"):
-    again = loop.train(tiny_config(), str(tmp_path), hooks=[RecencyHook.for_run])
+    again = loop.train(tiny_config(**SAMPLED), str(tmp_path), hooks=[RecencyHook.for_run])
   assert again["step"] == 8
   assert [r for r in read_metrics(tmp_path) if "recency_seconds" not in r] == [
       r for r in records if "recency_seconds" not in r]

@@ -226,3 +226,19 @@ def test_the_config_and_hparams_reach_tensorboard(tmp_path):
   assert session["data.batch_size"].number_value == 4
   assert session["train.learning_rate"].number_value == config.train.learning_rate
   assert values["eval_loss"].simple_value == 2.5  # The metric's scalar, in the same run.
+
+
+def test_samples_reach_metrics_jsonl_and_tensorboard_text(tmp_path):
+  from tests.test_analysis_live_figures import read_events
+  samples = [{"prompt": "def f(", "text": "x):\n  return x"}, {"prompt": "import", "text": " os"}]
+  writer = MetricsWriter(str(tmp_path))
+  writer.write(6, {"loss": 1.5})
+  writer.write_samples(6, samples)
+  writer.close()
+  records = storage.read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert records == [{"step": 6, "loss": 1.5}, {"step": 6, "samples": samples}]
+  (path,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+  texts = {v.tag: v.tensor.string_val[0].decode() for e in read_events(path)
+           for v in e.summary.value if v.metadata.plugin_data.plugin_name == "text"}
+  assert texts == {f"samples/{i}/text_summary": f"```\n{s['prompt']}{s['text']}\n```"
+                   for i, s in enumerate(samples)}

@@ -125,6 +125,8 @@ def test_losses_table_and_images_reach_the_offline_run(tmp_path, offline):
   Image.fromarray(np.full((20, 30, 3), (200, 10, 10), np.uint8)).save(png, format="png")
   sink.images(3, {"recency/gap": png.getvalue(),
                   "recency/floor": np.zeros((12, 16, 3), np.uint8)})
+  samples = [{"prompt": "def f(", "text": "x):\n  return"}, {"prompt": "import", "text": " os"}]
+  sink.samples(3, samples)
   sink.finish()
   assert not sink.active
 
@@ -152,6 +154,10 @@ def test_losses_table_and_images_reach_the_offline_run(tmp_path, offline):
       assert (row[key] is None) == (key not in want)
       if key in want:
         assert json.loads(row[key]) == want[key]
+
+  samples_table = json.load(open(os.path.join(run_dir, "files", rows[3]["samples"]["path"])))
+  assert samples_table["columns"] == ["prompt", "text"]
+  assert samples_table["data"] == [[s["prompt"], s["text"]] for s in samples]
 
   red = Image.open(os.path.join(run_dir, "files", rows[3]["recency/gap"]["path"]))
   assert red.size == (30, 20) and red.convert("RGB").getpixel((5, 5)) == (200, 10, 10)

@@ -21,7 +21,7 @@ from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.wandb_sink import WandbSink
 from hybrid_nope.train.optimizer import make_optimizer
-from hybrid_nope.train import evaluation, resume, run_identity
+from hybrid_nope.train import evaluation, resume, run_identity, samples
 from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
 from hybrid_nope.train.profiling import StepProfiler
 from hybrid_nope.train.progress import Progress
@@ -311,6 +311,7 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
   try:
     with sharding.activation_rules(run.mesh):
       active_hooks = [make(run.run_context) for make in hooks]
+      sampler = samples.for_run(c, run.model_def, run.writer)
       progress = Progress(c, start)
       try:
         with watcher.interruptible():
@@ -347,6 +348,11 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
               summary["eval_loss"] = evaluation.evaluate_and_log(run.eval_sets, state.params,
                                                                  run.writer, step)
             progress.note("eval", time.perf_counter() - side_start)
+          if sampler is not None and sampler.due(step, last) and not preempted:
+            side_start = time.perf_counter()
+            with watcher.interruptible():
+              sampler(step, state.params)
+            progress.note("samples", time.perf_counter() - side_start)
           if due:
             side_start = time.perf_counter()
             save(step, state)

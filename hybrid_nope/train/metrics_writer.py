@@ -170,6 +170,19 @@ class MetricsWriter:
         self._tb.file_writer.add_summary(summary, int(step))
 
   @_whole
+  def write_samples(self, step: int, samples: list[dict]) -> None:
+    """Generated text, each sample {"prompt", "text"}: one metrics.jsonl record {"step",
+    "samples"}, TensorBoard text (one tag per prompt) and a W&B table."""
+    if self.active:
+      self._append("metrics.jsonl", {"step": int(step), "samples": samples})
+      for i, sample in enumerate(samples):
+        # TensorBoard renders Markdown: a code block keeps the text as generated.
+        self._tb.add_text(f"samples/{i}", f"```\n{sample['prompt']}{sample['text']}\n```",
+                          int(step))
+      if self._wandb is not None:
+        self._wandb.samples(step, samples)
+
+  @_whole
   def write_record(self, name: str, record: dict) -> None:
     if self.active:
       self._append(name, record)

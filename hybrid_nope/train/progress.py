@@ -46,7 +46,8 @@ class Progress:
     self.step, self.time = start_step, time.perf_counter()
     # Side work by kind: its period in steps (0: once, not again) and (seconds, count) so far.
     self._every = {"eval": config.eval.every_steps, "hooks": config.metrics.every_steps,
-                   "checkpoint": config.checkpoint.every_steps, "compile": 0}
+                   "checkpoint": config.checkpoint.every_steps, "compile": 0,
+                   "samples": config.eval.sample_every_steps}
     self._side = {kind: (0.0, 0) for kind in self._every}
     self._first: dict[str, float] = {}
     self._side_in_interval = 0.0

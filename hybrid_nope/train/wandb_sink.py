@@ -30,7 +30,8 @@ LEADING_COLUMNS = ("step", "layer", "layer_type", "module")
 
 
 class WandbSink:
-  """`scalars`, `table`, `images`, `finish`: no-ops when no project is set, or off process 0."""
+  """`scalars`, `table`, `samples`, `images`, `finish`: no-ops when no project is set, or off
+  process 0."""
 
   def __init__(self, config, workdir: str):
     self.run = None
@@ -68,6 +69,13 @@ class WandbSink:
     columns, data = table_rows(records)
     self.run.log({name: self._wandb.Table(columns=columns, data=data, allow_mixed_types=True)},
                  step=int(step))
+
+  def samples(self, step: int, samples: list[dict]) -> None:
+    """Generated text ({"prompt", "text"} each) as a table logged as "samples"."""
+    if self.active and samples:
+      self.run.log({"samples": self._wandb.Table(
+          columns=["prompt", "text"], data=[[s["prompt"], s["text"]] for s in samples])},
+                   step=int(step))
 
   def images(self, step: int, images: dict) -> None:
     """`images`: name -> PNG bytes or an HxWx3 uint8 array."""
