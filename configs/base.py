@@ -28,8 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
 
   c.model = ml_collections.ConfigDict(dict(
-      pattern="SG",            # S = sliding-window, G = global, L = gated linear attention;
-                               # repeated to num_layers (hybrid_nope/model/pattern.py).
+      pattern="SG",            # S = sliding-window, G = global, L = gated linear attention,
+                               # D = gated delta rule; repeated to num_layers
+                               # (hybrid_nope/model/pattern.py).
       num_layers=12, d_model=768, num_heads=12, num_kv_heads=12, head_dim=64, mlp_dim=3328,
       window=256,
       swa_pos="rope",          # rope | nope (NoPE-in-SWA ablation)
@@ -43,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
                                # between them for the backward pass (long sequences, big models).
       attention_impl="auto",
       linear_impl="auto",      # Kernel of the gated linear attention (L) layers.
+      delta_impl="auto",       # Kernel of the gated delta rule (D) layers.
+      delta_gate="head",       # D layers' decay: "head" (one α per kv head, Gated DeltaNet) or
+                               # "channel" (one per key channel, Kimi Delta Attention).
   ))
 
   c.data = ml_collections.ConfigDict(dict(
@@ -133,23 +137,26 @@ def get_config() -> ml_collections.ConfigDict:
   return c
 
 
-def experiment(size: str, window: int | None, swa_pos: str = "rope",
-               local: str = "S") -> ml_collections.ConfigDict:
-  """A paper run: `size` in SIZES; `local` the local mixer interleaved 1:1 with global NoPE
-  layers: "S" (SWA with `window`; None is the global-NoPE-only baseline) or "L" (gated linear
-  attention, which has no window)."""
+def experiment(size: str, window: int | None, swa_pos: str = "rope", local: str = "S",
+               locals_per_global: int = 1) -> ml_collections.ConfigDict:
+  """A paper run: `size` in SIZES; `local` the local mixer interleaved with global NoPE layers,
+  `locals_per_global` of them before each global layer (1: SG, LG, DG; 3: DDDG as Kimi Linear
+  and Qwen3-Next): "S" (SWA with `window`; None is the global-NoPE-only baseline), "L" (gated
+  linear attention) or "D" (gated delta rule); L and D layers have no window."""
   if size not in SIZES:
     raise ValueError(f"size={size!r}: expected one of {sorted(SIZES)}")
-  if local not in ("S", "L") or (local == "L" and window is not None):
+  if local not in ("S", "L", "D") or (local != "S" and window is not None):
     raise ValueError(f"local={local!r}, window={window!r}: expected local 'S' (with a window, "
-                     "or None for global only) or 'L' (without a window)")
+                     "or None for global only), 'L' or 'D' (without a window)")
+  if not (isinstance(locals_per_global, int) and locals_per_global >= 1):
+    raise ValueError(f"locals_per_global={locals_per_global!r}: expected an int >= 1")
   c = get_config()
   c.model.update(SIZES[size])
-  if local == "L":
-    c.model.pattern = "LG"
-  elif window is None:
+  if local == "S" and window is None:
     c.model.pattern = "G"
   else:
+    c.model.pattern = local * locals_per_global + "G"
+  if local == "S" and window is not None:
     c.model.window = window
     c.model.swa_pos = swa_pos
   if size == "350m":

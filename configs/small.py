@@ -7,8 +7,10 @@
   python launch/sweep.py --experiments=swa16,nope --seeds=0,1,2,3,4      # resumable sweep
 
 Experiments: swa{16,64,256} (RoPE in SWA), nopeswa{64,256} (NoPE in SWA), gla (gated linear
-attention in place of SWA), nope (global only), and swa<W>_flops<V>: window W trained for the
-FLOPs that window V spends in 640 steps (the compute-matched pair for the window claim).
+attention in place of SWA), gdn (the gated delta rule in place of SWA, DGDG) and gdn3 (three
+delta-rule layers per global one, DDDG, as Kimi Linear and Qwen3-Next), nope (global only), and
+swa<W>_flops<V>: window W trained for the FLOPs that window V spends in 640 steps (the
+compute-matched pair for the window claim).
 docs/performance.md has the measured cost of a run and of the sweep.
 
 Cost (small.py:swa64): 7.07 MFLOP/token × 2.62 M tokens (640 steps × 4 × 1024) = 1.9e13 FLOPs.
@@ -19,6 +21,7 @@ from configs import demo
 from hybrid_nope.train import flops
 
 STEPS = 640
+PATTERNS = {"gla": "LG", "gdn": "DG", "gdn3": "DDDG"}  # the experiments without a window
 
 
 def _steps_for_flops_of(c, window: int) -> int:
@@ -31,15 +34,15 @@ def _steps_for_flops_of(c, window: int) -> int:
 
 
 def get_config(experiment: str = "swa64"):
-  match = re.fullmatch(r"(swa|nopeswa)(\d+)(?:_flops(\d+))?|nope|gla", experiment)
+  match = re.fullmatch(r"(swa|nopeswa)(\d+)(?:_flops(\d+))?|nope|gla|gdn3?", experiment)
   if not match:
     raise ValueError(f"experiment={experiment!r}: expected swa<W>, nopeswa<W>, "
-                     "swa<W>_flops<V>, gla or nope")
+                     "swa<W>_flops<V>, gla, gdn, gdn3 or nope")
   c = demo.get_config()
   if experiment == "nope":
     c.model.pattern = "G"
-  elif experiment == "gla":
-    c.model.pattern = "LG"
+  elif experiment in PATTERNS:
+    c.model.pattern = PATTERNS[experiment]
   else:
     c.model.window = int(match.group(2))
     c.model.swa_pos = "nope" if match.group(1) == "nopeswa" else "rope"

@@ -14,8 +14,9 @@ from absl import logging
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.kernels import IMPLS, LINEAR_IMPLS
+from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
+from hybrid_nope.model.delta import GATES as DELTA_GATES
 from hybrid_nope.model.pattern import layer_kinds, window_of
 from hybrid_nope.model.transformer import DTYPES
 
@@ -163,6 +164,8 @@ def validate(config, *, check_paths: bool = True) -> None:
            f"one of {IMPLS}")
   _require(m.linear_impl in LINEAR_IMPLS, "model.linear_impl", m.linear_impl,
            f"one of {LINEAR_IMPLS}")
+  one_of(config, "model.delta_impl", DELTA_IMPLS)
+  one_of(config, "model.delta_gate", DELTA_GATES)
   _require(m.dtype == "auto" or m.dtype in DTYPES, "model.dtype", m.dtype,
            f"'auto' or one of {sorted(DTYPES)}")
   _require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,

@@ -26,7 +26,8 @@ def with_data_paths(config, tmp_path):
 
 
 def test_the_sweep_is_complete():
-  expected = {"demo", "small", "nope_120m", "nope_350m", "gla_120m", "gla_350m"} | {
+  expected = {"demo", "small", "nope_120m", "nope_350m", "gla_120m", "gla_350m", "gdn_120m",
+              "gdn_350m", "kda_120m"} | {
       f"{kind}{w}_{size}" for kind in ("swa", "nopeswa") for w in base.WINDOWS
       for size in ("120m", "350m")}
   assert set(CONFIG_NAMES) == expected
@@ -51,6 +52,16 @@ def test_config_validates_and_size_matches_its_name(name, tmp_path):
     assert config.model.pattern == "G"
   if name.startswith("gla_"):
     assert config.model.pattern == "LG"
+  if name.startswith("gdn_"):
+    assert (config.model.pattern, config.model.delta_gate) == ("DG", "head")
+  if name.startswith("kda_"):
+    assert (config.model.pattern, config.model.delta_gate) == ("DDDG", "channel")
+  if name.startswith(("gla_", "gdn_", "kda_")):  # comparable with the SWA runs of its size
+    swa = with_data_paths(load(f"swa256_{size}"), tmp_path)
+    for section in ("train", "data"):
+      assert config[section].to_dict() == swa[section].to_dict(), section
+    same = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "mlp_dim")
+    assert {k: config.model[k] for k in same} == {k: swa.model[k] for k in same}
   assert config.model.global_pos == "nope"
 
 
@@ -72,6 +83,8 @@ def test_demo_runs_on_embedded_data_without_paths():
     ("model.swa_pos", "alibi", "model.swa_pos"),
     ("model.dtype", "float16", "model.dtype"),
     ("model.attention_impl", "flash", "model.attention_impl"),
+    ("model.delta_impl", "triton", "model.delta_impl"),
+    ("model.delta_gate", "scalar", "model.delta_gate"),
     ("data.source", "web", "data.source"),
     ("train.warmup_steps", 8, "train.warmup_steps"),
     ("metrics.every_steps", 0, "metrics.every_steps"),
@@ -114,7 +127,8 @@ def test_missing_data_path_fails_naming_the_key(tmp_path):
 def test_small_sweep_experiments():
   small = importlib.import_module("configs.small")
   for name, pattern, window, swa_pos in [("swa16", "SG", 16, "rope"), ("nopeswa256", "SG", 256, "nope"),
-                                         ("nope", "G", None, None), ("gla", "LG", None, None)]:
+                                         ("nope", "G", None, None), ("gla", "LG", None, None),
+                                         ("gdn", "DG", None, None), ("gdn3", "DDDG", None, None)]:
     config = small.get_config(name)
     validate(config)
     assert config.model.pattern == pattern
@@ -122,6 +136,16 @@ def test_small_sweep_experiments():
       assert (config.model.window, config.model.swa_pos) == (window, swa_pos)
   with pytest.raises(ValueError, match="experiment='swa'"):
     small.get_config("swa")
+
+
+def test_experiment_builds_each_local_mixer_and_ratio():
+  assert base.experiment("120m", None, local="D").model.pattern == "DG"
+  assert base.experiment("120m", None, local="D", locals_per_global=3).model.pattern == "DDDG"
+  assert base.experiment("120m", 64, locals_per_global=3).model.pattern == "SSSG"
+  with pytest.raises(ValueError, match="local='D', window=64"):
+    base.experiment("120m", 64, local="D")
+  with pytest.raises(ValueError, match="locals_per_global=0"):
+    base.experiment("120m", None, local="D", locals_per_global=0)
 
 
 @pytest.mark.parametrize("flag, workdir_kind, message", [

@@ -39,3 +39,30 @@ def test_a_gated_linear_attention_layer_counts_its_matmul_parameters_and_chunked
   want = 6 * matmul_params(m) + 3 * (linear_attention_flops_per_token(N, K, H)
                                      + 4 * N * H * (T + 1) / 2)
   assert flops_per_token(m, T) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("gate", ["head", "channel"])
+def test_a_delta_rule_layer_counts_its_matmul_parameters_and_chunked_mixing(gate):
+  """Every weight of a D layer that multiplies activations, read off the model itself:
+  projections, output gate, low-rank decay gate, β, and the short convolutions' taps (one
+  multiply-add per tap per token, as for a matmul weight)."""
+  from flax import nnx
+  from hybrid_nope.model import LanguageModel
+  from hybrid_nope.train.flops import (DELTA_CHUNK, delta_attention_flops_per_token,
+                                       linear_attention_flops_per_token)
+  m = tiny_config(model__pattern="DG", model__num_layers=2, model__delta_gate=gate).model
+  model = nnx.eval_shape(lambda: LanguageModel(m, rngs=nnx.Rngs(0)))
+  size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
+  params = nnx.state(model, nnx.Param)
+  matrices = sum(size({k: v for k, v in params["blocks"][i][part].items()
+                       if k.startswith("w")}) for i in range(2) for part in ("attn", "mlp"))
+  assert matmul_params(m) == matrices + m.d_model * m.vocab_size
+  N, K, H, C, T = 4, 2, 8, DELTA_CHUNK, 64
+  # Beyond linear attention's work, per kv head: k·kᵀ (strictly lower), the triangular inverse,
+  # the transformed keys and values, and S k.
+  extra = K * (H * (C - 1) + C * C / 3 + 2 * H * (C + 1) + 2 * H * H)
+  linear = linear_attention_flops_per_token(N, K, H, chunk=C)
+  assert delta_attention_flops_per_token(N, K, H) == pytest.approx(linear + extra)
+  want = 6 * matmul_params(m) + 3 * (delta_attention_flops_per_token(N, K, H)
+                                     + 4 * N * H * (T + 1) / 2)
+  assert flops_per_token(m, T) == pytest.approx(want)

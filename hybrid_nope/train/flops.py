@@ -7,7 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_nope.kernels.delta_xla import CHUNK as DELTA_CHUNK
 from hybrid_nope.kernels.linear_xla import CHUNK as LINEAR_CHUNK
+from hybrid_nope.model.delta import CONV_WIDTH
 from hybrid_nope.model.gla import GATE_RANK
 from hybrid_nope.model.pattern import layer_kinds
 
@@ -20,13 +22,18 @@ PEAK_FLOPS = {
 
 
 def mixer_params(kind: str, model_cfg) -> int:
-  """Matmul parameters of one layer's token mixer: q, k, v, o projections, and for a gated
-  linear attention layer (L) also its low-rank decay gate and its output gate."""
+  """Matmul parameters of one layer's token mixer: q, k, v, o projections; for a gated linear
+  attention layer (L) also its low-rank decay gate and its output gate; for a gated delta rule
+  layer (D) those, its β projection and its short convolutions' taps (a depthwise tap is one
+  multiply-add per token, as a matmul weight is)."""
   m = model_cfg
-  params = m.d_model * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
-  if kind == "L":
-    params += (m.d_model * m.num_heads * m.head_dim
-               + GATE_RANK * (m.d_model + m.num_kv_heads * m.head_dim))
+  D, N, K, H = m.d_model, m.num_heads, m.num_kv_heads, m.head_dim
+  params = D * H * (2 * N + 2 * K)
+  if kind in ("L", "D"):
+    gate_channels = K * H if kind == "L" or m.delta_gate == "channel" else K
+    params += D * N * H + GATE_RANK * (D + gate_channels)
+  if kind == "D":
+    params += D * K + CONV_WIDTH * (N + 2 * K) * H
   return params
 
 
@@ -54,17 +61,31 @@ def linear_attention_flops_per_token(num_heads: int, num_kv_heads: int, head_dim
   return num_heads * (4 * H * (chunk + 1) / 2 + 2 * H * H) + num_kv_heads * 2 * H * H
 
 
+def delta_attention_flops_per_token(num_heads: int, num_kv_heads: int, head_dim: int,
+                                    chunk: int = DELTA_CHUNK) -> float:
+  """Forward FLOPs per token of the chunked gated delta rule, counted as useful work: linear
+  attention's (above), and per kv head the delta rule's own: the strictly lower half of k·kᵀ,
+  the unit-lower-triangular inverse (C³/3 per chunk of C), the transformed keys and values
+  (causal halves) and the state's prediction of each value, S k."""
+  H, C = head_dim, chunk
+  delta_rule = 2 * H * (C - 1) / 2 + C * C / 3 + 2 * 2 * H * (C + 1) / 2 + 2 * H * H
+  return (linear_attention_flops_per_token(num_heads, num_kv_heads, head_dim, chunk)
+          + num_kv_heads * delta_rule)
+
+
 def mixer_flops_per_token(kind: str, model_cfg, seq_len: int) -> float:
   """Forward FLOPs per token of a layer's token mixing, beside its projections."""
   m = model_cfg
   if kind == "L":
     return linear_attention_flops_per_token(m.num_heads, m.num_kv_heads, m.head_dim)
+  if kind == "D":
+    return delta_attention_flops_per_token(m.num_heads, m.num_kv_heads, m.head_dim)
   return 4 * m.num_heads * m.head_dim * attended_pairs_per_query(kind, m.window, seq_len)
 
 
 def flops_per_token(model_cfg, seq_len: int) -> float:
   """Training FLOPs per token: 6 × matmul params plus 3 × the mixers' forward FLOPs (QKᵀ and
-  AV over attended pairs; the chunked recurrence of linear attention)."""
+  AV over attended pairs; the chunked recurrences of linear attention and the delta rule)."""
   m = model_cfg
   mixing = sum(mixer_flops_per_token(kind, m, seq_len)
                for kind in layer_kinds(m.pattern, m.num_layers))

@@ -18,6 +18,10 @@ from hybrid_nope.errors import UserError
 from hybrid_nope.run_config import (DEFINING_KEYS, DEFINING_PREFIXES,  # noqa: F401
                                     FREE_MODEL_KEYS, defining, flat, is_defining)
 
+# Defining keys added after runs were saved without them, each with the value that gives those
+# runs' function (a layer kind they lack reads it): a checkpoint without the key resumes as if
+# it held that value, and any other value is a change.
+ADDED_KEYS = {"model.delta_gate": "head"}
 # train.steps sets the cosine decay's length: lowering it is allowed with a warning (the run
 # stops earlier; the schedule from here on decays faster), raising it needs the opt-in.
 STEPS_KEY = "train.steps"
@@ -58,6 +62,7 @@ def _show(value) -> str:
 
 def changes(saved: dict, current: dict) -> dict[str, tuple]:
   """{key: (saved value, current value)} for each defining key that differs."""
+  saved = {**{k: v for k, v in ADDED_KEYS.items() if k in current}, **saved}
   return {k: (saved.get(k, "(absent)"), current.get(k, "(absent)"))
           for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)}
 
