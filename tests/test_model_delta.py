@@ -1,7 +1,6 @@
 """The gated delta rule layer (pattern letter D) against the published formulas in float64 numpy
 (Gated DeltaNet; KDA's per-channel gate), its short convolution that stays inside a document,
-the gate and β the recency hook reads, its parameters' logical axes, and D in a model under
-remat."""
+the gate and β the recency hook reads, its parameters' logical axes, and D in a model."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +17,11 @@ D, N, K, H = 32, 4, 2, 8
 def make_layer(gate="head", seed=0):
   return delta.DeltaAttention(d_model=D, num_heads=N, num_kv_heads=K, head_dim=H, norm_eps=1e-6,
                               gate=gate, impl="xla", dtype=jnp.float32, rngs=nnx.Rngs(seed))
+
+
+def jitted(layer):
+  """layer(x, segment_ids) compiled once (eager runs op by op, slowly on 2 cores)."""
+  return jax.jit(lambda x, seg: layer(x, positions_BT=None, segment_ids_BT=seg))
 
 
 def rel_err(got, want):
@@ -98,7 +102,7 @@ def test_layer_matches_the_published_formulas_with_segments_and_gqa(gate):
   layer = make_layer(gate, seed)
   seg = segments()
   x = np.random.default_rng(seed).standard_normal((2, seg.shape[1], D)).astype(np.float32)
-  out = layer(jnp.asarray(x), positions_BT=None, segment_ids_BT=jnp.asarray(seg))
+  out = jitted(layer)(jnp.asarray(x), jnp.asarray(seg))
   want = numpy_delta_layer(layer, x, seg)
   valid = seg != 0
   assert rel_err(np.asarray(out)[valid], want[valid]) < 1e-5, seed
@@ -114,12 +118,13 @@ def test_the_short_convolution_does_not_leak_across_documents():
   x = jax.random.normal(jax.random.key(0), (1, 48, D))
   other = x.at[:, :20].set(jax.random.normal(jax.random.key(1), (1, 20, D)))
   other = other.at[:, 40:].set(7.0)
-  run = lambda x: np.asarray(layer(x, positions_BT=None, segment_ids_BT=seg))
+  forward = jitted(layer)
+  run = lambda x: np.asarray(forward(x, seg))
   base, changed = run(x), run(other)
   np.testing.assert_array_equal(changed[:, 20:40], base[:, 20:40])
   assert np.abs(changed[:, :20] - base[:, :20]).min() > 0
   # Without segment ids the same change does reach B through the convolution and the state.
-  free = lambda x: np.asarray(layer(x, positions_BT=None, segment_ids_BT=None))
+  free = lambda x: np.asarray(forward(x, None))
   assert np.abs(free(other)[:, 20:23] - free(x)[:, 20:23]).min() > 0
 
 
@@ -165,22 +170,15 @@ def test_parameters_carry_logical_axes(gate):
   assert axes["w_beta_DK"] == ("embed", "kv_heads")
 
 
-def test_a_delta_hybrid_is_causal_and_remat_matches_plain():
-  """DDDG: a repeat of the remat scan holds three D layers (DG under remat is the mesh test's,
-  tests/scripts/mesh_runs.py)."""
-  cfg = lambda remat: tiny_config(model__pattern="DDDG", model__num_layers=4,
-                                  model__remat=remat, model__delta_gate="channel").model
+def test_a_delta_hybrid_is_causal():
+  """The model wires D layers from the config (here DGDG, per-channel gate). Remat over D
+  layers is the mesh test's (tests/scripts/mesh_runs.py: LDG under remat on 8 devices against
+  one device without), as compiling their backward pass twice here would cost ~20 s."""
+  cfg = tiny_config(model__pattern="DG", model__num_layers=4, model__delta_gate="channel").model
+  graphdef, params = nnx.split(LanguageModel(cfg, rngs=nnx.Rngs(0)))
+  assert params["blocks"][0]["attn"]["w_gate_up_RKH"].shape == (16, K, H)
+  logits = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
   t = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 24)), jnp.int32)
-  results = []
-  for remat in (False, True):
-    graphdef, params = nnx.split(LanguageModel(cfg(remat), rngs=nnx.Rngs(0)))
-    logits = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
-    results.append(jax.jit(jax.value_and_grad(lambda p: jnp.mean(logits(p, t) ** 2)))(params))
-    if not remat:
-      changed = t.at[:, 13].set((t[:, 13] + 1) % 256)
-      diff = jnp.abs(logits(params, t) - logits(params, changed)).max(axis=(0, 2))
+  changed = t.at[:, 13].set((t[:, 13] + 1) % 256)
+  diff = jnp.abs(logits(params, t) - logits(params, changed)).max(axis=(0, 2))
   assert float(diff[:13].max()) == 0.0 and float(diff[13]) > 0.0
-  (loss_plain, grad_plain), (loss_remat, grad_remat) = results
-  np.testing.assert_allclose(loss_plain, loss_remat, rtol=1e-6)
-  for a, b in zip(jax.tree.leaves(grad_plain), jax.tree.leaves(grad_remat)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(a).max()))

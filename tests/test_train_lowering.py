@@ -12,15 +12,22 @@ from tests.helpers import REPO
 SLICE_350M = ["--config=configs/swa256_350m.py", "--config.model.num_layers=2",
               "--config.data.seq_len=8192"]
 DEMO = ["--config=configs/demo.py"]
+# Hybrids with D layers, which run the XLA delta rule on every platform beside the G layers'
+# kernels: DG (per-head gate) and DDDG (per-channel gate), under remat.
+DELTA = ["--config.data.seq_len=2048", "--config.metrics.far_lag=1024", "--config.model.remat=true"]
+CONFIGS = {"demo": DEMO, "350m_slice": SLICE_350M,
+           "gdn_slice": ["--config=configs/gdn_120m.py", "--config.model.num_layers=2", *DELTA],
+           "kda_slice": ["--config=configs/kda_120m.py", "--config.model.num_layers=4", *DELTA]}
 MESH_8 = ["--devices=8", "--config.mesh.data=1", "--config.mesh.fsdp=2", "--config.mesh.tensor=4"]
 EXPECTED = {"tpu": ("tpu_custom_call", ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv")),
             "cuda": ("__gpu$xla.gpu.triton", ("swa_flash_fwd", "swa_flash_dq", "swa_flash_dkv"))}
 
 
-@pytest.mark.parametrize("mesh", ["one_device", "fsdp2_tensor4"])
-@pytest.mark.parametrize("config", ["demo", "350m_slice"])
+@pytest.mark.parametrize("config, mesh", [
+    *((c, m) for c in ("demo", "350m_slice") for m in ("one_device", "fsdp2_tensor4")),
+    ("gdn_slice", "fsdp2_tensor4"), ("kda_slice", "one_device")])
 def test_the_train_step_lowers_with_each_platforms_kernels(config, mesh):
-  args = [*(DEMO if config == "demo" else SLICE_350M), *(MESH_8 if mesh != "one_device" else [])]
+  args = [*CONFIGS[config], *(MESH_8 if mesh != "one_device" else [])]
   if config == "demo" and mesh != "one_device":  # Tensor 4 splits kv heads and the vocabulary.
     args += ["--config.model.num_kv_heads=4", "--config.model.vocab_size=260"]
   proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=tpu,cuda", *args],

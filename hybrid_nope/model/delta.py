@@ -30,7 +30,7 @@ from flax import nnx
 
 from hybrid_nope import kernels
 from hybrid_nope.model.attention import BTKH, BTNH
-from hybrid_nope.model.gla import GATE_RANK, GATE_TEMPERATURE
+from hybrid_nope.model.gla import GATE_RANK, GATE_TEMPERATURE, GatedLinearAttention
 from hybrid_nope.model.layers import constrain, default_init, mesh_axes, param, project
 
 CONV_WIDTH = 4
@@ -136,14 +136,8 @@ class DeltaAttention(nnx.Module):
                  for w, tap, axes in zip((windows_q, windows_k, windows_v), taps,
                                          (BTNH, BTKH, BTKH)))
 
-  def output(self, out_BTNH: jax.Array, x_BTD: jax.Array) -> jax.Array:
-    """W_O (RMSNorm_head(o) ⊙ swish(x W_G)) of the recurrence's output o and the layer input x."""
-    x_BTD = x_BTD.astype(self.dtype)
-    o32 = out_BTNH.astype(jnp.float32)
-    normed = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, -1, keepdims=True) + self.norm_eps)
-    gate_BTNH = jax.nn.silu(project(x_BTD, self.w_out_gate_DNH[...].astype(self.dtype)))
-    y_BTNH = (normed * self.out_norm_scale_H[...]).astype(self.dtype) * gate_BTNH
-    return project(constrain(y_BTNH, BTNH), self.wo_NHD[...].astype(self.dtype), contract=2)
+  # GLA's output, W_O (RMSNorm_head(o) ⊙ swish(x W_G)), on the same-named parameters.
+  output = GatedLinearAttention.output
 
   def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
                segment_ids_BT: jax.Array | None) -> jax.Array:
