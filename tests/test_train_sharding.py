@@ -12,6 +12,7 @@ from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import loop
 from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape
 from tests.helpers import MESH_TEST, REPO, run_8_devices, tiny_config
+from tests.scripts.mesh_runs import RECURRENT_PATTERN
 
 
 
@@ -62,12 +63,15 @@ def test_same_losses_on_every_mesh_and_shardings_follow_the_rules(tmp_path):
   assert out["specs"]["scale_D"] == ["fsdp"]
   assert out["cross_mesh_restore"] == {"equal": True, "on_new_mesh": True,
                                        "fresh_init_differs": True}
-  loop.train(tiny_config(**MESH_TEST, model__pattern="LG"), str(tmp_path / "gla_one_device"))
-  with open(tmp_path / "gla_one_device" / "metrics.jsonl") as f:
-    want_gla = [r["loss"] for r in map(json.loads, f) if "loss" in r]
-  assert len(out["gla_losses"]) == 1 and want_gla != want
-  for name, got in out["gla_losses"].items():
-    np.testing.assert_allclose(got, want_gla, rtol=2e-5, err_msg=name)
+  # L and D layers (one LDG model) under remat on fsdp 2 × tensor 4, against one device
+  # without remat.
+  pattern = RECURRENT_PATTERN
+  loop.train(tiny_config(**MESH_TEST, model__pattern=pattern, model__num_layers=len(pattern)),
+             str(tmp_path / pattern))
+  with open(tmp_path / pattern / "metrics.jsonl") as f:
+    want_recurrent = [r["loss"] for r in map(json.loads, f) if "loss" in r]
+  assert len(want_recurrent) == 3 and want_recurrent != want
+  np.testing.assert_allclose(out["recurrent_losses"], want_recurrent, rtol=2e-5)
 
 
 def test_two_processes_match_one(tmp_path):

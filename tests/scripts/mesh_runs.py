@@ -20,6 +20,7 @@ from tests.helpers import MESH_TEST, tiny_config
 MESHES = {"data8": (8, 1, 1), "data2_fsdp4": (2, 4, 1), "fsdp2_tensor4": (1, 2, 4)}
 # Remat scans over stacked block parameters; the stack must keep each parameter's sharding.
 REMAT_MESH = "fsdp2_tensor4"
+RECURRENT_PATTERN = "LDG"
 
 
 def config_for(mesh, **overrides):
@@ -46,13 +47,15 @@ def main(workdir):
     loop.train(config_for(mesh), os.path.join(workdir, name), hooks=[RecencyHook.for_run])
     out["losses"][name] = losses(os.path.join(workdir, name))
     out["recency"][name] = recency_profiles(os.path.join(workdir, name))
-  # Gated linear attention (LG) runs per shard like attention: on the mesh that splits both
-  # batch and heads, under remat (the scan over stacked blocks, whose stack must keep each
-  # parameter's sharding), with the hook.
-  run_dir = os.path.join(workdir, f"gla_{REMAT_MESH}_remat")
-  loop.train(config_for(MESHES[REMAT_MESH], model__pattern="LG", model__remat=True), run_dir,
+  # The recurrent mixers, gated linear attention (L) and the gated delta rule (D), run per
+  # shard like attention: on the mesh that splits both batch and heads, under remat (the scan
+  # over stacked blocks, whose stack must keep each parameter's sharding), with the hook. One
+  # LDG model holds both, so the check costs one run.
+  run_dir = os.path.join(workdir, f"{RECURRENT_PATTERN}_{REMAT_MESH}_remat")
+  loop.train(config_for(MESHES[REMAT_MESH], model__pattern=RECURRENT_PATTERN,
+                        model__num_layers=len(RECURRENT_PATTERN), model__remat=True), run_dir,
              hooks=[RecencyHook.for_run])
-  out["gla_losses"] = {os.path.basename(run_dir): losses(run_dir)}
+  out["recurrent_losses"] = losses(run_dir)
 
   config = config_for(MESHES["fsdp2_tensor4"])
   tx = make_optimizer(config.train)
