@@ -55,3 +55,24 @@ def test_page_is_built_from_the_packs_alone(packs, tmp_path):
 def test_no_packs_is_an_error_naming_the_directory(tmp_path):
   with pytest.raises(FileNotFoundError, match=str(tmp_path)):
     results_page.build(str(tmp_path), str(tmp_path / "r.md"), None, "")
+
+
+def test_mixers_are_compared_paired_by_seed(tmp_path):
+  # gdn and gla at seeds 0-2 with known final eval losses; the page gives gdn − gla per seed.
+  losses = {("gdn", 0): 2.30, ("gdn", 1): 2.25, ("gdn", 2): 2.40,
+            ("gla", 0): 2.50, ("gla", 1): 2.35, ("gla", 2): 2.41}
+  records = tmp_path / "records"
+  for (experiment, seed), loss in losses.items():
+    workdir = fake_run(str(tmp_path / "runs"), f"{experiment}_seed{seed}", window=4,
+                       pattern="DG" if experiment == "gdn" else "LG", seed=seed,
+                       losses=(3.0, loss))
+    sweep.pack_records(workdir, str(records / experiment / f"seed{seed}.tar.gz"))
+  out = str(tmp_path / "results.md")
+  results_page.build(str(records), out, None, "# Results")
+  rows = [l for l in open(out).read().splitlines()
+          if l.startswith("| gdn − gla | final eval loss |")]
+  diffs = [losses[("gdn", s)] - losses[("gla", s)] for s in range(3)]
+  mean, se = np.mean(diffs), np.std(diffs, ddof=1) / np.sqrt(3)
+  assert len(rows) == 1 and f"| 3 | {mean:+.4f} ± {se:.4f} | {mean / se:+.1f}" in rows[0]
+  # Pairs whose runs are absent are not listed.
+  assert "gdn3 − gdn" not in open(out).read()

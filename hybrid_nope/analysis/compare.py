@@ -247,7 +247,7 @@ def _cell(value, spec: str, se=None) -> str:
 COLUMNS = (
     ("run", "name", ""), ("train.seed", "seeds", ""), ("pattern", "pattern", ""),
     ("layers", "num_layers", ""), ("d_model", "d_model", ""), ("window", "window", ""),
-    ("SWA pos", "swa_pos", ""), ("GLA recency 1/(1−α)", "recency_scale", ".1f"),
+    ("SWA pos", "swa_pos", ""), ("local recency scale (GLA 1/(1−α), delta 1/(1−α(1−β/H)))", "recency_scale", ".1f"),
     ("eval step", "eval_step", ""),
     ("final eval loss", "eval_loss", ".4f"), ("recency step", "step", ""),
     ("gap", "gap", ".4f"), ("floor", "floor", ".4f"), ("data gap", "data_gap", ".4f"),

@@ -24,6 +24,11 @@ INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
 # The smallest effects the findings mean, for "refuted with the power to have seen it": a
 # cosine gap or floor moved by 0.01, an eval loss by 0.01 nats, one more significant flip.
 MIN_COSINE, MIN_LOSS, MIN_FLIPS = 0.01, 0.01, 1.0
+# configs/small.py's experiments with a local mixer, in the page's order.
+LOCAL_EXPERIMENTS = ("swa16", "swa64", "swa256", "nopeswa64", "nopeswa256", "gla", "gdn", "gdn3")
+# The local mixers set side by side: (experiment, the one it is compared with), paired by seed.
+MIXER_PAIRS = (("gdn", "gla"), ("gdn", "swa16"), ("gdn", "swa64"), ("gla", "swa64"),
+               ("gdn3", "gdn"))
 
 
 def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, str]]:
@@ -55,6 +60,11 @@ class Run:
     values = [float(np.mean(r[key])) for r in self.records(step, module, layer_type) if key in r]
     return float(np.mean(values)) if values else float("nan")
 
+  def local_type(self) -> str:
+    """The layer_type of the run's local mixer ("swa", "linear", "delta"); "" for none."""
+    types = {r["layer_type"] for r in self.by_step[self.final]} - {"global", "data"}
+    return next(iter(types)) if len(types) == 1 else ""
+
   def global_input(self, step: int, key: str) -> float:
     return self.mean(step, INPUT, key, "global")
 
@@ -73,8 +83,7 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
   """Each published finding (DESIGN.md) that the runs present can decide."""
   out = []
   have = lambda *names: all(n in runs and len(runs[n]) >= 2 for n in names)
-  local = [e for e in ("swa16", "swa64", "swa256", "nopeswa64", "nopeswa256", "gla")
-           if have(e)]
+  local = [e for e in LOCAL_EXPERIMENTS if have(e)]
   for e in local + (["nope"] if have("nope") else []):
     rs = runs[e]
     out.append(Verdict(
@@ -104,7 +113,7 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
         "no change", list(per_seed(rs, lambda r: np.mean([
             r.mean(r.final, m, "gap_change") for m in ("pre_mixer_norm", "pre_mlp_norm")
         ])).values()), min_effect=MIN_COSINE))
-    kind = "linear" if e == "gla" else "swa"
+    kind = next(iter(rs.values())).local_type()
     out.append(Verdict(
         f"{e}: the local mixer raises the gap most", "gap change of the local mixer branch − "
         "the largest of the other modules' (norms, MLP, global mixer), final",
@@ -182,6 +191,39 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
   return out
 
 
+def mixers_compared(runs: dict[str, dict[int, Run]]) -> list[dict]:
+  """The local mixers against each other (MIXER_PAIRS present with >= 2 common seeds): final
+  eval loss, gap and f(1) − f(16) at the global input, each a − b paired by seed."""
+  stats = (("final eval loss", lambda r: r.summary["eval_loss"]),
+           ("gap (global input)", lambda r: r.global_input(r.final, "gap")),
+           ("f(1) − f(16) (global input)", lambda r: r.steepness(r.final, 16)))
+  out = []
+  for a, b in MIXER_PAIRS:
+    if a not in runs or b not in runs or len(set(runs[a]) & set(runs[b])) < 2:
+      continue
+    for name, fn in stats:
+      v = Verdict(f"{a} − {b}", name, "no difference",
+                  paired(per_seed(runs[a], fn), per_seed(runs[b], fn)))
+      out.append({"pair": f"{a} − {b}", "statistic": name, "seeds": v.n, "mean": v.mean,
+                  "se": v.se, "t": v.t, "critical": v.critical})
+  return out
+
+
+def _mixers_section(rows: list[dict]) -> list[str]:
+  if not rows:
+    return []
+  lines = ["## The local mixers compared", "",
+           "Each row is a − b per seed (same seed: same data order, and the same initialisation "
+           "of every weight whose shape the two configs share), then the mean over seeds ± the "
+           "seed-level SE, with Student's t against no difference.", "",
+           "| pair | statistic | seeds | mean ± seed SE | t (critical) |", "|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['pair']} | {r['statistic']} | {r['seeds']} | {_fmt(r['mean'], '+.4f')} "
+                 f"± {_fmt(r['se'], '.4f')} | {_fmt(r['t'], '+.1f')} "
+                 f"({_fmt(r['critical'], '.2f')}) |")
+  return lines + [""]
+
+
 def _depth(r: Run) -> float:
   recs = sorted(r.records(r.final, INPUT, "global"), key=lambda x: x["layer"])
   return recs[-1]["gap"] - recs[0]["gap"] if len(recs) >= 2 else float("nan")
@@ -240,7 +282,7 @@ def _norm_section(name: str, series) -> list[str]:
 
 
 def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro: str,
-           norm_series: dict | None = None) -> str:
+           norm_series: dict | None = None, mixers: list[dict] | None = None) -> str:
   lines = [intro, "", f"Records: {sum(counts.values())} runs — " + ", ".join(
       f"{e} ×{n}" for e, n in sorted(counts.items())) + ".", "", "## The sweep", "",
       compare.table(rows), "",
@@ -253,6 +295,7 @@ def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro
     lines.append(f"| {v.finding} | {v.statistic} | {v.null} | {v.n} | "
                  f"{_fmt(v.mean, '+.4f')} ± {_fmt(v.se, '.4f')} | **{v.verdict}** | {v.note} |")
   lines.append("")
+  lines += _mixers_section(mixers or [])
   for name, series in (norm_series or {}).items():
     lines += _norm_section(name, series)
   lines += ["## Length extrapolation and recency", "",
@@ -283,7 +326,7 @@ def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) ->
     norm_series = {e: norm_effect_over_training(rs) for e, rs in runs.items()
                    if e in ("swa16", "swa64") and len(rs) >= 2}
     text = render(result["rows"], found, corr, {e: len(v) for e, v in runs.items()},
-                  intro.replace("{commit}", _git_head()), norm_series)
+                  intro.replace("{commit}", _git_head()), norm_series, mixers_compared(runs))
   with open(out_md, "w") as f:
     f.write(text)
   return {"rows": result["rows"], "verdicts": [v.row() for v in found], "correlation": corr}
