@@ -209,7 +209,8 @@ def _recurrent_mixer(attn: dict, f32) -> dict[str, np.ndarray]:
   up = next(k for k in attn if k.startswith("w_gate_up_"))  # RKH, or RK for D's per-head gate
   bias = next(k for k in attn if k.startswith("gate_bias_"))
   out = {"gate_down_proj.weight": _linear(f32(attn["w_gate_down_DR"])),
-         "gate_up_proj.weight": _linear(f32(attn[up])), "gate_up_proj.bias": f32(attn[bias]).ravel(),
+         "gate_up_proj.weight": _linear(f32(attn[up])),
+         "gate_up_proj.bias": f32(attn[bias]).ravel(),
          "out_gate_proj.weight": _linear(f32(attn["w_out_gate_DNH"])),
          "out_norm.weight": f32(attn["out_norm_scale_H"])}
   if "w_beta_DK" in attn:  # D: the short convolutions and the write strength β.

@@ -1,15 +1,21 @@
 """The export against transformers itself: `make check-hf` (needs torch + transformers, .venv-hf).
 
 Trains tiny demo-shaped runs with launch/train.py, exports each with launch/export_hf.py, loads
-the export with transformers' SmolLM3ForCausalLM in float32 and compares its logits with ours on
-sequences longer than the window (and than training):
+the export with transformers' AutoModelForCausalLM in float32 (SmolLM3ForCausalLM for S/G
+patterns; with L or D layers the export's own modeling_hybrid_nope.py, trust_remote_code) and
+compares its logits with ours on sequences longer than the window (and than training):
 
   forward    2 rows of random tokens, eager and sdpa attention
-  packed     3 documents in one row: our positions + segment_ids vs HF position_ids that restart
-  decode     HF with its KV cache (sliding layers keep w - 1 keys), one token at a time
+  packed     4 documents in one row (one of 2 tokens, under D's convolution width): our
+             positions + segment_ids vs HF position_ids that restart
+  decode     HF with its cache (sliding layers keep w - 1 keys; L and D layers their recurrent
+             state, D the last inputs of its convolutions), one token at a time
+  generate   HF's greedy model.generate on two left-padded prompts of different lengths vs our
+             own greedy generation (hybrid_nope.model.decode.generate): the same tokens
   window±1   the same export with sliding_window w - 1 and w + 1: must NOT match
 
-Prints one table; exits 1 if an exact comparison exceeds TOLERANCE or a w ± 1 one matches.
+Prints one table; exits 1 if an exact comparison exceeds TOLERANCE, a generation differs or a
+w ± 1 one matches.
 
   .venv-hf/bin/python tests/hf/check_hf.py [--keep=DIR]
 """
@@ -33,7 +39,7 @@ import transformers  # noqa: E402
 
 from hybrid_nope.analysis import checkpoints  # noqa: E402
 from hybrid_nope.data.tokenizer import ByteTokenizer  # noqa: E402
-from hybrid_nope.model import layer_kinds  # noqa: E402
+from hybrid_nope.model import decode, layer_kinds  # noqa: E402
 
 TOLERANCE = 1e-4  # float32 max abs logit difference
 MISMATCH = 1e-2   # w ± 1 must differ by more than this somewhere
@@ -51,8 +57,14 @@ VARIANTS = {
     "rope-global mha head_dim 8": {"model.global_pos": "rope", "model.num_kv_heads": 4,
                                    "model.head_dim": 8},
     "nope-only (G)": {"model.pattern": "G"},
+    "gla (LG) gqa tied": {"model.pattern": "LG"},
+    "gated delta (DG) untied": {"model.pattern": "DG", "model.tie_embeddings": False},
+    "kda (DDDG) channel gate": {"model.pattern": "DDDG", "model.delta_gate": "channel"},
 }
 TEXTS = ["def f(x):\n    return x + 1\n", "héllo wörld ✓ 😀", "  two  spaces\tand a tab"]
+PROMPTS = ["def main(", "import os\nimport sys\n\n"]  # Different lengths: left padding in HF.
+NEW_TOKENS = 24
+PACKED = (50, 2, 68, 40)  # Document lengths of the packed row.
 
 
 def run(script, *args):
@@ -73,20 +85,60 @@ def train_and_export(root, name, overrides):
   return workdir, out
 
 
-def our_logits(workdir, tokens_BT, positions_BT=None, segment_ids_BT=None):
+def load_ours(workdir):
   config = checkpoints.load_config(workdir)
   _, model_def, params = checkpoints.restore_params(workdir, config)
-  model = model_def.bind(params)
+  return model_def.bind(params), config
+
+
+def our_logits(model, tokens_BT, positions_BT=None, segment_ids_BT=None):
   kwargs = {}
   if positions_BT is not None:
     kwargs = dict(positions_BT=jnp.asarray(positions_BT),
                   segment_ids_BT=jnp.asarray(segment_ids_BT))
-  return np.asarray(model(jnp.asarray(tokens_BT), **kwargs)), config
+  return np.asarray(model(jnp.asarray(tokens_BT), **kwargs))
+
+
+def our_generation(model, prompts, eos_id):
+  """Each prompt's greedy new tokens up to eos_id included, by our cached decoder."""
+  return decode.generate(model, prompts, NEW_TOKENS, eos_id=eos_id)
 
 
 def load_hf(out, attn="eager"):
-  return transformers.SmolLM3ForCausalLM.from_pretrained(out, dtype=torch.float32,
-                                                         attn_implementation=attn).eval()
+  """The export as AutoModelForCausalLM loads it: the class config.json names (SmolLM3's own, or
+  the export's modeling_hybrid_nope.py through auto_map)."""
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      out, dtype=torch.float32, attn_implementation=attn, trust_remote_code=True).eval()
+  assert [type(model).__name__] == model.config.architectures, type(model)
+  return model
+
+
+@torch.no_grad()
+def hf_generation(model, prompts, eos_id):
+  """Greedy model.generate on the prompts as one left-padded batch; each row's new tokens up to
+  its first eos_id, included."""
+  width = max(len(p) for p in prompts)
+  ids = torch.tensor([[eos_id] * (width - len(p)) + list(p) for p in prompts])
+  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+  out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                       eos_token_id=eos_id, pad_token_id=eos_id)[:, width:].numpy()
+  rows = []
+  for row in out:
+    ends = np.flatnonzero(row == eos_id)
+    rows.append(row[:ends[0] + 1] if len(ends) else row)
+  return rows
+
+
+def compare_generation(model, hf_model, failures, name):
+  prompts = [ByteTokenizer().encode(text, add_eos=False) for text in PROMPTS]
+  eos_id = ByteTokenizer.EOS_ID
+  ours = our_generation(model, prompts, eos_id)
+  theirs = hf_generation(hf_model, prompts, eos_id)
+  same = sum(int(np.array_equal(a, b)) for a, b in zip(ours, theirs))
+  if same != len(prompts):
+    failures.append(f"{name}: HF generate gave {[t.tolist() for t in theirs]}, decode.generate "
+                    f"{[t.tolist() for t in ours]}")
+  return f"{same}/{len(prompts)} same ({sum(len(t) for t in ours)} tokens)"
 
 
 @torch.no_grad()
@@ -119,7 +171,7 @@ def with_window(out, window, root):
   return copy
 
 
-def packed_row(vocab, rng, lengths=(50, 70, 40)):
+def packed_row(vocab, rng, lengths=PACKED):
   tokens = rng.integers(0, vocab, (1, sum(lengths)))
   positions = np.concatenate([np.arange(n) for n in lengths])[None]
   segments = np.concatenate([np.full(n, i + 1) for i, n in enumerate(lengths)])[None]
@@ -127,19 +179,26 @@ def packed_row(vocab, rng, lengths=(50, 70, 40)):
 
 
 def check_config(out, config):
-  hf_config = transformers.AutoConfig.from_pretrained(out)
+  hf_config = transformers.AutoConfig.from_pretrained(out, trust_remote_code=True)
   m = config.model
   kinds = layer_kinds(m.pattern, m.num_layers)
-  assert hf_config.layer_types == [{"S": "sliding_attention", "G": "full_attention"}[k]
-                                   for k in kinds], hf_config.layer_types
-  assert hf_config.no_rope_layers == [int((m.swa_pos if k == "S" else m.global_pos) == "rope")
-                                      for k in kinds], hf_config.no_rope_layers
+  types = {"S": "sliding_attention", "G": "full_attention", "L": "linear_attention",
+           "D": "linear_attention"}
+  assert hf_config.layer_types == [types[k] for k in kinds], hf_config.layer_types
+  assert hf_config.no_rope_layers == [
+      int(k in "SG" and (m.swa_pos if k == "S" else m.global_pos) == "rope") for k in kinds
+  ], hf_config.no_rope_layers
+  recurrent = bool(set(kinds) & set("LD"))
+  assert type(hf_config).__name__ == ("HybridNopeConfig" if recurrent else "SmolLM3Config")
+  if recurrent:
+    assert hf_config.layer_kinds == kinds, hf_config.layer_kinds
   assert hf_config.rope_parameters["rope_theta"] == m.rope_theta
   assert hf_config.head_dim == m.head_dim and hf_config.tie_word_embeddings == m.tie_embeddings
 
 
 def check_tokenizer(out):
-  tok = transformers.AutoTokenizer.from_pretrained(out)
+  # AutoTokenizer reads config.json first: an L/D export's auto_map needs the trust too.
+  tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
   ours = ByteTokenizer()
   for text in TEXTS:
     ids = tok(text)["input_ids"]
@@ -162,7 +221,8 @@ def main():
   for name, overrides in VARIANTS.items():
     workdir, out = train_and_export(root, name, overrides)
     tokens = rng.integers(0, 258, (2, LENGTH))
-    ours, config = our_logits(workdir, tokens)
+    model, config = load_ours(workdir)
+    ours = our_logits(model, tokens)
     check_config(out, config)
     note = check_tokenizer(out)
     eager = load_hf(out)
@@ -171,8 +231,9 @@ def main():
            "sdpa": np.abs(hf_logits(load_hf(out, "sdpa"), tokens) - ours).max(),
            "decode": np.abs(hf_decode_logits(eager, tokens, prefill=5) - ours).max()}
     p_tokens, p_positions, p_segments = packed_row(258, rng)
-    p_ours, _ = our_logits(workdir, p_tokens, p_positions, p_segments)
+    p_ours = our_logits(model, p_tokens, p_positions, p_segments)
     row["packed"] = np.abs(hf_logits(eager, p_tokens, p_positions) - p_ours).max()
+    row["generate"] = compare_generation(model, eager, failures, name)
     exact = ["eager", "sdpa", "decode", "packed"]
     if "S" in config.model.pattern:
       w = config.model.window
@@ -184,19 +245,22 @@ def main():
     failures += [f"{name}: {k} differs by {row[k]:.2e} > {TOLERANCE}" for k in exact
                  if not row[k] <= TOLERANCE]
     rows.append(row)
-  columns = ["variant", "max logit", "eager", "sdpa", "decode", "packed", "w-1", "w+1"]
+  columns = ["variant", "max logit", "eager", "sdpa", "decode", "packed", "w-1", "w+1",
+             "generate"]
   print(f"\nmax abs logit difference, float32, length {LENGTH} (window 8, trained at 64); "
         f"tolerance {TOLERANCE:g}; {note}")
   print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
   for row in rows:
-    cells = [row["variant"]] + [f"{row[c]:.2e}" if c in row else "-" for c in columns[1:]]
+    cells = [row["variant"]] + [row[c] if isinstance(row.get(c), str) else
+                                f"{row[c]:.2e}" if c in row else "-" for c in columns[1:]]
     print("| " + " | ".join(cells) + " |")
   if not args.keep:
     shutil.rmtree(root)
   if failures:
     print("FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)
-  print("OK: every export matches ours within tolerance; w - 1 and w + 1 do not.")
+  print("OK: every export matches ours within tolerance and generates our tokens; w - 1 and "
+        "w + 1 do not match.")
 
 
 if __name__ == "__main__":
