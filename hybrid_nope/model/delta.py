@@ -8,8 +8,9 @@ Attention (Kimi Linear, 2025).
   log α_t = logsigmoid(x_t W_1 W_2 + b) / τ              GLA's low-rank gate (gla.py: rank 16,
                                                          τ = 16), per kv head (model.delta_gate
                                                          "head") or per key channel ("channel")
-  S_t = α_t S_{t−1} (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ,  o_t = S_t q_t   kernels.delta_attention
-                                                         (q, k unit per head inside it)
+  S_t = S_{t−1} diag(α_t) (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ,  o_t = S_t q_t
+                                                         kernels.delta_attention (q, k unit per
+                                                         head inside it; a per-head α scales S)
   y_t = W_O (RMSNorm_head(o_t) ⊙ swish(x_t W_G))         per-head output norm, swish output gate
 
 The published layers differ in the gate: Gated DeltaNet takes Mamba2's α = exp(−A softplus(·)),
