@@ -11,5 +11,6 @@ PY=.venv/bin/python
 $PY launch/sweep.py --experiments=swa16,nope --seeds=0,1,2,3,4 --root="$RUNS"
 $PY launch/sweep.py --experiments=swa64,swa256,nopeswa256,nopeswa64,gla --seeds=0,1,2,3,4 \
     --root="$RUNS"
+$PY launch/sweep.py --experiments=gdn,gdn3 --seeds=0,1,2,3,4 --root="$RUNS"
 $PY launch/sweep.py --experiments=swa16_flops256 --seeds=0,1,2,3,4 --init_seeds=0 --root="$RUNS"
 $PY launch/results.py

@@ -31,7 +31,7 @@ from flax import nnx
 
 from hybrid_nope import kernels
 from hybrid_nope.model.attention import BTKH, BTNH
-from hybrid_nope.model.gla import GATE_RANK, GATE_TEMPERATURE, GatedLinearAttention
+from hybrid_nope.model.gla import GATE_RANK, GatedLinearAttention, gate_log_decay
 from hybrid_nope.model.layers import constrain, default_init, mesh_axes, param, project
 
 CONV_WIDTH = 4
@@ -66,14 +66,6 @@ def conv_output(windows_BTWC: jax.Array, w_WC: jax.Array) -> jax.Array:
   """silu(Σ_j w_j · window_j): the causal depthwise convolution and its activation, for a
   sequence's windows (conv_windows) or one decode step's window ([B, 1, width, *C])."""
   return jax.nn.silu(jnp.einsum("btw...,w...->bt...", windows_BTWC, w_WC))
-
-
-def gate_log_decay(x_BTD: jax.Array, w_down_DR: jax.Array, w_up_RG: jax.Array,
-                   bias_G: jax.Array, dtype) -> jax.Array:
-  """log α = logsigmoid(x W_1 W_2 + b) / τ in float32, shaped [B, T, *G] by w_up's trailing axes."""
-  low_BTR = project(x_BTD.astype(dtype), w_down_DR.astype(dtype))
-  logits = project(low_BTR, w_up_RG.astype(dtype)).astype(jnp.float32) + bias_G
-  return jax.nn.log_sigmoid(logits) / GATE_TEMPERATURE
 
 
 class DeltaAttention(nnx.Module):

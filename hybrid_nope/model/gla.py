@@ -25,6 +25,15 @@ GATE_RANK = 16
 GATE_TEMPERATURE = 16.0
 
 
+def gate_log_decay(x_BTD: jax.Array, w_down_DR: jax.Array, w_up_RG: jax.Array,
+                   bias_G: jax.Array, dtype) -> jax.Array:
+  """log α = logsigmoid(x W_1 W_2 + b) / τ in float32 (α is near 1: the compute dtype would
+  round it), shaped [B, T, *G] by w_up's trailing axes; the L and D layers' gate."""
+  low_BTR = project(x_BTD.astype(dtype), w_down_DR.astype(dtype))
+  logits = project(low_BTR, w_up_RG.astype(dtype)).astype(jnp.float32) + bias_G
+  return jax.nn.log_sigmoid(logits) / GATE_TEMPERATURE
+
+
 class GatedLinearAttention(nnx.Module):
 
   def __init__(self, *, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -45,11 +54,8 @@ class GatedLinearAttention(nnx.Module):
 
   def log_decay(self, x_BTD: jax.Array) -> jax.Array:
     """log α [B, T, K, H], float32, in (−∞, 0): the gate, also read by the recency hook."""
-    x_BTD = x_BTD.astype(self.dtype)
-    low_BTR = project(x_BTD, self.w_gate_down_DR[...].astype(self.dtype))
-    logits_BTKH = project(low_BTR, self.w_gate_up_RKH[...].astype(self.dtype))
-    logits_BTKH = logits_BTKH.astype(jnp.float32) + self.gate_bias_KH[...]
-    return constrain(jax.nn.log_sigmoid(logits_BTKH) / GATE_TEMPERATURE, BTKH)
+    return constrain(gate_log_decay(x_BTD, self.w_gate_down_DR[...], self.w_gate_up_RKH[...],
+                                    self.gate_bias_KH[...], self.dtype), BTKH)
 
   def inputs(self, x_BTD: jax.Array):
     """The recurrence's inputs q [B,T,N,H], k, v, log α [B,T,K,H] (also a decode step's)."""
