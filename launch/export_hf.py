@@ -1,9 +1,11 @@
-"""Export a run's checkpoint to Hugging Face (transformers' SmolLM3 layout).
+"""Export a run's checkpoint to Hugging Face (transformers' SmolLM3 layout; with L or D layers
+plus the export's own modeling code).
 
   python launch/export_hf.py --workdir=DIR [--step=N] --out=OUT [--tokenizer=PATH]
 
 Writes OUT/config.json, OUT/model.safetensors and the tokenizer (hybrid_nope/export/hf.py says
-how each part maps); load it with transformers.SmolLM3ForCausalLM.from_pretrained(OUT).
+how each part maps); load it with transformers.AutoModelForCausalLM.from_pretrained(OUT), adding
+trust_remote_code=True for a pattern with L or D layers (OUT then holds modeling_hybrid_nope.py).
 """
 import os
 import sys
