@@ -27,6 +27,14 @@ them (train/flops.linear_attention_flops_per_token): within a chunk q·k and A·
 pairs only (as the attention rows count in-window pairs only), across chunks q·S per query head
 and kᵀv per kv head; three times that forward+backward; masked and recomputed work is not
 counted. --linear-impls none leaves them out.
+
+Rows "delta-IMPL" time the gated delta rule (kernels.delta_attention) the same way: w column
+"gdn" for one gate per head (Gated DeltaNet; log decays uniform in [-1, 0], β uniform in
+[0, 1]), "kda" for one per key channel (--delta-gates head,channel). Useful FLOPs are the
+model's count, train/flops.delta_attention_flops_per_token (linear attention's plus the delta
+rule's own: k·kᵀ, the triangular inverse, the transformed keys and values, S k), at the kernel's
+chunk. --delta-impls none leaves them out. Summary lines compare each mixer with the attention
+windows timed and the delta rule with linear attention, and give time(16384)/time(4096).
 """
 from __future__ import annotations
 
@@ -49,9 +57,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hybrid_nope import kernels  # noqa: E402
-from hybrid_nope.kernels import linear_xla  # noqa: E402
+from hybrid_nope.kernels import delta_xla, linear_xla  # noqa: E402
 from hybrid_nope.train.flops import (  # noqa: E402
-    linear_attention_flops_per_token, peak_flops_per_device)
+    delta_attention_flops_per_token, linear_attention_flops_per_token, peak_flops_per_device)
 
 PRESETS = {
     "cpu": dict(T="2048,4096,8192,16384", windows="64,256,1024", impls="available",
@@ -85,25 +93,43 @@ def in_window_pairs(T, w):
   return T * w - w * (w - 1) // 2  # Row i sees min(i + 1, w) keys.
 
 
-def linear_flops(B, T, N, K, H, chunk):
-  """Useful forward FLOPs of the chunked linear attention (module docstring)."""
-  return B * T * linear_attention_flops_per_token(N, K, H, chunk)
+# Mixer rows: prefix -> (kernel, useful forward FLOPs per token (N, K, H), gate label ->
+# gates(rng, B, T, K, H, dtype)). Gates are the operands after q, k, v.
+def _gla_gates(rng, B, T, K, H, dtype):
+  return (jnp.asarray(-rng.uniform(0.0, 1.0, (B, T, K, H)), dtype),)
 
 
-def timed_linear(impl, q, k, v, g, reps):
-  """(forward seconds, forward+backward seconds) of kernels.linear_attention."""
-  q, k, v, g = impl.place(q, k, v, g)
+def _delta_gates(per_channel):
+  def gates(rng, B, T, K, H, dtype):
+    g = -rng.uniform(0.0, 1.0, (B, T, K, H) if per_channel else (B, T, K))
+    return jnp.asarray(g, dtype), jnp.asarray(rng.uniform(0.0, 1.0, (B, T, K)), dtype)
+  return gates
+
+
+MIXERS = {
+    "linear": (kernels.linear_attention,
+               lambda N, K, H: linear_attention_flops_per_token(N, K, H, linear_xla.CHUNK),
+               {"gla": _gla_gates}),
+    "delta": (kernels.delta_attention,
+              lambda N, K, H: delta_attention_flops_per_token(N, K, H, delta_xla.CHUNK),
+              {"gdn": _delta_gates(False), "kda": _delta_gates(True)}),
+}
+
+
+def timed_mixer(kernel, impl, q, k, v, gates, reps):
+  """(forward seconds, forward+backward seconds) of kernel(q, k, v, *gates)."""
+  q, k, v, *gates = impl.place(q, k, v, *gates)
   head_axes = None if impl.mesh is None else "heads"
-  fn = lambda q, k, v, g: kernels.linear_attention(q, k, v, g, impl=impl.impl,
-                                                   head_axes=head_axes)
+  fn = lambda q, k, v, *gates: kernel(q, k, v, *gates, impl=impl.impl, head_axes=head_axes)
 
   @jax.jit
-  def fwd_bwd(q, k, v, g):
-    out, vjp = jax.vjp(fn, q, k, v, g)
+  def fwd_bwd(*args):
+    out, vjp = jax.vjp(fn, *args)
     return vjp(out)
 
+  args = (q, k, v, *gates)
   with impl.context():
-    return best_time(jax.jit(fn), (q, k, v, g), reps), best_time(fwd_bwd, (q, k, v, g), reps)
+    return best_time(jax.jit(fn), args, reps), best_time(fwd_bwd, args, reps)
 
 
 def dense(q, k, v, *, window, segment_ids=None):
@@ -242,6 +268,12 @@ def main(argv=None):
   parser.add_argument("--linear-impls", default="xla",
                       help="comma-separated kernels.linear_attention impls timed as "
                       "'linear-IMPL' rows, or 'none'")
+  parser.add_argument("--delta-impls", default="xla",
+                      help="comma-separated kernels.delta_attention impls timed as "
+                      "'delta-IMPL' rows, or 'none'")
+  parser.add_argument("--delta-gates", default="head",
+                      help="comma-separated delta rule gates: head (w column gdn), channel "
+                      "(kda)")
   parser.add_argument("--check", action="store_true",
                       help="first compare each impl's output and gradients with 'xla' in float32")
   args = parser.parse_args(argv)
@@ -304,20 +336,32 @@ def main(argv=None):
         print(f"# done {name} T={T} w={w}: {results[(name, T, w)]}", file=sys.stderr,
               flush=True)
 
-  linear = [] if args.linear_impls == "none" else args.linear_impls.split(",")
-  linear += [f"{i}/{devices}d" for i in linear] if devices > 1 else []
+  # Mixer rows: (row name, mixer, gate label), e.g. ("delta-xla/2d", "delta", "gdn").
+  gate_labels = {"head": "gdn", "channel": "kda"}
+  unknown = set(args.delta_gates.split(",")) - set(gate_labels)
+  if unknown:
+    sys.exit(f"--delta-gates {args.delta_gates}: expected a list of {sorted(gate_labels)}")
+  mixer_rows = []
+  for mixer, names, labels in (("linear", args.linear_impls, ["gla"]),
+                               ("delta", args.delta_impls,
+                                [gate_labels[g] for g in args.delta_gates.split(",")])):
+    names = [] if names == "none" else names.split(",")
+    names += [f"{i}/{devices}d" for i in names] if devices > 1 else []
+    mixer_rows += [(f"{mixer}-{name}", mixer, label) for name in names for label in labels]
   for T in Ts:
     q = jnp.asarray(rng.standard_normal((B, T, N, H)), dtype)
     k, v = (jnp.asarray(rng.standard_normal((B, T, K, H)), dtype) for _ in range(2))
-    g = jnp.asarray(-rng.uniform(0.0, 1.0, (B, T, K, H)), dtype)
-    for name in linear:
+    for row, mixer, label in mixer_rows:
+      kernel, _, gate_makers = MIXERS[mixer]
+      gates = gate_makers[label](rng, B, T, K, H, dtype)
       try:
-        results[(f"linear-{name}", T, "gla")] = timed_linear(Impl(name), q, k, v, g, args.reps)
+        results[(row, T, label)] = timed_mixer(kernel, Impl(row.split("-", 1)[1]), q, k, v,
+                                               gates, args.reps)
       except Exception as e:  # noqa: BLE001 - report it, keep going.
-        results[(f"linear-{name}", T, "gla")] = (f"failed ({type(e).__name__}: "
-                                                 f"{str(e).splitlines()[0][:80]})")
-      print(f"# done linear-{name} T={T}: {results[(f'linear-{name}', T, 'gla')]}",
-            file=sys.stderr, flush=True)
+        results[(row, T, label)] = (f"failed ({type(e).__name__}: "
+                                    f"{str(e).splitlines()[0][:80]})")
+      print(f"# done {row} {label} T={T}: {results[(row, T, label)]}", file=sys.stderr,
+            flush=True)
 
   # Measured before and after the cases; the fractions use the better of the two, so a busy
   # moment during one measurement cannot flatter them.
@@ -354,33 +398,39 @@ def main(argv=None):
               f" | {fb_rate:.1f} | {100 * fb_rate / roofline:.0f}% | "
               f"{100 * fb_rate * 1e9 / peak:.1f}% | {speed_f} | {speed_fb} |")
 
-  for T in Ts:
-    flops = linear_flops(B, T, N, K, H, linear_xla.CHUNK)
-    for name in linear:
-      r = results.get((f"linear-{name}", T, "gla"))
+  for row, mixer, label in mixer_rows:
+    for T in Ts:
+      flops = B * T * MIXERS[mixer][1](N, K, H)
+      r = results.get((row, T, label))
       if isinstance(r, str):
-        print(f"| linear-{name} | {T} | gla | {r} | | | | | | | |")
+        print(f"| {row} | {T} | {label} | {r} | | | | | | | |")
         continue
       fwd_rate, fb_rate = flops / r[0] / 1e9, 3 * flops / r[1] / 1e9
-      print(f"| linear-{name} | {T} | gla | {r[0] * 1e3:.1f} | {r[1] * 1e3:.1f} | {fwd_rate:.1f} "
+      print(f"| {row} | {T} | {label} | {r[0] * 1e3:.1f} | {r[1] * 1e3:.1f} | {fwd_rate:.1f} "
             f"| {fb_rate:.1f} | {100 * fb_rate / roofline:.0f}% | "
             f"{100 * fb_rate * 1e9 / peak:.1f}% | | |")
-  for name in linear:  # The linear mixer against each timed attention window, same impl.
-    base_impl = name if name in impls else None
+  for row, mixer, label in mixer_rows:  # Each mixer against each timed attention window and,
+    impl = row.split("-", 1)[1]          # for the delta rule, linear attention, same impl.
+    base_impl = impl if impl in impls else None
     for T in Ts:
-      r = results.get((f"linear-{name}", T, "gla"))
+      r = results.get((row, T, label))
+      if not isinstance(r, tuple):
+        continue
       for w in windows:
         a = results.get((base_impl, T, w))
-        if isinstance(r, tuple) and isinstance(a, tuple):
-          print(f"# linear-{name} T={T}: fwd+bwd time / {name} w={'global' if w is None else w}"
+        if isinstance(a, tuple):
+          print(f"# {row} {label} T={T}: fwd+bwd time / {impl} w={'global' if w is None else w}"
                 f" {r[1] / a[1]:.2f} (fwd {r[0] / a[0]:.2f})")
+      a = results.get((f"linear-{impl}", T, "gla"))
+      if mixer == "delta" and isinstance(a, tuple):
+        print(f"# {row} {label} T={T}: fwd+bwd time / linear-{impl} {r[1] / a[1]:.2f} "
+              f"(fwd {r[0] / a[0]:.2f})")
 
   # Linear-in-T check for windowed layers: ideal time(4T)/time(T) is 4.
-  for name in linear:
-    lo = results.get((f"linear-{name}", 4096, "gla"))
-    hi = results.get((f"linear-{name}", 16384, "gla"))
+  for row, _, label in mixer_rows:
+    lo, hi = results.get((row, 4096, label)), results.get((row, 16384, label))
     if isinstance(lo, tuple) and isinstance(hi, tuple):
-      print(f"# linear-{name}: time(T=16384)/time(T=4096) fwd {hi[0] / lo[0]:.2f}, "
+      print(f"# {row} {label}: time(T=16384)/time(T=4096) fwd {hi[0] / lo[0]:.2f}, "
             f"fwd+bwd {hi[1] / lo[1]:.2f}")
   for name in impls:
     for w in windows:

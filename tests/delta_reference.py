@@ -47,6 +47,12 @@ def _forward(q, k, v, g, beta, reset, valid):
 _forward_jit = jax.jit(_forward)
 
 
+@jax.jit
+def _out_and_grads(args, masks, dout):
+  out, vjp = jax.vjp(lambda *a: _forward(*a, *masks), *args)
+  return out, vjp(dout)
+
+
 def _runs(segment_ids, B, T):
   """(reset [B,T]: a run of equal ids starts here, valid [B,T]: not padding)."""
   seg = np.ones((B, T), np.int64) if segment_ids is None else np.asarray(segment_ids, np.int64)
@@ -63,8 +69,7 @@ def delta_reference(q, k, v, log_decay, beta, segment_ids=None, dout=None):
     masks = [jnp.asarray(m) for m in _runs(segment_ids, B, T)]
     if dout is None:
       return np.asarray(_forward_jit(*args, *masks))
-    out, vjp = jax.vjp(lambda *a: _forward_jit(*a, *masks), *args)
-    grads = vjp(jnp.asarray(np.asarray(dout, np.float64)))
+    out, grads = _out_and_grads(args, masks, jnp.asarray(np.asarray(dout, np.float64)))
     return np.asarray(out), tuple(np.asarray(x) for x in grads)
 
 

@@ -2,31 +2,61 @@
 
 Per (batch row, kv head) the state S [value dim, key dim] follows
   S_t = S_{t-1} diag(α_t) (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ,   out_t = S_t q_t,
-α_t = exp(g_t) per key channel (a scalar gate is the same channel value broadcast), q and k
+α_t = exp(g_t) per key channel (a scalar gate is the same value in every channel), q and k
 L2-normalised per head here, in float32. Equivalently, with S' = S_{t-1} diag(α_t):
-S_t = S' + β_t (v_t − S' k_t) k_tᵀ, the form `step` computes.
+S_t = S' + β_t (v_t − S' k_t) k_tᵀ, the form `step` computes (one token: generation, and the
+sequential form the chunked one is checked against).
 
-Segments are turned into gates before any of the work: a run of equal nonzero ids starts with
-α = 0 (g = −inf), which is exactly a state reset; padding (id 0) gets α = 1, β = 0 and q = k = v
-= 0, so it leaves the state as it is and outputs 0. The kernels below therefore never see
-segment ids, and must (and do) take g = −inf to finite outputs and gradients.
+Segments become gates: a run of equal nonzero ids starts with α = 0 (g = LOG_ZERO, whose exp is
+0 as exp(−inf) is), which is exactly a state reset; padding (id 0) gets α = 1, β = 0 and
+q = k = v = 0, so it leaves the state as it is and outputs 0. The chunk computations below never
+see segment ids, and take any g down to −inf to finite outputs and gradients.
+
+The chunked form (`chunked`): one lax.scan over chunks of C tokens carries the [H, H] state;
+each step computes its chunk from the caller's layout, its state-independent terms in the WY /
+UT form (_chunk_terms: a unit-lower-triangular inverse per chunk, by recursive 2x2 blocks) and
+then the state's part. Decay ratios inside a chunk are direct sums of log decays (_gate_sums,
+_intra_weights), never differences of prefixes or ratios of exponentials. The gradient is
+autodiff's through the step under jax.checkpoint (the forward keeps each chunk's entering state;
+the backward recomputes the chunk), with hand-written VJPs where autodiff was wasteful (the
+triangular inverse, l2norm).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from hybrid_nope.kernels import linear_xla
 
-CHUNK = 64
+CHUNK = 32
 L2_EPS = 1e-6  # x / sqrt(Σx² + eps), as fla's l2norm.
 
 
+@jax.custom_vjp
 def l2norm(x):
-  """x / sqrt(Σ_last x² + L2_EPS) in float32 (a zero vector stays zero)."""
+  """x / sqrt(Σ_last x² + L2_EPS) in float32 (a zero vector stays zero). Its VJP, dx = r (dy −
+  y Σ y·dy) with r the scale, is one pass: autodiff's was a tenth of the kernel's time."""
+  return _l2norm_fwd(x)[0]
+
+
+def _l2norm_fwd(x):
+  dtype = jnp.zeros((0,), x.dtype)  # the cotangent goes back in x's dtype
   x = x.astype(jnp.float32)
-  return x * lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+  r = lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+  y = x * r
+  return y, (y, r, dtype)
+
+
+def _l2norm_bwd(residuals, dy):
+  y, r, dtype = residuals
+  return ((r * (dy - y * jnp.sum(y * dy, axis=-1, keepdims=True))).astype(dtype.dtype),)
+
+
+l2norm.defvjp(_l2norm_fwd, _l2norm_bwd)
 
 
 def step(S_RVK, q_RGH, k_RH, v_RH, g_RH, beta_R):
@@ -38,17 +68,16 @@ def step(S_RVK, q_RGH, k_RH, v_RH, g_RH, beta_R):
   return S, jnp.einsum("...vd,...gd->...gv", S, q_RGH)
 
 
-def gated_inputs(q, k, v, g, beta, segment_ids):
-  """float32 (q, k normalised, v, g, beta) with the segments folded into the gates (module
-  docstring). q [B,T,N,H], k, v [B,T,K,H], g [B,T,K,H|1], beta [B,T,K,1]."""
-  q, k = l2norm(q), l2norm(k)
-  v, g, beta = (x.astype(jnp.float32) for x in (v, g, beta))
-  if segment_ids is None:
-    return q, k, v, g, beta
+def _runs(segment_ids):
+  """(start, valid) [B, T]: a run of equal nonzero ids starts here; not padding."""
   seg = segment_ids.astype(jnp.int32)
-  valid = (seg != 0)[:, :, None, None]
   start = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-  g = jnp.where(valid, jnp.where(start[:, :, None, None], -jnp.inf, g), 0.0)
+  return start, seg != 0
+
+
+def _gate(q, k, v, g, beta, start, valid):
+  """The segments folded into the gates (module docstring); start, valid broadcast."""
+  g = jnp.where(valid, jnp.where(start, LOG_ZERO, g), 0.0)
   zero = lambda x: jnp.where(valid, x, 0.0)
   return zero(q), zero(k), zero(v), g, zero(beta)
 
@@ -57,7 +86,11 @@ def sequential(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None):
   """The recurrence one token at a time (lax.scan over T): the simple form, for checks."""
   B, T, N, H = q_BTNH.shape
   K = k_BTKH.shape[2]
-  q, k, v, g, beta = gated_inputs(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, segment_ids)
+  q, k = l2norm(q_BTNH), l2norm(k_BTKH)
+  v, g, beta = (x.astype(jnp.float32) for x in (v_BTKH, g_BTKX, beta_BTK1))
+  if segment_ids is not None:
+    q, k, v, g, beta = _gate(q, k, v, g, beta,
+                             *(x[:, :, None, None] for x in _runs(segment_ids)))
   q = q.reshape(B, T, K, N // K, H)
 
   def body(S, xs):
@@ -70,99 +103,172 @@ def sequential(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None):
   return jnp.moveaxis(out, 0, 1).reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
-def _chunks(x, C):
-  """[B, Tp, K, (G,) X] -> [n, B·K, (G,) C, X]: chunk-major, heads next, time within a chunk."""
-  B, Tp, K = x.shape[:3]
-  x = x.reshape(B, Tp // C, C, K, *x.shape[3:])
-  x = jnp.moveaxis(jnp.moveaxis(x, 2, -2), 0, 1)  # [n, B, K, (G,) C, X]
-  return x.reshape(Tp // C, B * K, *x.shape[3:])
+# exp(LOG_ZERO) is 0 in float32 as exp(-inf) is: the gates are floored there before the 0/1
+# dots below, which would turn 0 · -inf into NaN. Nothing changes: the value and the gradient
+# (0, through the floor) are those of -inf.
+LOG_ZERO = -1e30
 
 
-def _unchunk(x_nRGCH, B, K):
-  """Inverse of _chunks for the output: [n, B·K, G, C, H] -> [B, n·C, K·G, H]."""
-  n, _, G, C, H = x_nRGCH.shape
-  x = jnp.moveaxis(x_nRGCH.reshape(n, B, K, G, C, H), 4, 1)  # [n, C, B, K, G, H]
-  return jnp.moveaxis(x, 2, 0).reshape(B, n * C, K * G, H)
+def _mm(spec, a, b):
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 
 
-def _segment_sums(g_RC, C):
-  """[.., C, C]: Σ_{j<s<=i} g_s at (i, j) for j <= i, each a direct sum of the log decays (a
-  cumulative sum down i of g_i masked to i > j: never a difference of prefixes, which loses the
-  small sums after one strong decay, nor −inf − −inf); 0 above the diagonal."""
-  strictly_lower = jnp.tri(C, k=-1, dtype=bool)
-  x = jnp.where(strictly_lower, g_RC[..., :, None], 0.0)
-  return jnp.cumsum(x, axis=-2)
+def _sum_masks(C, pairwise: bool):
+  """0/1 [C, C] masks (s, i): s <= i (prefix) and s > i (suffix), and with `pairwise` the
+  [C, C·C] mask (s, (i, j)): j < s <= i."""
+  s, i = np.arange(C)[:, None], np.arange(C)[None, :]
+  masks = [s <= i, s > i]
+  if pairwise:
+    masks.append(((s[:, :, None] > i[:, None, :]) & (s[:, :, None] <= i[:, :, None])
+                  ).reshape(C, C * C))
+  return np.concatenate(masks, axis=1).astype(np.float32)
 
 
-def _intra_weights(q, k, g, C):
-  """(B [.., G, C, C] q_i·k_j decayed from j to i, j <= i; KK [.., C, C] the same for k_i·k_j,
-  j < i). Scalar gate: the q·k dots masked by exp of the direct segment sums. Per-channel gate:
-  linear_xla's halving hierarchy of direct decay products (the same weights GLA needs), with
-  the k rows as one more query head."""
-  if g.shape[-1] == 1:
-    decay = jnp.where(jnp.tri(C, dtype=bool), jnp.exp(_segment_sums(g[..., 0], C)), 0.0)
-    qk = jnp.einsum("rgid,rjd->rgij", q, k) * decay[:, None]
-    kk = jnp.einsum("rid,rjd->rij", k, k) * jnp.where(jnp.tri(C, k=-1, dtype=bool), decay, 0.0)
+def _gate_sums(g_RCX, C):
+  """Sums of the log gates over [R, C, X] chunks: prefix Σ_{s<=i} g_s and suffix Σ_{s>i} g_s
+  [R, C, X], and for a scalar gate (X = 1) the pairwise Σ_{j<s<=i} g_s [R, C, C] (0 for j >= i).
+  Each is a direct sum of the gates it covers, taken as one product with a 0/1 matrix: never a
+  difference of prefixes, which loses the small sums after one strong decay (and is
+  −inf − −inf at a reset); jnp.cumsum (a reduce-window on CPU) is 4x slower."""
+  R, _, X = g_RCX.shape
+  g = jnp.maximum(g_RCX, LOG_ZERO)
+  masks = jnp.asarray(_sum_masks(C, X == 1))
+  sums = jnp.einsum("rsx,sm->rxm", g, masks, precision=lax.Precision.HIGHEST)
+  prefix, suffix = (jnp.swapaxes(sums[..., a * C:(a + 1) * C], 1, 2) for a in (0, 1))
+  pairwise = sums[:, 0, 2 * C:].reshape(R, C, C) if X == 1 else None
+  return prefix, suffix, pairwise
+
+
+def _intra_weights(q, k, g, pairwise, C):
+  """(qk [R, G, C, C]: q_i·k_j decayed from j to i, for j <= i; kk [R, C, C]: the same for
+  k_i·k_j, j < i). Scalar gate: the dots masked by exp of the pairwise sums. Per-channel gate:
+  linear_xla's halving hierarchy of direct decay products (GLA's intra-chunk weights), the k
+  rows as one more query head."""
+  if pairwise is not None:
+    decay = jnp.where(jnp.tri(C, dtype=bool), jnp.exp(pairwise), 0.0)
+    qk = _mm("rgid,rjd->rgij", q, k) * decay[:, None]
+    kk = _mm("rid,rjd->rij", k, k) * jnp.where(jnp.tri(C, k=-1, dtype=bool), decay, 0.0)
     return qk, kk
-  levels, _, _ = linear_xla._levels(g, C)
+  levels, _, _ = linear_xla._levels(jnp.maximum(g, LOG_ZERO), C)
   A = linear_xla._intra(jnp.concatenate([jnp.swapaxes(q, 1, 2), k[:, :, None]], axis=2), k,
                         levels, C)  # [R, C, G + 1, C]
-  qk = jnp.swapaxes(A[:, :, :-1], 1, 2)
-  kk = A[:, :, -1] * jnp.tri(C, k=-1, dtype=jnp.float32)
-  return qk, kk
+  return jnp.swapaxes(A[:, :, :-1], 1, 2), A[:, :, -1] * jnp.tri(C, k=-1, dtype=jnp.float32)
+
+
+def _unit_lower_inverse(a_RCC, C):
+  """(I + a)⁻¹ for strictly lower triangular a [R, C, C], by recursive 2x2 blocks: the inverse
+  of [[L11, 0], [L21, L22]] is [[T11, 0], [−T22 L21 T11, T22]] with T = L⁻¹ of the halves,
+  all diagonal blocks of one size at once (log2 C levels of batched matmuls). Every
+  intermediate is itself an inverse of a diagonal block, as bounded as the result; a power
+  series (I − a + a² − ...) instead would pass through binomially large powers of a.
+  (jax.scipy.linalg.solve_triangular runs LAPACK per matrix on CPU: ~100x slower here.)"""
+  R = a_RCC.shape[0]
+  inv = jnp.ones((R, C, 1, 1), jnp.float32)  # the diagonal 1x1 blocks' inverses
+  s = 1
+  while s < C:
+    nb = C // (2 * s)
+    blocks = jnp.diagonal(a_RCC.reshape(R, nb, 2 * s, nb, 2 * s), axis1=1, axis2=3)
+    lower = jnp.moveaxis(blocks, -1, 1)[:, :, s:, :s]  # [R, nb, s, s]
+    inv = inv.reshape(R, nb, 2, s, s)
+    t11, t22 = inv[:, :, 0], inv[:, :, 1]
+    t21 = -_mm("rbij,rbjk->rbik", t22, _mm("rbij,rbjk->rbik", lower, t11))
+    top = jnp.concatenate([t11, jnp.zeros_like(t11)], axis=-1)
+    inv = jnp.concatenate([top, jnp.concatenate([t21, t22], axis=-1)], axis=-2)
+    s *= 2
+  return inv.reshape(R, C, C)
+
+
+@jax.custom_vjp
+def _inverse(a_RCC):
+  """(I + a)⁻¹ (_unit_lower_inverse) with the matrix inverse's VJP, da = −Tᵀ dT Tᵀ below the
+  diagonal: two matmuls, where autodiff through the levels costs six times the forward."""
+  return _unit_lower_inverse(a_RCC, a_RCC.shape[-1])
+
+
+def _inverse_fwd(a_RCC):
+  inverse = _inverse(a_RCC)
+  return inverse, inverse
+
+
+def _inverse_bwd(inverse, d_inverse):
+  da = -_mm("rki,rkj->rij", inverse, _mm("rik,rjk->rij", d_inverse, inverse))
+  return (da * jnp.tri(inverse.shape[-1], k=-1, dtype=jnp.float32),)
+
+
+_inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
 def _chunk_terms(q, k, v, g, beta, C):
-  """One chunk's state-independent terms, batched over rows R (every chunk of every head):
-  the chunk's inputs q [R, G, C, H], k, v [R, C, H], g [R, C, X], beta [R, C].
+  """The state-independent terms of every chunk at once: rows R (chunks of every head), q
+  [R, G, C, H], k, v [R, C, H], g [R, C, X], beta [R, C].
 
   With h = Sᵀ the [key, value] state entering the chunk, Γ_i = exp(Σ_{s<=i} g_s) from the
   chunk start and u_t = β_t (v_t − hᵀ_{t−1} diag(α_t) k_t) the value the delta rule writes
   with key k_t, h_t = diag(α_t) h_{t−1} + k_t u_tᵀ is linear attention with values u; u solves
-  the unit-lower-triangular system (I + βKK) U = β(V − (Γ ⊙ K) h), i.e. U = Ũ − W h with
-  [W | Ũ] = (I + βKK)⁻¹ β[Γ ⊙ K | V] (the WY / UT form). Then
-    out = B Ũ + (Γ ⊙ Q − B W) h,    h_next = diag(Γ_C) h + (exp(Σ_{s>j} g_s) ⊙ K)ᵀ U.
-  Returns (out_intra, q_state, w, u_tilde, k_write, decay_C)."""
-  qk, kk = _intra_weights(q, k, g, C)
-  prefix = jnp.cumsum(g, axis=1)
-  # Σ_{s>j} g_s as its own (reverse) cumulative sum, not total − prefix.
-  suffix = jnp.concatenate([jnp.flip(jnp.cumsum(jnp.flip(g[:, 1:], 1), axis=1), 1),
-                            jnp.zeros_like(g[:, :1])], axis=1)
+  the unit-lower-triangular system (I + β KK) U = β (V − (Γ ⊙ K) h), i.e. U = Ũ − W h with
+  [W | Ũ] = (I + β KK)⁻¹ β [Γ ⊙ K | V] (the WY / UT form). Then
+    out = (Γ ⊙ Q) h + QK U,    h_next = diag(Γ_C) h + (exp(Σ_{s>j} g_s) ⊙ K)ᵀ U.
+  Returns (qk, q_state = Γ ⊙ Q, w, u_tilde, k_write, decay_C = Γ_C)."""
+  prefix, suffix, pairwise = _gate_sums(g, C)
+  qk, kk = _intra_weights(q, k, g, pairwise, C)
   gamma = jnp.exp(prefix)
-  system = jnp.eye(C, dtype=jnp.float32) + beta[..., None] * kk
-  rhs = beta[..., None] * jnp.concatenate([gamma * k, v], axis=-1)
-  H = k.shape[-1]
-  solved = jax.scipy.linalg.solve_triangular(system, rhs, lower=True, unit_diagonal=True)
-  w, u_tilde = solved[..., :H], solved[..., H:]
-  out_intra = jnp.einsum("rgij,rjh->rgih", qk, u_tilde)
-  q_state = gamma[:, None] * q - jnp.einsum("rgij,rjd->rgid", qk, w)
-  return out_intra, q_state, w, u_tilde, jnp.exp(suffix) * k, gamma[:, -1]
+  # (I + β KK)⁻¹ β as one [C, C] matrix, so that β (and a scalar Γ) scale C² entries instead
+  # of C·H, and W, Ũ are two matmuls with no concatenation of their right-hand sides.
+  solve = _inverse(beta[..., None] * kk) * beta[:, None, :]
+  if gamma.shape[-1] == 1:
+    w = _mm("rij,rjd->rid", solve * gamma[:, None, :, 0], k)
+  else:
+    w = _mm("rij,rjd->rid", solve, gamma * k)
+  u_tilde = _mm("rij,rjd->rid", solve, v)
+  return qk, gamma[:, None] * q, w, u_tilde, jnp.exp(suffix) * k, gamma[:, -1]
+
+
+def _heads_major(x, B, K):
+  """One chunk [B, C, K, (G,) X] -> [B·K, (G,) C, X]: a small in-cache transpose."""
+  x = jnp.moveaxis(x, 2, 1)
+  x = x.reshape(B * K, *x.shape[2:])
+  return jnp.moveaxis(x, 1, -2) if x.ndim == 4 else x
+
+
+def _chunk(h, xs, *, B, K, C):
+  """One chunk of the recurrence: (state leaving it, out [B, C, N, H]) from the entering state
+  h [B·K, H key, H value] and the chunk's raw inputs (caller layout, [B, C, ...])."""
+  q, k, v, g, beta, *runs = xs
+  q, k = l2norm(q), l2norm(k)
+  v, g, beta = (x.astype(jnp.float32) for x in (v, g, beta))
+  if runs:
+    q, k, v, g, beta = _gate(q, k, v, g, beta, *(x[:, :, None, None] for x in runs))
+  q = q.reshape(B, C, K, -1, q.shape[-1])
+  q, k, v, g, beta = (_heads_major(x, B, K) for x in (q, k, v, g, beta))
+  qk, q_state, w, u_tilde, k_write, decay = _chunk_terms(q, k, v, g, beta[..., 0], C)
+  u = u_tilde - _mm("rcd,rde->rce", w, h)
+  out = _mm("rgcd,rde->rgce", q_state, h) + _mm("rgij,rjh->rgih", qk, u)
+  h = decay[..., None] * h + _mm("rcd,rce->rde", k_write, u)
+  _, G, _, H = out.shape
+  return h, jnp.moveaxis(out.reshape(B, K, G, C, H), 3, 1).reshape(B, C, K * G, H)
 
 
 def chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None, chunk=None):
-  """The chunked form (module docstring); autodiff gives its gradients."""
+  """The chunked form: one lax.scan over chunks carrying the state, each step computing its
+  chunk from the caller's layout (_chunk); autodiff gives the gradients, the step under
+  jax.checkpoint so that the backward recomputes a chunk's terms instead of storing every
+  chunk's (which made fwd+bwd twice as slow: page faults on ~10 input-sized buffers)."""
   C = chunk or CHUNK
   B, T, N, H = q_BTNH.shape
   K = k_BTKH.shape[2]
-  G = N // K
-  q, k, v, g, beta = gated_inputs(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, segment_ids)
   Tp = -(-T // C) * C
-  pad = lambda x: jnp.pad(x, ((0, 0), (0, Tp - T)) + ((0, 0),) * (x.ndim - 2))
-  q = _chunks(pad(q).reshape(B, Tp, K, G, H), C)
-  k, v, g, beta = (_chunks(pad(x), C) for x in (k, v, g, beta))
-  n, R = k.shape[:2]
-  flat = lambda x: x.reshape(n * R, *x.shape[2:])
-  terms = _chunk_terms(flat(q), flat(k), flat(v), flat(g), flat(beta)[..., 0], C)
-  out_intra, q_state, w, u_tilde, k_write, decay = (x.reshape(n, R, *x.shape[1:]) for x in terms)
-
-  def body(h, xs):
-    w, u_tilde, k_write, decay = xs
-    u = u_tilde - jnp.einsum("rcd,rde->rce", w, h)
-    return decay[..., None] * h + jnp.einsum("rcd,rce->rde", k_write, u), h
-
-  _, h_in = lax.scan(body, jnp.zeros((R, H, H), jnp.float32), (w, u_tilde, k_write, decay))
-  out = out_intra + jnp.einsum("nrgcd,nrde->nrgce", q_state, h_in)
-  return _unchunk(out, B, K)[:, :T].astype(q_BTNH.dtype)
+  n = Tp // C
+  # [B, T, ...] -> [n, B, C, ...]: the scan's steps (free for B = 1); the tail is padded with
+  # zeros, which neither read nor write (β = k = 0).
+  chunks = lambda x: jnp.moveaxis(
+      jnp.pad(x, ((0, 0), (0, Tp - T)) + ((0, 0),) * (x.ndim - 2)).reshape(
+          B, n, C, *x.shape[2:]), 1, 0)
+  xs = [chunks(x) for x in (q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1)]
+  if segment_ids is not None:
+    xs += [chunks(x) for x in _runs(segment_ids)]
+  body = jax.checkpoint(functools.partial(_chunk, B=B, K=K, C=C))
+  _, out = lax.scan(body, jnp.zeros((B * K, H, H), jnp.float32), tuple(xs))
+  return jnp.moveaxis(out, 0, 1).reshape(B, Tp, N, H)[:, :T].astype(q_BTNH.dtype)
 
 
 def delta_attention(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None,
@@ -173,5 +279,4 @@ def delta_attention(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=No
   C = chunk or CHUNK
   if C < 2 or C & (C - 1):
     raise ValueError(f"chunk={C}: expected a power of two >= 2")
-  # The sequential form until the chunked one is checked.
-  return sequential(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, segment_ids=segment_ids)
+  return chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, segment_ids=segment_ids, chunk=C)
