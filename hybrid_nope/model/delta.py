@@ -31,7 +31,7 @@ from flax import nnx
 
 from hybrid_nope import kernels
 from hybrid_nope.model.attention import BTKH, BTNH
-from hybrid_nope.model.gla import GATE_RANK, GatedLinearAttention, gate_log_decay
+from hybrid_nope.model.gla import GATE_RANK, GatedLinearAttention, gate_log_decay, init_output
 from hybrid_nope.model.layers import constrain, default_init, mesh_axes, param, project
 
 CONV_WIDTH = 4
@@ -93,10 +93,7 @@ class DeltaAttention(nnx.Module):
       self.w_gate_up_RKH = param(rngs, default_init, (R, K, H), (None, "kv_heads", "kv"))
       self.gate_bias_KH = nnx.Param(jnp.zeros((K, H), jnp.float32),
                                     out_sharding=("kv_heads", "kv"), eager_sharding=False)
-    self.w_out_gate_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
-    self.out_norm_scale_H = nnx.Param(jnp.ones((H,), jnp.float32), out_sharding=("kv",),
-                                      eager_sharding=False)
-    self.wo_NHD = param(rngs, default_init, (N, H, D), ("heads", "kv", "embed"), in_axes=(0, 1))
+    init_output(self, rngs, D, N, H)
 
   def log_decay(self, x_BTD: jax.Array) -> jax.Array:
     """log α, float32, in (−∞, 0): [B, T, K] (gate "head") or [B, T, K, H] ("channel"); also

@@ -34,6 +34,15 @@ def gate_log_decay(x_BTD: jax.Array, w_down_DR: jax.Array, w_up_RG: jax.Array,
   return jax.nn.log_sigmoid(logits) / GATE_TEMPERATURE
 
 
+def init_output(layer: nnx.Module, rngs: nnx.Rngs, D: int, N: int, H: int) -> None:
+  """The parameters of GatedLinearAttention.output (per-head norm, swish gate, W_O), on `layer`:
+  the D layer shares that output by its parameter names."""
+  layer.w_out_gate_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
+  layer.out_norm_scale_H = nnx.Param(jnp.ones((H,), jnp.float32), out_sharding=("kv",),
+                                     eager_sharding=False)
+  layer.wo_NHD = param(rngs, default_init, (N, H, D), ("heads", "kv", "embed"), in_axes=(0, 1))
+
+
 class GatedLinearAttention(nnx.Module):
 
   def __init__(self, *, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -47,10 +56,7 @@ class GatedLinearAttention(nnx.Module):
     self.w_gate_up_RKH = param(rngs, default_init, (R, K, H), (None, "kv_heads", "kv"))
     self.gate_bias_KH = nnx.Param(jnp.zeros((K, H), jnp.float32),
                                   out_sharding=("kv_heads", "kv"), eager_sharding=False)
-    self.w_out_gate_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
-    self.out_norm_scale_H = nnx.Param(jnp.ones((H,), jnp.float32), out_sharding=("kv",),
-                                      eager_sharding=False)
-    self.wo_NHD = param(rngs, default_init, (N, H, D), ("heads", "kv", "embed"), in_axes=(0, 1))
+    init_output(self, rngs, D, N, H)
 
   def log_decay(self, x_BTD: jax.Array) -> jax.Array:
     """log α [B, T, K, H], float32, in (−∞, 0): the gate, also read by the recency hook."""
