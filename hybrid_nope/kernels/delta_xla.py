@@ -34,29 +34,36 @@ from hybrid_nope.kernels import linear_xla
 
 CHUNK = 32
 L2_EPS = 1e-6  # x / sqrt(Σx² + eps), as fla's l2norm.
+# exp(LOG_ZERO) is 0 in float32 as exp(-inf) is: segment starts get it, and gates are floored
+# there before the 0/1 dots below, which would turn 0 · -inf into NaN. Nothing changes: the
+# value and the gradient (0, through the floor) are those of -inf.
+LOG_ZERO = -1e30
+
+
+def l2norm(x):
+  """x / sqrt(Σ_last x² + L2_EPS) in float32 (a zero vector stays zero)."""
+  return _unit(x.astype(jnp.float32))
 
 
 @jax.custom_vjp
-def l2norm(x):
-  """x / sqrt(Σ_last x² + L2_EPS) in float32 (a zero vector stays zero). Its VJP, dx = r (dy −
-  y Σ y·dy) with r the scale, is one pass: autodiff's was a tenth of the kernel's time."""
-  return _l2norm_fwd(x)[0]
+def _unit(x):
+  """l2norm on float32, with its VJP written out: dx = r (dy − y Σ y·dy), r the scale (one
+  pass; autodiff's chain took a tenth of the time of an earlier, all-chunks-at-once form)."""
+  return _unit_fwd(x)[0]
 
 
-def _l2norm_fwd(x):
-  dtype = jnp.zeros((0,), x.dtype)  # the cotangent goes back in x's dtype
-  x = x.astype(jnp.float32)
+def _unit_fwd(x):
   r = lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
   y = x * r
-  return y, (y, r, dtype)
+  return y, (y, r)
 
 
-def _l2norm_bwd(residuals, dy):
-  y, r, dtype = residuals
-  return ((r * (dy - y * jnp.sum(y * dy, axis=-1, keepdims=True))).astype(dtype.dtype),)
+def _unit_bwd(residuals, dy):
+  y, r = residuals
+  return (r * (dy - y * jnp.sum(y * dy, axis=-1, keepdims=True)),)
 
 
-l2norm.defvjp(_l2norm_fwd, _l2norm_bwd)
+_unit.defvjp(_unit_fwd, _unit_bwd)
 
 
 def step(S_RVK, q_RGH, k_RH, v_RH, g_RH, beta_R):
@@ -103,12 +110,6 @@ def sequential(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None):
   return jnp.moveaxis(out, 0, 1).reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
-# exp(LOG_ZERO) is 0 in float32 as exp(-inf) is: the gates are floored there before the 0/1
-# dots below, which would turn 0 · -inf into NaN. Nothing changes: the value and the gradient
-# (0, through the floor) are those of -inf.
-LOG_ZERO = -1e30
-
-
 def _mm(spec, a, b):
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 
@@ -125,15 +126,14 @@ def _sum_masks(C, pairwise: bool):
 
 
 def _gate_sums(g_RCX, C):
-  """Sums of the log gates over [R, C, X] chunks: prefix Σ_{s<=i} g_s and suffix Σ_{s>i} g_s
+  """Sums of the (finite: floored at LOG_ZERO) log gates over [R, C, X] chunks: prefix Σ_{s<=i} g_s and suffix Σ_{s>i} g_s
   [R, C, X], and for a scalar gate (X = 1) the pairwise Σ_{j<s<=i} g_s [R, C, C] (0 for j >= i).
   Each is a direct sum of the gates it covers, taken as one product with a 0/1 matrix: never a
   difference of prefixes, which loses the small sums after one strong decay (and is
   −inf − −inf at a reset); jnp.cumsum (a reduce-window on CPU) is 4x slower."""
   R, _, X = g_RCX.shape
-  g = jnp.maximum(g_RCX, LOG_ZERO)
   masks = jnp.asarray(_sum_masks(C, X == 1))
-  sums = jnp.einsum("rsx,sm->rxm", g, masks, precision=lax.Precision.HIGHEST)
+  sums = jnp.einsum("rsx,sm->rxm", g_RCX, masks, precision=lax.Precision.HIGHEST)
   prefix, suffix = (jnp.swapaxes(sums[..., a * C:(a + 1) * C], 1, 2) for a in (0, 1))
   pairwise = sums[:, 0, 2 * C:].reshape(R, C, C) if X == 1 else None
   return prefix, suffix, pairwise
@@ -149,7 +149,7 @@ def _intra_weights(q, k, g, pairwise, C):
     qk = _mm("rgid,rjd->rgij", q, k) * decay[:, None]
     kk = _mm("rid,rjd->rij", k, k) * jnp.where(jnp.tri(C, k=-1, dtype=bool), decay, 0.0)
     return qk, kk
-  levels, _, _ = linear_xla._levels(jnp.maximum(g, LOG_ZERO), C)
+  levels, _, _ = linear_xla._levels(g, C)
   A = linear_xla._intra(jnp.concatenate([jnp.swapaxes(q, 1, 2), k[:, :, None]], axis=2), k,
                         levels, C)  # [R, C, G + 1, C]
   return jnp.swapaxes(A[:, :, :-1], 1, 2), A[:, :, -1] * jnp.tri(C, k=-1, dtype=jnp.float32)
@@ -199,8 +199,8 @@ _inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
 def _chunk_terms(q, k, v, g, beta, C):
-  """The state-independent terms of every chunk at once: rows R (chunks of every head), q
-  [R, G, C, H], k, v [R, C, H], g [R, C, X], beta [R, C].
+  """A chunk's state-independent terms, rows R = batch x kv heads: q [R, G, C, H], k, v
+  [R, C, H], g [R, C, X], beta [R, C].
 
   With h = Sᵀ the [key, value] state entering the chunk, Γ_i = exp(Σ_{s<=i} g_s) from the
   chunk start and u_t = β_t (v_t − hᵀ_{t−1} diag(α_t) k_t) the value the delta rule writes
@@ -209,6 +209,7 @@ def _chunk_terms(q, k, v, g, beta, C):
   [W | Ũ] = (I + β KK)⁻¹ β [Γ ⊙ K | V] (the WY / UT form). Then
     out = (Γ ⊙ Q) h + QK U,    h_next = diag(Γ_C) h + (exp(Σ_{s>j} g_s) ⊙ K)ᵀ U.
   Returns (qk, q_state = Γ ⊙ Q, w, u_tilde, k_write, decay_C = Γ_C)."""
+  g = jnp.maximum(g, LOG_ZERO)
   prefix, suffix, pairwise = _gate_sums(g, C)
   qk, kk = _intra_weights(q, k, g, pairwise, C)
   gamma = jnp.exp(prefix)
