@@ -277,6 +277,9 @@ def main(argv=None):
   parser.add_argument("--check", action="store_true",
                       help="first compare each impl's output and gradients with 'xla' in float32")
   args = parser.parse_args(argv)
+  gate_labels = {"head": "gdn", "channel": "kda"}
+  if set(args.delta_gates.split(",")) - set(gate_labels):
+    sys.exit(f"--delta-gates {args.delta_gates}: expected a list of {sorted(gate_labels)}")
   preset = PRESETS[args.preset]
   Ts = [int(t) for t in (args.T or preset["T"]).split(",")]
   windows = [None if w == "global" else int(w)
@@ -337,10 +340,6 @@ def main(argv=None):
               flush=True)
 
   # Mixer rows: (row name, mixer, gate label), e.g. ("delta-xla/2d", "delta", "gdn").
-  gate_labels = {"head": "gdn", "channel": "kda"}
-  unknown = set(args.delta_gates.split(",")) - set(gate_labels)
-  if unknown:
-    sys.exit(f"--delta-gates {args.delta_gates}: expected a list of {sorted(gate_labels)}")
   mixer_rows = []
   for mixer, names, labels in (("linear", args.linear_impls, ["gla"]),
                                ("delta", args.delta_impls,
