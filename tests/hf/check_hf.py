@@ -254,13 +254,18 @@ def main():
     cells = [row["variant"]] + [row[c] if isinstance(row.get(c), str) else
                                 f"{row[c]:.2e}" if c in row else "-" for c in columns[1:]]
     print("| " + " | ".join(cells) + " |")
-  if not args.keep:
+  finish(root, args.keep, failures, "OK: every export matches ours within tolerance and "
+         "generates our tokens; w - 1 and w + 1 do not match.")
+
+
+def finish(root: str, keep: bool, failures: list[str], ok: str) -> None:
+  """Removes the scratch runs (unless kept), then exits 1 naming the failures, or prints `ok`."""
+  if not keep:
     shutil.rmtree(root)
   if failures:
     print("FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)
-  print("OK: every export matches ours within tolerance and generates our tokens; w - 1 and "
-        "w + 1 do not match.")
+  print(ok)
 
 
 if __name__ == "__main__":

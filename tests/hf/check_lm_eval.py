@@ -20,7 +20,6 @@ import argparse
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -147,13 +146,8 @@ def main():
           f"{tokens} | {num_bytes} |")
   print(f"| control: {seq_len}, add_bos_token unset | {control:.6f} | {rows[0][2]:.6f} | "
         f"{control_rel:.1e} (must exceed {TOLERANCE:g}) | | | | |")
-  if not args.keep:
-    shutil.rmtree(root)
-  if failures:
-    print("FAILED:\n  " + "\n  ".join(failures))
-    sys.exit(1)
-  print("OK: lm-eval's rolling loglikelihood equals score.py's at every length; the BOS "
-        "control does not.")
+  check_hf.finish(root, args.keep, failures, "OK: lm-eval's rolling loglikelihood equals "
+                  "score.py's at every length; the BOS control does not.")
 
 
 if __name__ == "__main__":
