@@ -7,6 +7,8 @@ with S_{t-1} = 0 where a run of equal nonzero segment ids starts, and 0 output o
 (segment 0), which leaves the state alone. The gradients are the hand-written reverse
 recurrence (checked against central finite differences in test_kernels_linear_attention.py).
 """
+import os
+
 import numpy as np
 
 
@@ -94,6 +96,13 @@ def random_runs(rng, B, T, rate=0.05, padding=0.3):
   ids = rng.integers(1, 4, size=(B, T + 1))  # few ids, so a later run may reuse one
   ids = np.where(rng.random((B, T + 1)) < padding, 0, ids)
   return np.take_along_axis(ids, doc, axis=1).astype(np.int32)
+
+
+def seeded_rng(env_var: str):
+  """(rng, seed): a fresh seed each run, printed so a failure names it; env_var=<seed> reruns it."""
+  seed = int(os.environ.get(env_var, np.random.SeedSequence().entropy % 2**63))
+  print(f"seed {seed}")
+  return np.random.default_rng(seed), seed
 
 
 def rel_err(a, b):

@@ -7,7 +7,6 @@ dbeta). Every test draws a new seed and names it in its failure message; DELTA_T
 reruns with that one.
 """
 import functools
-import os
 import sys
 
 import jax
@@ -18,16 +17,13 @@ import pytest
 from delta_reference import delta_reference, random_delta_inputs
 from hybrid_nope import kernels
 from hybrid_nope.kernels import delta_xla
-from linear_reference import random_runs, rel_err
+from linear_reference import random_runs, rel_err, seeded_rng
 
 dispatch = sys.modules["hybrid_nope.kernels.delta_attention"]
 on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks the CPU choices")
 
 
-def fresh_rng():
-  seed = int(os.environ.get("DELTA_TEST_SEED", np.random.SeedSequence().entropy % 2**63))
-  print(f"seed {seed}")
-  return np.random.default_rng(seed), seed
+fresh_rng = functools.partial(seeded_rng, "DELTA_TEST_SEED")
 
 
 def sequential_fn(q, k, v, g, beta, segment_ids=None):

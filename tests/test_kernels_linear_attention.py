@@ -6,7 +6,7 @@ Relative error here is max|got − want| / max|want| per tensor (out, dq, dk, dv
 Every test draws a new seed and names it in its failure message; LINEAR_TEST_SEED=<seed>
 reruns with that one.
 """
-import os
+import functools
 import sys
 
 import jax
@@ -16,16 +16,14 @@ import pytest
 
 from hybrid_nope import kernels
 from hybrid_nope.kernels import linear_pallas, linear_xla
-from linear_reference import linear_reference, random_linear_inputs, random_runs, rel_err
+from linear_reference import (linear_reference, random_linear_inputs, random_runs, rel_err,
+                              seeded_rng)
 
 dispatch = sys.modules["hybrid_nope.kernels.linear_attention"]
 on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks the CPU choices")
 
 
-def fresh_rng():
-  seed = int(os.environ.get("LINEAR_TEST_SEED", np.random.SeedSequence().entropy % 2**63))
-  print(f"seed {seed}")
-  return np.random.default_rng(seed), seed
+fresh_rng = functools.partial(seeded_rng, "LINEAR_TEST_SEED")
 
 
 def xla_fn(chunk):
