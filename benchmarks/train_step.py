@@ -3,6 +3,7 @@
   python benchmarks/train_step.py                       # the table in docs/performance.md
   python benchmarks/train_step.py --sizes=120m --seq_lens=2048 --patterns=SG
   python benchmarks/train_step.py --sizes=120m --seq_lens=8192 --patterns=SG,LG,G
+  python benchmarks/train_step.py --sizes=120m --seq_lens=8192 --patterns=DDDG --delta_gate=channel
 
 MFU counts model FLOPs honestly (hybrid_nope.train.flops.flops_per_token: 6 × matmul params
 incl. the output head, plus attention over the query-key pairs actually attended) against
@@ -38,13 +39,14 @@ from hybrid_nope.train.step import train_step_for  # noqa: E402
 
 
 def config_for(size: str, pattern: str, seq_len: int, vocab: int, remat: bool, tensor: int,
-               dtype: str = "float32"):
+               dtype: str = "float32", delta_gate: str = "head"):
   c = demo.get_config() if size == "demo" else base.experiment(size, 256)
   c.model.pattern = pattern
   if size != "demo":
     c.model.vocab_size = vocab
   c.model.remat = remat
   c.model.dtype = dtype
+  c.model.delta_gate = delta_gate
   c.data.seq_len = seq_len
   c.data.batch_size = 1
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, tensor
@@ -114,7 +116,11 @@ def main():
   p.add_argument("--sizes", default="demo,120m,350m")
   p.add_argument("--seq_lens", default="2048,8192")
   p.add_argument("--patterns", default="SG,G", help="SG = SWA hybrid (window 256), LG = gated "
-                 "linear attention hybrid, G = global-NoPE baseline")
+                 "linear attention hybrid, DG = gated delta rule hybrid, DDDG = 3:1 (Kimi Linear), "
+                 "G = global-NoPE baseline")
+  p.add_argument("--delta_gate", default="head", choices=("head", "channel"),
+                 help="model.delta_gate of D layers: per head (Gated DeltaNet) or per key "
+                 "channel (Kimi Delta Attention)")
   p.add_argument("--batch_size", type=int, default=1)
   p.add_argument("--vocab", type=int, default=32000)
   p.add_argument("--steps", type=int, default=2)
@@ -151,7 +157,7 @@ def main():
       for pattern in args.patterns.split(","):
         config = config_for(size, pattern, seq_len, args.vocab,
                             seq_len >= remat_from.get(size, float("inf")), args.tensor,
-                            args.dtype)
+                            args.dtype, args.delta_gate)
         seconds = time_steps(config, args.batch_size, args.steps)
         if isinstance(seconds, str):
           print(f"| {size} | {pattern} | {seq_len} | {config.model.remat} | {seconds} | | | |",

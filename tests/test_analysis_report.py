@@ -159,7 +159,9 @@ def test_summarize_reads_global_inputs_only_with_noise_and_the_data_control():
                  alignment=[0.0, 0.2], shuffled_gap=0.03, **head),
              rec(-1, "data", "tokens", 0.07),
              rec(2, "linear", "pre_mixer_norm", 0.5, mean_decay=0.9, recency_scale=10.0),
-             rec(2, "linear", "mlp", 0.5, mean_decay=0.5, recency_scale=2.0)]
+             rec(2, "linear", "mlp", 0.5, mean_decay=0.5, recency_scale=2.0),
+             rec(4, "delta", "pre_mixer_norm", 0.5, mean_decay=0.7, mean_beta=0.4,
+                 recency_scale=4.0)]
   s = report.summarize(records)
   # gap_stderr: the layers' paired SEs averaged; nulls: of the mean over all 4 heads,
   # sqrt(Σ σ²)/n (alignment: 0.125 / sqrt(4); logit gap: sqrt(2 (0.09 + 0.16)) / 4).
@@ -167,8 +169,8 @@ def test_summarize_reads_global_inputs_only_with_noise_and_the_data_control():
                              "shuffled_gap": 0.02, "shuffled_floor": None, "logit_gap": 3.0,
                              "logit_gap_stderr": 1.0, "logit_gap_null": np.sqrt(0.5) / 4,
                              "alignment": 0.15, "alignment_stderr": None,
-                             "alignment_null": 0.0625, "data_gap": 0.07, "mean_decay": 0.9,
-                             "recency_scale": 10.0})
+                             "alignment_null": 0.0625, "data_gap": 0.07, "mean_decay": 0.8,
+                             "mean_beta": 0.4, "recency_scale": 7.0})
   assert set(report.summarize(records[:1]).values()) == {None}
 
 

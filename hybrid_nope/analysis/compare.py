@@ -40,7 +40,7 @@ DATA_SEED_KEY = ("data", "seed")
 AGGREGATED = ("eval_loss", "gap", "floor", "gap_matched", "shuffled_gap", "gap_since_init",
               "logit_gap",
               "alignment", "data_gap", "logit_gap_sign_flips", "extrapolation_gap",
-              "extrapolation_logit_gap", "mean_decay", "recency_scale")
+              "extrapolation_logit_gap", "mean_decay", "mean_beta", "recency_scale")
 # Summary statistics shown as z against the empirical init null (analyze.py --init_seeds).
 NULL_Z = ("gap", "floor", "logit_gap", "alignment")
 MEASUREMENT_SE = {"gap": "gap_stderr", "logit_gap": "logit_gap_stderr",

@@ -88,8 +88,11 @@ def summarize(records: Sequence[dict]) -> dict[str, float | None]:
           "alignment_null": (recency.null_of_mean(heads("alignment_null"))
                              if heads("alignment_null") else None),
           "data_gap": field("gap", data),
-          # Gated linear attention layers: their gate's mean α and its recency scale 1/(1 − α).
+          # Gated linear attention and delta layers (averaged together where a pattern has
+          # both): the gate's mean α, the delta rule's mean β, and the recency scale
+          # (1/(1 − α) for GLA, 1/(1 − α(1 − β/H)) for the delta rule).
           "mean_decay": field("mean_decay", linear),
+          "mean_beta": field("mean_beta", linear),
           "recency_scale": field("recency_scale", linear)}
 
 
