@@ -74,5 +74,15 @@ def test_mixers_are_compared_paired_by_seed(tmp_path):
   diffs = [losses[("gdn", s)] - losses[("gla", s)] for s in range(3)]
   mean, se = np.mean(diffs), np.std(diffs, ddof=1) / np.sqrt(3)
   assert len(rows) == 1 and f"| 3 | {mean:+.4f} ± {se:.4f} | {mean / se:+.1f}" in rows[0]
+  # t = -2.1 on 2 df does not clear 4.30: the reading names no winner.
+  assert rows[0].endswith("| no difference detected at 3 seeds |")
   # Pairs whose runs are absent are not listed.
   assert "gdn3 − gdn" not in open(out).read()
+
+
+@pytest.mark.parametrize("t, reading", [(-5.0, "gdn < gla"), (5.0, "gdn > gla"),
+                                        (4.0, "no difference detected at 3 seeds"),
+                                        (float("nan"), "no difference detected at 3 seeds")])
+def test_a_mixer_row_names_the_larger_side_only_past_the_critical_t(t, reading):
+  row = {"pair": "gdn − gla", "t": t, "critical": 4.30, "seeds": 3}
+  assert results_page._reading(row) == reading

@@ -215,13 +215,23 @@ def _mixers_section(rows: list[dict]) -> list[str]:
   lines = ["## The local mixers compared", "",
            "Each row is a − b per seed (same seed: same data order, and the same initialisation "
            "of every weight whose shape the two configs share), then the mean over seeds ± the "
-           "seed-level SE, with Student's t against no difference.", "",
-           "| pair | statistic | seeds | mean ± seed SE | t (critical) |", "|---|---|---|---|---|"]
+           "seed-level SE, with Student's t against no difference (two-sided, 5%).", "",
+           "| pair | statistic | seeds | mean ± seed SE | t (critical) | reading |",
+           "|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(f"| {r['pair']} | {r['statistic']} | {r['seeds']} | {_fmt(r['mean'], '+.4f')} "
                  f"± {_fmt(r['se'], '.4f')} | {_fmt(r['t'], '+.1f')} "
-                 f"({_fmt(r['critical'], '.2f')}) |")
+                 f"({_fmt(r['critical'], '.2f')}) | {_reading(r)} |")
   return lines + [""]
+
+
+def _reading(row: dict) -> str:
+  """What a paired row shows: which side is larger where |t| clears the critical value."""
+  a, b = row["pair"].split(" − ")
+  t, critical = row["t"], row["critical"]
+  if t is None or critical is None or not np.isfinite(t) or abs(t) <= critical:
+    return f"no difference detected at {row['seeds']} seeds"
+  return f"{a} {'>' if t > 0 else '<'} {b}"
 
 
 def _depth(r: Run) -> float:
