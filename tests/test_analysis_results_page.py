@@ -48,6 +48,8 @@ def test_page_is_built_from_the_packs_alone(packs, tmp_path):
   v = found["swa16: recency strengthens with training"]
   assert v["values"] == pytest.approx([g - 0.05 for g in swa]) and v["verdict"] == "reproduced"
   assert "| swa16: recency strengthens with training |" in text
+  # The fake runs have one global layer: no depth finding, rather than one with no seeds.
+  assert not any("with depth" in f for f in found)
   # The window claims need swa256 seeds: not listed until those runs exist.
   assert not any("swa256" in f or "smaller windows" in f for f in found)
 

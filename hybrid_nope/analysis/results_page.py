@@ -96,6 +96,8 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
         "no change (paired within each run)",
         list(per_seed(rs, lambda r: r.global_input(r.final, "gap")
                       - r.global_input(0, "gap")).values()), min_effect=MIN_COSINE))
+    if len(next(iter(rs.values())).records(0, INPUT, "global")) < 2:
+      continue  # One global layer (gdn3's DDDG): depth is not a question this run can answer.
     out.append(Verdict(
         f"{e}: recency strengthens with depth", "gap at the last global layer's input − at the "
         "first, final step", "no change with depth",
