@@ -13,6 +13,13 @@ from hybrid_nope import storage
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
+# Keys added to the config after runs were saved without them, each with the value that gives
+# those runs' behaviour (a layer kind or feature they lack reads it). A config without the key
+# is read as holding that value: a resume (train/run_identity.py) and the seed grouping of
+# compare alike; any other value is a change.
+ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
+              "eval.sample_every_steps": 0, "eval.sample_prompts": [],
+              "eval.sample_max_new_tokens": 64}
 
 
 def history(workdir: str) -> list[dict]:
@@ -54,6 +61,11 @@ def flat(config) -> dict[str, Any]:
         out[name] = json.loads(json.dumps(value, default=str))
   walk("", tree)
   return out
+
+
+def with_added_keys(flat_config: dict[str, Any]) -> dict[str, Any]:
+  """A flat config (`flat`) with each ADDED_KEYS key it lacks at the value its run had."""
+  return {**ADDED_KEYS, **flat_config}
 
 
 def is_defining(key: str) -> bool:

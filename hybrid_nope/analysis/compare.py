@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.stats
 
-from hybrid_nope import storage
+from hybrid_nope import run_config, storage
 from hybrid_nope.analysis import checkpoints, report, run_files, seed_stats, sweep_plots
 from hybrid_nope.analysis.run_files import read_jsonl
 
@@ -71,9 +71,11 @@ def sign_flips(values: Sequence[float | None], stderrs: Sequence[float | None]) 
 def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   """What compare needs from one workdir, as plain numbers."""
   config = checkpoints.load_config(workdir)
-  seedless = config.to_dict()
-  seed = seedless[SEED_KEY[0]].pop(SEED_KEY[1])
-  seedless[DATA_SEED_KEY[0]].pop(DATA_SEED_KEY[1], None)  # Follows train.seed: randomness too.
+  # Keys added since older runs were saved count at the value those runs had, so a seed run
+  # before a key existed still groups with one after.
+  seedless = run_config.with_added_keys(run_config.flat(config))
+  seed = seedless.pop(".".join(SEED_KEY))
+  seedless.pop(".".join(DATA_SEED_KEY), None)  # Follows train.seed: randomness too.
   m = config.model
   swa = "S" in m.pattern
   evals = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]

@@ -15,13 +15,10 @@ import json
 
 from hybrid_nope.errors import UserError
 # The rule of which keys define a run lives beside the config files (analysis reads it too).
-from hybrid_nope.run_config import (DEFINING_KEYS, DEFINING_PREFIXES,  # noqa: F401
-                                    FREE_MODEL_KEYS, defining, flat, is_defining)
+from hybrid_nope.run_config import (ADDED_KEYS, DEFINING_KEYS,  # noqa: F401
+                                    DEFINING_PREFIXES, FREE_MODEL_KEYS, defining, flat,
+                                    is_defining)
 
-# Defining keys added after runs were saved without them, each with the value that gives those
-# runs' function (a layer kind they lack reads it): a checkpoint without the key resumes as if
-# it held that value, and any other value is a change.
-ADDED_KEYS = {"model.delta_gate": "head"}
 # train.steps sets the cosine decay's length: lowering it is allowed with a warning (the run
 # stops earlier; the schedule from here on decays faster), raising it needs the opt-in.
 STEPS_KEY = "train.steps"
