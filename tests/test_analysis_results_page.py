@@ -86,5 +86,4 @@ def test_mixers_are_compared_paired_by_seed(tmp_path):
                                         (4.0, "no difference detected at 3 seeds"),
                                         (float("nan"), "no difference detected at 3 seeds")])
 def test_a_mixer_row_names_the_larger_side_only_past_the_critical_t(t, reading):
-  row = {"pair": "gdn − gla", "t": t, "critical": 4.30, "seeds": 3}
-  assert results_page._reading(row) == reading
+  assert results_page.reading("gdn", "gla", t, 4.30, 3) == reading

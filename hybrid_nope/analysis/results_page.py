@@ -96,12 +96,11 @@ def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Ve
         "no change (paired within each run)",
         list(per_seed(rs, lambda r: r.global_input(r.final, "gap")
                       - r.global_input(0, "gap")).values()), min_effect=MIN_COSINE))
-    if len(next(iter(rs.values())).records(0, INPUT, "global")) < 2:
-      continue  # One global layer (gdn3's DDDG): depth is not a question this run can answer.
-    out.append(Verdict(
-        f"{e}: recency strengthens with depth", "gap at the last global layer's input − at the "
-        "first, final step", "no change with depth",
-        list(per_seed(rs, lambda r: _depth(r)).values()), min_effect=MIN_COSINE))
+    depths = list(per_seed(rs, _depth).values())
+    if not np.all(np.isnan(depths)):  # One global layer (gdn3's DDDG) has no depth to compare.
+      out.append(Verdict(
+          f"{e}: recency strengthens with depth", "gap at the last global layer's input − at "
+          "the first, final step", "no change with depth", depths, min_effect=MIN_COSINE))
   for e in local:
     rs = runs[e]
     out.append(Verdict(
@@ -207,7 +206,8 @@ def mixers_compared(runs: dict[str, dict[int, Run]]) -> list[dict]:
       v = Verdict(f"{a} − {b}", name, "no difference",
                   paired(per_seed(runs[a], fn), per_seed(runs[b], fn)))
       out.append({"pair": f"{a} − {b}", "statistic": name, "seeds": v.n, "mean": v.mean,
-                  "se": v.se, "t": v.t, "critical": v.critical})
+                  "se": v.se, "t": v.t, "critical": v.critical,
+                  "reading": reading(a, b, v.t, v.critical, v.n)})
   return out
 
 
@@ -223,16 +223,15 @@ def _mixers_section(rows: list[dict]) -> list[str]:
   for r in rows:
     lines.append(f"| {r['pair']} | {r['statistic']} | {r['seeds']} | {_fmt(r['mean'], '+.4f')} "
                  f"± {_fmt(r['se'], '.4f')} | {_fmt(r['t'], '+.1f')} "
-                 f"({_fmt(r['critical'], '.2f')}) | {_reading(r)} |")
+                 f"({_fmt(r['critical'], '.2f')}) | {r['reading']} |")
   return lines + [""]
 
 
-def _reading(row: dict) -> str:
-  """What a paired row shows: which side is larger where |t| clears the critical value."""
-  a, b = row["pair"].split(" − ")
-  t, critical = row["t"], row["critical"]
+def reading(a: str, b: str, t: float | None, critical: float | None, seeds: int) -> str:
+  """What a − b paired over seeds shows: which side is larger where |t| clears the critical
+  value."""
   if t is None or critical is None or not np.isfinite(t) or abs(t) <= critical:
-    return f"no difference detected at {row['seeds']} seeds"
+    return f"no difference detected at {seeds} seeds"
   return f"{a} {'>' if t > 0 else '<'} {b}"
 
 
