@@ -8,3 +8,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "hybrid_nope_test_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Modules that hold a `long` test run first. pytest-xdist hands each worker a first block of
+  tests and shares the rest out as workers free up, so a long test collected late would leave one
+  worker running it alone at the end. Whole modules move, keeping their module fixtures together."""
+  module = lambda item: getattr(item, "module", None)
+  long_modules = {module(item) for item in items if item.get_closest_marker("long")}
+  items.sort(key=lambda item: module(item) not in long_modules)  # A stable sort.

@@ -43,6 +43,7 @@ def test_no_checkpoints(tmp_path):
   assert not (tmp_path / "checkpoints").exists()  # Analysis never creates directories there.
 
 
+@pytest.mark.long
 def test_config_round_trips_through_json(run):
   config = checkpoints.load_config(run)
   assert config.model.to_dict() == tiny_config().model.to_dict()

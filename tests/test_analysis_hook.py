@@ -207,6 +207,7 @@ def chapter_rows(num_rows, seq_len, vocab, seed=0):
            "weights": live.astype(np.float32)}]
 
 
+@pytest.mark.long
 def test_a_paper_config_writes_every_field():
   """configs/swa256_350m.py's shapes at its seq_len 8192 and far lag 4096 (two layers, a small
   vocabulary and two probe rows, for CPU memory), on padded chapter rows."""

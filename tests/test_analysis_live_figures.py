@@ -106,6 +106,7 @@ def test_gaps_within_noise_are_hatched(hybrid):
   assert distinct[5] > 1 and all(d == 1 for i, d in enumerate(distinct) if i != 5)
 
 
+@pytest.mark.long
 def test_no_global_nope_layer_no_logit_figure():
   config, records = measure(model__pattern="S")
   assert list(live_figures.figures(records, config)) == [HEAT, FLOOR]

@@ -59,6 +59,7 @@ def test_reproduces_recency_jsonl_at_the_training_length(analyzed):
   assert np.isfinite(a["summary"]["step"]["gap_stderr"])
 
 
+@pytest.mark.long
 def test_eval_loss_matches_the_training_loop(analyzed):
   workdir, result = analyzed
   ev = result["analysis"]["eval"]

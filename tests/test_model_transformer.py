@@ -124,6 +124,7 @@ def test_remat_matches_plain(pattern, num_layers):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.long
 def test_remat_stores_only_the_residual_stream_between_repeats():
   """What each extra block adds to the compiled backward pass's peak temporaries: all its
   activations without remat, and little more than one [T, D] residual with it."""

@@ -160,6 +160,7 @@ def test_kill_and_resume_continues_the_identical_trajectory(tmp_path, reference_
   assert_resumes_identically(tmp_path, reference_losses)
 
 
+@pytest.mark.long
 def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tmp_path, reference_losses):
   proc = start_cli_run(tmp_path)
   proc.send_signal(signal.SIGTERM)

@@ -12,7 +12,7 @@ from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import loop
 from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape
 from tests.helpers import MESH_TEST, REPO, run_8_devices, tiny_config
-from tests.scripts.mesh_runs import RECURRENT_PATTERN
+from tests.scripts.mesh_runs import MESHES, RECURRENT_PATTERN, losses, recency_profiles
 
 
 
@@ -42,19 +42,47 @@ def test_bad_mesh_for_the_model_fails_before_compile(overrides, shape, key):
     check_divisibility(tiny_config(**overrides), shape)
 
 
-def test_same_losses_on_every_mesh_and_shardings_follow_the_rules(tmp_path):
-  reference = loop.train(tiny_config(**MESH_TEST), str(tmp_path / "one_device"),
-                         hooks=[RecencyHook.for_run])
-  with open(tmp_path / "one_device" / "metrics.jsonl") as f:
-    want = [r["loss"] for r in map(json.loads, f) if "loss" in r]
-  assert len(want) == 3 and reference["step"] == 3
-  with open(tmp_path / "one_device" / "recency.jsonl") as f:
-    want_profiles = [r["profile"] for r in map(json.loads, f)]
-  out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path / "meshes"))
-  for name, got in out["losses"].items():
-    np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=name)
-  for name, got in out["recency"].items():  # The hook on a mesh measures what one device does.
-    np.testing.assert_allclose(got, want_profiles, rtol=1e-4, atol=1e-5, err_msg=name)
+def train_losses_and_profiles(config, workdir, hooks=()):
+  """The losses (and recency profiles, when the hook runs) a one-device run writes."""
+  loop.train(config, str(workdir), hooks=list(hooks))
+  return losses(workdir), recency_profiles(workdir) if hooks else None
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+  losses, profiles = train_losses_and_profiles(
+      tiny_config(**MESH_TEST), tmp_path_factory.mktemp("one_device"), [RecencyHook.for_run])
+  assert len(losses) == 3
+  return losses, profiles
+
+
+# Each mesh is its own 8-device process, so pytest's workers share them out.
+@pytest.mark.long
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_same_losses_and_recency_on_every_mesh(mesh, one_device, tmp_path):
+  want, want_profiles = one_device
+  out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path), mesh)
+  np.testing.assert_allclose(out["losses"], want, rtol=2e-5)
+  # The hook on a mesh measures what one device does.
+  np.testing.assert_allclose(out["recency"], want_profiles, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.long
+def test_recurrent_mixers_under_remat_on_a_mesh_match_one_device(one_device, tmp_path):
+  """L and D layers (one LDG model) under remat on fsdp 2 × tensor 4, against one device
+  without remat."""
+  pattern = RECURRENT_PATTERN
+  want, _ = train_losses_and_profiles(
+      tiny_config(**MESH_TEST, model__pattern=pattern, model__num_layers=len(pattern)),
+      tmp_path / "one_device")
+  assert len(want) == 3 and want != one_device[0]
+  out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path / "mesh"), "recurrent")
+  np.testing.assert_allclose(out["losses"], want, rtol=2e-5)
+
+
+@pytest.mark.long
+def test_shardings_follow_the_rules_and_restore_onto_another_mesh(tmp_path):
+  out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path), "layout")
   # LOGICAL_RULES: embed -> fsdp, vocab/heads/mlp -> tensor, kv (head_dim) unsharded.
   assert out["specs"]["embedding_VD"] == ["tensor", "fsdp"]
   assert out["specs"]["wq_DNH"] == ["fsdp", "tensor", None]
@@ -63,17 +91,9 @@ def test_same_losses_on_every_mesh_and_shardings_follow_the_rules(tmp_path):
   assert out["specs"]["scale_D"] == ["fsdp"]
   assert out["cross_mesh_restore"] == {"equal": True, "on_new_mesh": True,
                                        "fresh_init_differs": True}
-  # L and D layers (one LDG model) under remat on fsdp 2 × tensor 4, against one device
-  # without remat.
-  pattern = RECURRENT_PATTERN
-  loop.train(tiny_config(**MESH_TEST, model__pattern=pattern, model__num_layers=len(pattern)),
-             str(tmp_path / pattern))
-  with open(tmp_path / pattern / "metrics.jsonl") as f:
-    want_recurrent = [r["loss"] for r in map(json.loads, f) if "loss" in r]
-  assert len(want_recurrent) == 3 and want_recurrent != want
-  np.testing.assert_allclose(out["recurrent_losses"], want_recurrent, rtol=2e-5)
 
 
+@pytest.mark.long
 def test_two_processes_match_one(tmp_path):
   import socket
   from tests.scripts.two_process import TWO_PROCESS
@@ -94,14 +114,9 @@ def test_two_processes_match_one(tmp_path):
     result = json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
     assert result["resumed_at"] == 3
 
-  def losses(workdir):
-    with open(workdir / "metrics.jsonl") as f:
-      return [r["loss"] for r in map(json.loads, f) if "loss" in r]
-
   np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=2e-5)
-  profiles = lambda w: [r["profile"] for r in map(json.loads, open(w / "recency.jsonl"))]
-  np.testing.assert_allclose(profiles(tmp_path / "two"), profiles(tmp_path / "one"), rtol=1e-4,
-                             atol=1e-5)
+  np.testing.assert_allclose(recency_profiles(tmp_path / "two"), recency_profiles(tmp_path / "one"),
+                             rtol=1e-4, atol=1e-5)
   # The data position is one global number, so the run saved by two processes resumes on one
   # with the batches (hence the losses) of a run that stayed on one process.
   with open(tmp_path / "two" / "checkpoints" / "3" / "meta" / "metadata") as f:

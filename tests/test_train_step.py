@@ -76,6 +76,7 @@ def padded_batches(config, count):
   return out
 
 
+@pytest.mark.long
 def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
   """Three updates with 1, 2 and 4 microbatches: the same parameters (float32, relative 1e-6).
   A mean of microbatch means would weigh a padded microbatch's tokens more and fail this."""

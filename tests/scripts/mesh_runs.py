@@ -1,7 +1,10 @@
 """Runs in its own process with 8 simulated CPU devices (XLA_FLAGS set by the caller) and prints
-one JSON object: losses per mesh, parameter shardings, and a cross-mesh checkpoint restore.
+one JSON object for one PART: a mesh's losses and recency profiles (PART is a name in MESHES),
+the recurrent mixers under remat on a mesh ("recurrent"), or the parameter shardings and a
+cross-mesh checkpoint restore ("layout"). One part per process, so the test's parts run on
+separate pytest workers.
 
-  python -m tests.scripts.mesh_runs WORKDIR
+  python -m tests.scripts.mesh_runs WORKDIR PART
 """
 import json
 import os
@@ -40,23 +43,28 @@ def recency_profiles(workdir):
     return [r["profile"] for r in map(json.loads, f)]
 
 
-def main(workdir):
-  assert jax.device_count() == 8, jax.devices()
-  out = {"losses": {}, "specs": {}, "recency": {}}
-  for name, mesh in MESHES.items():
-    loop.train(config_for(mesh), os.path.join(workdir, name), hooks=[RecencyHook.for_run])
-    out["losses"][name] = losses(os.path.join(workdir, name))
-    out["recency"][name] = recency_profiles(os.path.join(workdir, name))
-  # The recurrent mixers, gated linear attention (L) and the gated delta rule (D), run per
-  # shard like attention: on the mesh that splits both batch and heads, under remat (the scan
-  # over stacked blocks, whose stack must keep each parameter's sharding), with the hook. One
-  # LDG model holds both, so the check costs one run.
+def mesh_part(workdir, name):
+  """Losses and recency profiles of the tiny run on one mesh, with the hook."""
+  run_dir = os.path.join(workdir, name)
+  loop.train(config_for(MESHES[name]), run_dir, hooks=[RecencyHook.for_run])
+  return {"losses": losses(run_dir), "recency": recency_profiles(run_dir)}
+
+
+def recurrent_part(workdir):
+  """The recurrent mixers, gated linear attention (L) and the gated delta rule (D), run per shard
+  like attention: on the mesh that splits both batch and heads, under remat (the scan over
+  stacked blocks, whose stack must keep each parameter's sharding), with the hook. One LDG model
+  holds both, so the check costs one run."""
   run_dir = os.path.join(workdir, f"{RECURRENT_PATTERN}_{REMAT_MESH}_remat")
   loop.train(config_for(MESHES[REMAT_MESH], model__pattern=RECURRENT_PATTERN,
                         model__num_layers=len(RECURRENT_PATTERN), model__remat=True), run_dir,
              hooks=[RecencyHook.for_run])
-  out["recurrent_losses"] = losses(run_dir)
+  return {"losses": losses(run_dir)}
 
+
+def layout_part(workdir):
+  """Each rule's parameter sharding, and a checkpoint saved on one mesh restored onto another."""
+  out = {"specs": {}}
   config = config_for(MESHES["fsdp2_tensor4"])
   tx = make_optimizer(config.train)
   mesh = sharding.make_mesh(config)
@@ -95,8 +103,17 @@ def main(workdir):
   # Different init seeds, so equality means the values really came from the checkpoint.
   out["cross_mesh_restore"] = {"equal": same, "on_new_mesh": on_new_mesh,
                                "fresh_init_differs": not np.array_equal(wq(saved), wq(fresh))}
-  print("RESULT " + json.dumps(out))
+  return out
+
+
+PARTS = {**{name: (lambda w, name=name: mesh_part(w, name)) for name in MESHES},
+         "recurrent": recurrent_part, "layout": layout_part}
+
+
+def main(workdir, part):
+  assert jax.device_count() == 8, jax.devices()
+  print("RESULT " + json.dumps(PARTS[part](workdir)))
 
 
 if __name__ == "__main__":
-  main(sys.argv[1])
+  main(*sys.argv[1:])
