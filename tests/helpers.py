@@ -26,9 +26,18 @@ TINY = {
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def xla_flags(devices=None):
+  """The tests' XLA_FLAGS (tests/conftest.py), with `devices` simulated CPU devices or, when
+  None, the default one."""
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  return " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices
+                           else []))
+
+
 def run_8_devices(module, *args, env_extra=None, timeout=600):
   """Runs `python -m module args` on 8 simulated CPU devices; returns its RESULT json line."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(devices=8),
              JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **(env_extra or {}))
   proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)

@@ -11,7 +11,7 @@ import pytest
 from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import loop
 from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape
-from tests.helpers import MESH_TEST, REPO, run_8_devices, tiny_config
+from tests.helpers import MESH_TEST, REPO, run_8_devices, tiny_config, xla_flags
 from tests.scripts.mesh_runs import MESHES, RECURRENT_PATTERN, losses, recency_profiles
 
 
@@ -56,9 +56,11 @@ def one_device(tmp_path_factory):
   return losses, profiles
 
 
-# Each mesh is its own 8-device process, so pytest's workers share them out.
+# Each mesh is its own 8-device process, so pytest's workers share them out. data 2 × fsdp 4
+# covers the data axis; the pure data-parallel mesh is kept for `pytest -m slow`.
 @pytest.mark.long
-@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("mesh", [pytest.param(m, marks=pytest.mark.slow) if m == "data8" else m
+                                  for m in MESHES])
 def test_same_losses_and_recency_on_every_mesh(mesh, one_device, tmp_path):
   want, want_profiles = one_device
   out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path), mesh)
@@ -102,8 +104,8 @@ def test_two_processes_match_one(tmp_path):
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
-             JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2")
-  env.pop("XLA_FLAGS", None)
+             JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+             XLA_FLAGS=xla_flags())
   procs = [subprocess.Popen([sys.executable, "-m", "tests.scripts.two_process",
                              str(tmp_path / "two")], cwd=REPO, env=dict(env, JAX_PROCESS_ID=str(i)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
