@@ -43,17 +43,17 @@ def test_bad_mesh_for_the_model_fails_before_compile(overrides, shape, key):
 
 
 def train_losses_and_profiles(config, workdir, hooks=()):
-  """The losses (and recency profiles, when the hook runs) a one-device run writes."""
-  loop.train(config, str(workdir), hooks=list(hooks))
+  """The losses (and recency profiles, when the hook runs) a one-device run of 3 steps writes."""
+  assert loop.train(config, str(workdir), hooks=list(hooks))["step"] == 3
   return losses(workdir), recency_profiles(workdir) if hooks else None
 
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
-  losses, profiles = train_losses_and_profiles(
+  want, want_profiles = train_losses_and_profiles(
       tiny_config(**MESH_TEST), tmp_path_factory.mktemp("one_device"), [RecencyHook.for_run])
-  assert len(losses) == 3
-  return losses, profiles
+  assert len(want) == 3
+  return want, want_profiles
 
 
 # Each mesh is its own 8-device process, so pytest's workers share them out. data 2 × fsdp 4
