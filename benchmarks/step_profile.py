@@ -19,11 +19,12 @@ import sys
 import tempfile
 import time
 
-# Read at backend start-up, so before jax is imported.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_cpu_enable_xprof_traceme=true").strip()
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hybrid_nope import xla_flags  # noqa: E402  (imports no jax)
+
+# Read at backend start-up, so before jax is imported.
+xla_flags.set_in_environ("--xla_cpu_enable_xprof_traceme", "true")
 
 import jax  # noqa: E402
 

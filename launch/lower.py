@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For configs/.
 
 from absl import flags  # noqa: E402
+from hybrid_nope import xla_flags  # noqa: E402  (imports no jax)
 from ml_collections import config_flags  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
@@ -35,8 +36,7 @@ def main(argv):
 if __name__ == "__main__":
   # The device count must be set before jax initialises its backend.
   count = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--devices=")), "1")
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + f" --xla_force_host_platform_device_count={count}")
+  xla_flags.set_in_environ(xla_flags.HOST_DEVICE_COUNT, count)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   from hybrid_nope import cli  # noqa: E402  pylint: disable=g-import-not-at-top
   cli.run(main)

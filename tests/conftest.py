@@ -1,6 +1,8 @@
 import os
 import tempfile
 
+from hybrid_nope import xla_flags
+
 # Tests run on the CPU; keep XLA from grabbing every core's worth of threads per process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Many tests compile the same tiny train step: share compiled programs between tests, pytest
@@ -11,8 +13,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 # LLVM's optimisation of XLA's CPU code is much of a tiny program's compile time, and the
 # programs run for milliseconds: tests compile at level 0 (14% less CPU on two test modules).
 # Subprocesses inherit it (tests/helpers.py: xla_flags).
-os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
-                                    "--xla_backend_optimization_level=0"]).strip()
+xla_flags.set_in_environ("--xla_backend_optimization_level", 0)
 
 
 def pytest_collection_modifyitems(config, items):

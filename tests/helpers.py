@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 
 from configs import demo
+from hybrid_nope.xla_flags import HOST_DEVICE_COUNT, with_flag
 
 # The demo config shrunk to something that compiles and steps in well under a second.
 TINY = {
@@ -29,10 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def xla_flags(devices=None):
   """The tests' XLA_FLAGS (tests/conftest.py), with `devices` simulated CPU devices or, when
   None, the default one."""
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  return " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices
-                           else []))
+  return with_flag(os.environ.get("XLA_FLAGS", ""), HOST_DEVICE_COUNT, devices or None)
 
 
 def run_8_devices(module, *args, env_extra=None, timeout=600):
