@@ -10,12 +10,16 @@ recency, per-cluster sums, probe, analysis JSON; never checkpoints) are packed i
 `<records_dir>/<experiment>/seed<k>.tar.gz`, so results regenerate with no retraining.
 
 Runs go `parallel` at a time, each pinned to `threads` cores of its own
-(benchmarks/sweep_parallel.py measured which split is faster; docs/performance.md).
+(benchmarks/sweep_parallel.py measured which split is faster; docs/performance.md). A core is
+claimed with a lock file that every sweep on the machine shares, so two sweeps started side by
+side (say, with different --init_seeds) pin their runs to different cores.
 This module runs the launch scripts as subprocesses: it imports neither train nor analysis.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import glob
 import io
 import json
@@ -23,6 +27,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 from hybrid_nope import run_config, storage
@@ -124,13 +129,48 @@ def pack_path(records_dir: str, run: Run) -> str:
   return os.path.join(records_dir, run.experiment, f"seed{run.seed}.tar.gz")
 
 
-def _cores(slot: int, threads: int) -> set[int]:
+CORE_LOCKS = os.path.join(tempfile.gettempdir(), "hybrid_nope_sweep_cores")
+
+
+@contextlib.contextmanager
+def claimed_cores(threads: int, *, lock_dir: str = CORE_LOCKS,
+                  log: Callable[[str], None] = print, poll_seconds: float = 10.0):
+  """Holds `threads` of this process's cores that no other run on the machine holds (an
+  exclusive flock per core in `lock_dir`, released when the run ends or its process dies),
+  waiting while too few are free. A wait releases what it holds, so sweeps never deadlock."""
   available = sorted(os.sched_getaffinity(0))
-  chosen = available[slot * threads:(slot + 1) * threads]
-  if len(chosen) < threads:
-    raise ValueError(f"slot {slot} x {threads} threads needs more than the {len(available)} "
-                     "cores this process may use")
-  return set(chosen)
+  if threads > len(available):
+    raise ValueError(f"{threads} threads per run need more than the {len(available)} cores "
+                     f"{available} this process may use")
+  os.makedirs(lock_dir, exist_ok=True)
+  held: dict[int, io.TextIOWrapper] = {}
+  waiting_said = False
+  try:
+    while True:
+      for core in available:
+        lock = open(os.path.join(lock_dir, f"core{core}.lock"), "a")  # Closed in `finally`.
+        try:
+          fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+          lock.close()
+          continue
+        held[core] = lock
+        if len(held) == threads:
+          break
+      if len(held) == threads:
+        break
+      for lock in held.values():
+        lock.close()
+      held.clear()
+      if not waiting_said:
+        log(f"waiting for {threads} free core(s) of {available}: other runs hold them "
+            f"({lock_dir})")
+        waiting_said = True
+      time.sleep(poll_seconds)
+    yield set(held)
+  finally:
+    for lock in held.values():
+      lock.close()
 
 
 def trained_steps(workdir: str) -> tuple[int, int]:
@@ -141,15 +181,14 @@ def trained_steps(workdir: str) -> tuple[int, int]:
   return max([r["step"] for r in records if "loss" in r], default=0), steps
 
 
-def execute(run: Run, *, slot: int, threads: int, log: Callable[[str], None],
-            **command_args) -> float:
+def execute(run: Run, *, threads: int, log: Callable[[str], None],
+            lock_dir: str = CORE_LOCKS, **command_args) -> float:
   """Trains and analyses one run pinned to its cores; returns its seconds. Raises on failure,
   naming the run and its log file."""
   os.makedirs(run.workdir, exist_ok=True)
   log_path = os.path.join(run.workdir, "sweep.log")
-  cores = _cores(slot, threads)
-  start = time.time()
-  with open(log_path, "a") as out:
+  with claimed_cores(threads, lock_dir=lock_dir, log=log) as cores, open(log_path, "a") as out:
+    start = time.time()
     for index, command in enumerate(commands(run, **command_args)):
       result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                               preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False)
@@ -187,12 +226,13 @@ def sweep(runs: Sequence[Run], *, parallel: int, threads: int, records_dir: str 
   todo = [r for r in runs if r.name not in status]
   log(f"sweep: {len(status)} of {len(runs)} runs done, {len(todo)} to run, {parallel} at a time "
       f"x {threads} threads")
-  free_slots = list(range(parallel))
+  if todo and parallel * threads > len(os.sched_getaffinity(0)):
+    raise ValueError(f"parallel={parallel} x threads={threads} needs more than the "
+                     f"{len(os.sched_getaffinity(0))} cores this process may use")
 
   def one(run: Run) -> None:
-    slot = free_slots.pop()
     try:
-      seconds = execute(run, slot=slot, threads=threads, log=log,
+      seconds = execute(run, threads=threads, log=log,
                         init_seeds=init_seeds if run.seed == init_seed_of else 0,
                         **command_args)
       if records_dir:
@@ -204,8 +244,6 @@ def sweep(runs: Sequence[Run], *, parallel: int, threads: int, records_dir: str 
     except Exception as e:  # pylint: disable=broad-except  (one run's failure stops only it)
       status[run.name] = f"failed: {e}"
       log(f"{run.name} FAILED: {e}")
-    finally:
-      free_slots.append(slot)
 
   with futures.ThreadPoolExecutor(parallel) as pool:
     list(pool.map(one, todo))

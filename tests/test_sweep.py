@@ -3,6 +3,8 @@ import json
 import os
 import sys
 import tarfile
+import threading
+import time
 
 import pytest
 
@@ -71,7 +73,7 @@ def test_sweep_skips_done_runs_resumes_partial_ones_and_survives_a_failure(tmp_p
   calls = []
   fail_once = {"nope/seed0"}
 
-  def fake_execute(run, *, slot, threads, log, **kwargs):
+  def fake_execute(run, *, threads, log, **kwargs):
     calls.append(run.name)
     if run.name in fail_once:
       fail_once.discard(run.name)
@@ -94,18 +96,46 @@ def test_sweep_skips_done_runs_resumes_partial_ones_and_survives_a_failure(tmp_p
   assert os.path.exists(tmp_path / "records" / "nope" / "seed0.tar.gz")
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity")
-def test_execute_pins_each_slot_to_its_own_cores(tmp_path, monkeypatch):
-  seen = []
-  monkeypatch.setattr(sweep, "commands", lambda run, **kw: [[
-      sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]])
+def print_affinity(run, **kw):
+  return [[sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]]
+
+
+@pytest.mark.skipif(len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2,
+                    reason="needs CPU affinity and two cores")
+def test_a_run_is_pinned_to_a_core_no_other_sweep_holds(tmp_path, monkeypatch):
+  """Another sweep (here, a lock this test holds) has the first core: the run takes the next
+  one, and a run that needs more cores than the process has fails naming them."""
+  monkeypatch.setattr(sweep, "commands", print_affinity)
   monkeypatch.setattr(sweep, "trained_steps", lambda workdir: (1, 1))
-  run = sweep.Run("configs/small.py", "swa16", 0, str(tmp_path))
-  sweep.execute(run, slot=0, threads=1, log=seen.append)
-  cores = open(os.path.join(run.workdir, "sweep.log")).read().strip()
-  assert cores == str([sorted(os.sched_getaffinity(0))[0]])
+  first, second = sorted(os.sched_getaffinity(0))[:2]
+  run = sweep.Run("configs/small.py", "swa16", 0, str(tmp_path / "run"))
+  locks = str(tmp_path / "locks")
+  with sweep.claimed_cores(1, lock_dir=locks) as other:
+    assert other == {first}
+    sweep.execute(run, threads=1, log=lambda m: None, lock_dir=locks)
+  assert open(os.path.join(run.workdir, "sweep.log")).read().strip() == str([second])
+  with sweep.claimed_cores(1, lock_dir=locks) as again:  # Released when the run ended.
+    assert again == {first}
   with pytest.raises(ValueError, match="cores"):
-    sweep.execute(run, slot=64, threads=1, log=seen.append)
+    sweep.execute(run, threads=len(os.sched_getaffinity(0)) + 1, log=lambda m: None,
+                  lock_dir=locks)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity")
+def test_a_run_waits_while_every_core_is_held_and_holds_none_meanwhile(tmp_path):
+  locks, said = str(tmp_path / "locks"), []
+  cores = len(os.sched_getaffinity(0))
+  got = []
+  with sweep.claimed_cores(cores, lock_dir=locks) as everything:
+    def claim_one():
+      with sweep.claimed_cores(1, lock_dir=locks, log=said.append, poll_seconds=0.01) as core:
+        got.append(core)
+    waiter = threading.Thread(target=claim_one)
+    waiter.start()
+    time.sleep(0.2)
+    assert not got and len(said) == 1 and "waiting for 1 free core" in said[0]
+  waiter.join(timeout=10)
+  assert got and got[0] <= everything
 
 
 def test_a_preempted_training_is_not_analysed(tmp_path, monkeypatch):
@@ -121,7 +151,7 @@ def test_a_preempted_training_is_not_analysed(tmp_path, monkeypatch):
   monkeypatch.setattr(sweep, "commands", lambda run, **kw: [
       [sys.executable, "-c", "pass"], [sys.executable, "-c", "raise SystemExit(7)"]])
   with pytest.raises(RuntimeError, match="stopped at step 101 of 640"):
-    sweep.execute(run, slot=0, threads=1, log=ran.append)
+    sweep.execute(run, threads=1, log=ran.append, lock_dir=str(tmp_path / "locks"))
   assert sweep.trained_steps(run.workdir) == (101, 640)
 
 
