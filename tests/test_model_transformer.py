@@ -135,8 +135,9 @@ def test_remat_stores_only_the_residual_stream_between_repeats():
     grad = jax.jit(jax.grad(lambda s: jnp.mean(nnx.merge(graphdef, s)(t) ** 2)))
     return grad.lower(state).compile().memory_analysis().temp_size_in_bytes / 2**20
 
-  plain_growth = temporaries_MiB(False, 10) - temporaries_MiB(False, 2)
-  remat_growth = temporaries_MiB(True, 10) - temporaries_MiB(True, 2)
+  # Per extra block, from 2 to 6 blocks (compile time grows with the block count).
+  plain_growth = (temporaries_MiB(False, 6) - temporaries_MiB(False, 2)) / 4
+  remat_growth = (temporaries_MiB(True, 6) - temporaries_MiB(True, 2)) / 4
   # Each plain block keeps ~14 MiB of [T, 64] and [T, 256] activations at T=2048.
-  assert plain_growth > 50, plain_growth
+  assert plain_growth > 10, plain_growth
   assert remat_growth < 0.2 * plain_growth, (remat_growth, plain_growth)

@@ -83,13 +83,14 @@ def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
   config = tiny_config(data__batch_size=8, train__warmup_steps=0, train__learning_rate=3e-3)
   batches = padded_batches(config, 3)
   tx = make_optimizer(config.train)
-  params, losses = {}, {}
+  params, losses, steps = {}, {}, {}
   for accum in (1, 2, 4):
     model_def, state = init_train_state(config.model, tx, seed=0)
-    step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train), accum))
+    steps[accum] = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train),
+                                           accum))
     losses[accum] = []
     for batch in batches:
-      state, metrics = step(state, batch)
+      state, metrics = steps[accum](state, batch)
       losses[accum].append(float(metrics["loss"]))
     params[accum] = jax.tree.leaves(jax.tree.map(np.asarray, state.params))
   for accum in (2, 4):
@@ -103,13 +104,12 @@ def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
   mean_loss = lambda p, b: (lambda l, w: l / w)(*cross_entropy_sums(
       model_def.apply(p, b), b["targets"], b["weights"]))
   micro = microbatches(batches[0], 4)
+  grad = jax.jit(jax.grad(mean_loss))  # One compile for the four microbatches.
   grads = jax.tree.map(lambda *g: sum(g) / 4, *[
-      jax.grad(mean_loss)(state.params, {k: v[i] for k, v in micro.items()}) for i in range(4)])
+      grad(state.params, {k: v[i] for k, v in micro.items()}) for i in range(4)])
   updates, _ = tx.update(grads, state.opt_state, state.params)
   means_of_means = jax.tree.leaves(optax.apply_updates(state.params, updates))
-  model_def, state = init_train_state(config.model, tx, seed=0)
-  step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train), 4))
-  whole = jax.tree.leaves(step(state, batches[0])[0].params)
+  whole = jax.tree.leaves(steps[4](state, batches[0])[0].params)
   assert max(relative(a, b) for a, b in zip(means_of_means, whole)) > 1e-4
 
 
