@@ -19,7 +19,9 @@ HISTORY_FILE = "config_history.jsonl"
 # compare alike; any other value is a change.
 ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
               "eval.sample_every_steps": 0, "eval.sample_prompts": [],
-              "eval.sample_max_new_tokens": 64}
+              "eval.sample_max_new_tokens": 64, "data.skip_batches": 0,
+              "data.exclude_samples": [], "train.grad_accum_steps": 1,
+              "train.allow_changes": [], "train.overwrite": False}
 
 
 def history(workdir: str) -> list[dict]:

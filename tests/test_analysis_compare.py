@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import warnings
 
 import numpy as np
@@ -281,6 +282,30 @@ def test_sign_flips_count_only_significant_crossings():
 def _mean_se(values):
   values = np.asarray(values, float)
   return values.mean(), values.std(ddof=1) / np.sqrt(len(values))
+
+
+COMMITTED_RECORDS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "results", "runs")
+
+
+def test_every_committed_experiments_seeds_share_one_config_key():
+  """The sweep's packs were trained across many commits; configs saved before a key was added
+  must still group with their experiment's later seeds (else results.md splits a row)."""
+  experiments = sorted(os.listdir(COMMITTED_RECORDS))
+  assert experiments, COMMITTED_RECORDS
+  for experiment in experiments:
+    keys = {}
+    folder = os.path.join(COMMITTED_RECORDS, experiment)
+    for pack in sorted(os.listdir(folder)):
+      with tarfile.open(os.path.join(folder, pack)) as tar:
+        config = json.load(tar.extractfile("config.json"))
+      seed, key = compare.seed_and_config_key(config)
+      assert pack == f"seed{seed}.tar.gz"
+      keys[seed] = key
+    first = json.loads(keys[min(keys)])
+    differing = {seed: sorted(k for k in first.keys() | json.loads(key).keys()
+                              if first.get(k, "<absent>") != json.loads(key).get(k, "<absent>"))
+                 for seed, key in keys.items()}
+    assert not any(differing.values()), (experiment, differing)
 
 
 def test_seeds_of_one_config_aggregate_into_one_row(tmp_path):

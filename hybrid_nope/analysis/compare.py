@@ -68,14 +68,21 @@ def sign_flips(values: Sequence[float | None], stderrs: Sequence[float | None]) 
   return int(flips)
 
 
-def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
-  """What compare needs from one workdir, as plain numbers."""
-  config = checkpoints.load_config(workdir)
+def seed_and_config_key(config) -> tuple[int, str]:
+  """A run's seed, and the key its config shares with runs that differ from it only in their
+  seeds (the key aggregate_seeds groups by)."""
   # Keys added since older runs were saved count at the value those runs had, so a seed run
   # before a key existed still groups with one after.
   seedless = run_config.with_added_keys(run_config.flat(config))
   seed = seedless.pop(".".join(SEED_KEY))
   seedless.pop(".".join(DATA_SEED_KEY), None)  # Follows train.seed: randomness too.
+  return int(seed), json.dumps(seedless, sort_keys=True)
+
+
+def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
+  """What compare needs from one workdir, as plain numbers."""
+  config = checkpoints.load_config(workdir)
+  seed, config_key = seed_and_config_key(config)
   m = config.model
   swa = "S" in m.pattern
   evals = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
@@ -92,9 +99,7 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   run = {
       "name": name or os.path.basename(os.path.normpath(workdir)),
       "workdir": workdir if storage.is_url(workdir) else os.path.abspath(workdir),
-      "seed": int(seed),
-      # Identical for runs that differ only in their seed (the key aggregate_seeds groups by).
-      "config_key": json.dumps(seedless, sort_keys=True), "pattern": m.pattern,
+      "seed": seed, "config_key": config_key, "pattern": m.pattern,
       "num_layers": m.num_layers, "d_model": m.d_model, "window": int(m.window) if swa else None,
       "swa_pos": m.swa_pos if swa else None, "global_pos": m.global_pos,
       "series": (f"{size} {ENCODINGS.get(m.swa_pos, m.swa_pos)}-in-SWA" if swa
