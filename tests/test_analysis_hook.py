@@ -10,6 +10,7 @@ from flax import nnx
 from hybrid_nope.analysis import hook as hook_lib
 from hybrid_nope.analysis import probe as probe_lib
 from hybrid_nope.analysis.hook import PROBE_FILE, RecencyHook
+from hybrid_nope.analysis.records import COMPARED_WITH
 from hybrid_nope.data import pipeline
 from hybrid_nope.model.delta import DeltaAttention
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
@@ -223,16 +224,31 @@ def test_a_paper_config_writes_every_field():
   pad_free = int(np.sum(hook.probe["segment_ids"]))
   assert hook.describe()["tokens"] == pad_free
   fields = {"step", "layer", "layer_type", "module", "lags", "far_lag", "profile", "floor", "gap",
-            "pairs", "stderr"}
-  readout = {"logit_profile", "logit_gap", "logit_gap_stderr", "alignment", "alignment_null"}
+            "pairs", "stderr", "floor_stderr", "gap_stderr"}
+  # The model's boundaries also carry the matched-query gap and the shuffled-token control,
+  # and each module its effect on the stream it receives (docs/analysis.md).
+  controls = {"gap_matched", "gap_matched_stderr", "shuffled_gap", "shuffled_floor",
+              "shuffled_gap_stderr", "gap_over_shuffled_stderr"}
+  effect = {"compared_with", "gap_change", "gap_change_stderr", "floor_change",
+            "floor_change_stderr"}
+  readout = {"logit_profile", "logit_gap", "logit_gap_stderr", "logit_gap_null",
+             "logit_gap_mean_null", "alignment", "alignment_stderr", "alignment_null",
+             "alignment_mean_null"}
   for r in records:
     assert fields <= set(r) and r["far_lag"] == 4096
+    assert (controls <= set(r)) == (r["layer_type"] != "data")
+    assert (effect <= set(r)) == (r["module"] in COMPARED_WITH), r["module"]
     assert (readout <= set(r)) == (r["layer_type"] == "global")
+    present = [k for k in (fields | controls | effect | readout) - {"compared_with", "module",
+                                                                    "layer_type"} if k in r]
+    assert all(np.all(np.isfinite(r[k])) for k in present), r["module"]
     # Padding never pairs: at lag d at most (live tokens - d) pairs per row.
     assert all(p <= pad_free - 2 * d for p, d in zip(r["pairs"], r["lags"]))
     assert np.isfinite(r["gap"])
   glob = [r for r in records if r["layer_type"] == "global"][0]
   assert glob["alignment_null"] == [1 / 1024] * 16
+  assert glob["alignment_mean_null"] == pytest.approx(1 / (1024 * np.sqrt(16)))
+  assert np.all(np.asarray(glob["logit_gap_null"]) > 0)
   assert np.all(np.isfinite(glob["logit_gap_stderr"]))
 
 
