@@ -90,11 +90,11 @@ class Checkpointer:
                                                     meta=ocp.args.JsonSave(meta)))
     self._saving = step
 
-  def check_saved(self) -> None:
+  def check_saved(self, *, block: bool = False) -> None:
     """Raises CheckpointError, in one line, if the last async save failed (a full disk, a
     revoked permission): the loop calls it every step, so a failure surfaces at the next
-    step, not at the next save."""
-    if self._saving is None or self.manager.is_saving_in_progress():
+    step, not at the next save. `block`: wait for a save in flight first (the run's last)."""
+    if self._saving is None or (not block and self.manager.is_saving_in_progress()):
       return
     try:  # The save is over: this returns at once, or raises what failed it.
       self.manager.wait_until_finished()
@@ -230,7 +230,16 @@ class Checkpointer:
             f"({size / 2**30:.2f} GiB): a save may fail for lack of space")
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Blocks until the last save is over; its failure is a one-line CheckpointError."""
+    self.check_saved(block=True)
+
+  def let_finish(self) -> None:
+    """Lets a save in flight finish while the run stops for another reason: its failure is
+    logged, never raised, so it cannot hide the error that stopped the run."""
+    try:
+      self.check_saved(block=True)
+    except CheckpointError as e:
+      logging.error("%s", e)
 
   def close(self) -> None:
     self.manager.close()

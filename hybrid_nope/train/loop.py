@@ -369,12 +369,11 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
           break
         if due:
           run.writer.flush()  # On a URL workdir, every record up to the checkpoint is on storage.
-    run.ckpt.wait()
-    run.ckpt.check_saved()  # The last save's failure, too, is this run's.
+    run.ckpt.wait()  # The last save's failure, too, is this run's, in one line.
   finally:
     # Also on errors: an async save already started is a good checkpoint; let it finish.
     profiler.close()
-    run.ckpt.wait()
+    run.ckpt.let_finish()
     run.ckpt.close()
     run.writer.close()
   return _finished(summary, t_start)
