@@ -21,6 +21,11 @@ def _normalise(x):
 
 def _forward(q, k, v, g, beta, reset, valid):
   """float64 arrays; g [B,T,K] or [B,T,K,H]; reset, valid bool [B,T]."""
+  return _forward_and_state(q, k, v, g, beta, reset, valid)[0]
+
+
+def _forward_and_state(q, k, v, g, beta, reset, valid):
+  """(out, the state S [B, K, H value, H key] after the last token)."""
   B, T, N, H = q.shape
   K = k.shape[2]
   q = _normalise(q).reshape(B, T, K, N // K, H)
@@ -39,9 +44,9 @@ def _forward(q, k, v, g, beta, reset, valid):
     return S, out
 
   time_major = lambda x: jnp.moveaxis(x, 1, 0)
-  _, out = jax.lax.scan(body, jnp.zeros((B, K, H, H), q.dtype),
+  S, out = jax.lax.scan(body, jnp.zeros((B, K, H, H), q.dtype),
                         tuple(map(time_major, (q, k, v, g, beta, reset, valid))))
-  return jnp.moveaxis(out, 0, 1).reshape(B, T, N, H)
+  return jnp.moveaxis(out, 0, 1).reshape(B, T, N, H), S
 
 
 _forward_jit = jax.jit(_forward)
@@ -71,6 +76,15 @@ def delta_reference(q, k, v, log_decay, beta, segment_ids=None, dout=None):
       return np.asarray(_forward_jit(*args, *masks))
     out, grads = _out_and_grads(args, masks, jnp.asarray(np.asarray(dout, np.float64)))
     return np.asarray(out), tuple(np.asarray(x) for x in grads)
+
+
+def delta_reference_state(q, k, v, log_decay, beta, segment_ids=None):
+  """The state S [B, K, H value, H key] after the last token, float64 numpy."""
+  with jax.enable_x64(True):
+    args = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, log_decay, beta)]
+    B, T = args[0].shape[:2]
+    masks = [jnp.asarray(m) for m in _runs(segment_ids, B, T)]
+    return np.asarray(jax.jit(_forward_and_state)(*args, *masks)[1])
 
 
 def random_delta_inputs(rng, B, T, N, K, H, decay="mixed", beta="uniform", per_channel=False):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from delta_reference import delta_reference, random_delta_inputs
+from delta_reference import delta_reference, delta_reference_state, random_delta_inputs
 from hybrid_nope import kernels
 from hybrid_nope.kernels import delta_xla
 from linear_reference import random_runs, rel_err, seeded_rng
@@ -202,6 +202,25 @@ def test_step_matches_reference():
       state, out = step(state, *(jnp.asarray(x[:, t], jnp.float32) for x in (q, k, v, g, beta)))
       assert out.dtype == jnp.float32 and state.dtype == jnp.float32
       assert rel_err(out, want[:, t]) <= 1e-5, (per_channel, t, seed)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+def test_prefill_state_is_the_reference_state_after_the_last_token(per_channel):
+  # T = 75, not a multiple of the chunk. Row 0: packed runs with padding, the last run
+  # starting mid-chunk; the state is that run's alone (reset at its start). Row 1: a
+  # left-padded prompt, as generation lays prompts out.
+  rng, seed = fresh_rng()
+  B, T, N, K, H = 2, 75, 4, 2, 8
+  q, k, v, g, beta = random_delta_inputs(rng, B, T, N, K, H, "mixed", "uniform", per_channel)
+  seg = np.zeros((B, T), np.int32)
+  seg[0] = random_runs(rng, 1, T, rate=0.08)[0]
+  seg[0, -11:] = 7
+  seg[1, 20:] = 1
+  want = delta_reference_state(q, k, v, g, beta, seg)
+  got = kernels.delta_prefill(*(jnp.asarray(x, jnp.float32) for x in (q, k, v, g, beta)),
+                              segment_ids=jnp.asarray(seg))
+  assert got.shape == (B, K, H, H) and got.dtype == jnp.float32
+  assert rel_err(got, want) <= 1e-5, (per_channel, seed)
 
 
 def test_backward_keeps_only_inputs_and_chunk_states():

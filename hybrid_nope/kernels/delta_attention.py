@@ -18,7 +18,9 @@ Implementations (`impl=`):
   "auto"  decided when the function is lowered (jax.lax.platform_dependent), as
           linear_attention() does: XLA on every platform today.
 
-`delta_step` is the one-token recurrent form (generation), on the same conventions.
+`delta_step` is the one-token recurrent form (generation), on the same conventions;
+`delta_prefill` runs a prompt in the chunked form and returns the state after it, where
+`delta_step` goes on.
 """
 from __future__ import annotations
 
@@ -121,3 +123,17 @@ def delta_step(state_BKHH: jax.Array, q_BNH: jax.Array, k_BKH: jax.Array, v_BKH:
                               delta_xla.l2norm(k_BKH), v_BKH.astype(jnp.float32),
                               g.astype(jnp.float32), beta_BK.astype(jnp.float32))
   return state, out.reshape(B, N, H).astype(q_BNH.dtype)
+
+
+def delta_prefill(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
+                  log_decay: jax.Array, beta_BTK: jax.Array, *,
+                  segment_ids: jax.Array | None = None) -> jax.Array:
+  """The state after the last token, float32 [B, K, H_value, H_key] as `delta_step` takes it:
+  a prompt in the chunked form (one scan step per chunk, not per token). Arguments as
+  delta_attention's; padding (segment 0) leaves the state alone, so left-padded prompts of
+  different lengths share one call."""
+  _check(q_BTNH, k_BTKH, v_BTKH, log_decay, beta_BTK, segment_ids, "xla")
+  g_BTKX = log_decay if log_decay.ndim == 4 else log_decay[..., None]
+  _, state = delta_xla.chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK[..., None],
+                               segment_ids=segment_ids, return_state=True)
+  return state

@@ -268,11 +268,14 @@ def _chunk(h, xs, *, B, K, C):
   return h, jnp.moveaxis(out.reshape(B, K, G, C, H), 3, 1).reshape(B, C, K * G, H)
 
 
-def chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None, chunk=None):
+def chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None, chunk=None,
+            return_state=False):
   """The chunked form: one lax.scan over chunks carrying the state, each step computing its
   chunk from the caller's layout (_chunk); autodiff gives the gradients, the step under
   jax.checkpoint so that the backward recomputes a chunk's terms instead of storing every
-  chunk's (which made fwd+bwd twice as slow: page faults on ~10 input-sized buffers)."""
+  chunk's (which made fwd+bwd twice as slow: page faults on ~10 input-sized buffers).
+  `return_state`: also the state after the last token, float32 [B, K, H value, H key] as
+  `step` holds it (a prompt's state, for generation to go on from)."""
   C = chunk or CHUNK
   B, T, N, H = q_BTNH.shape
   K = k_BTKH.shape[2]
@@ -287,8 +290,12 @@ def chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None, chun
   if segment_ids is not None:
     xs += [chunks(x) for x in _runs(segment_ids)]
   body = jax.checkpoint(functools.partial(_chunk, B=B, K=K, C=C))
-  _, out = lax.scan(body, jnp.zeros((B * K, H, H), jnp.float32), tuple(xs))
-  return jnp.moveaxis(out, 0, 1).reshape(B, Tp, N, H)[:, :T].astype(q_BTNH.dtype)
+  h, out = lax.scan(body, jnp.zeros((B * K, H, H), jnp.float32), tuple(xs))
+  out = jnp.moveaxis(out, 0, 1).reshape(B, Tp, N, H)[:, :T].astype(q_BTNH.dtype)
+  if not return_state:
+    return out
+  # The carry is [key, value] per (row, kv head); step's state is its transpose.
+  return out, jnp.swapaxes(h.reshape(B, K, H, H), -1, -2)
 
 
 def delta_attention(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None,

@@ -128,19 +128,11 @@ class DeltaDecoder:
     prompt_BT = jnp.arange(T)[None, :] >= start_B[:, None]
     windows = [conv_windows(p, prompt_BT.astype(jnp.int32)) for p in mixer.projections(x_BTD)]
     q_BTNH, k_BTKH, v_BTKH = mixer.convolved(*windows)
-    log_decay, beta_BTK = mixer.log_decay(x_BTD), mixer.beta(x_BTD)
-    B, _, K, H = k_BTKH.shape
-
-    # No chunked form returns the final state: the prompt's tokens one at a time, padding
-    # (which comes first) leaving the zero state as it is.
-    def one_token(state_BKHH, inputs):
-      prompt_B, q_BNH, k_BKH, v_BKH, log_decay_t, beta_BK = inputs
-      new_BKHH, _ = kernels.delta_step(state_BKHH, q_BNH, k_BKH, v_BKH, log_decay_t, beta_BK)
-      return jnp.where(prompt_B[:, None, None, None], new_BKHH, state_BKHH), None
-
-    time_major = lambda x: jnp.moveaxis(x, 1, 0)
-    state_BKHH, _ = jax.lax.scan(one_token, jnp.zeros((B, K, H, H), jnp.float32), tuple(
-        map(time_major, (prompt_BT, q_BTNH, k_BTKH, v_BTKH, log_decay, beta_BTK))))
+    # The prompt in the chunked form; its padding (segment 0, which comes first) leaves the
+    # state alone, and its first token starts from the zero state.
+    state_BKHH = kernels.delta_prefill(q_BTNH, k_BTKH, v_BTKH, mixer.log_decay(x_BTD),
+                                       mixer.beta(x_BTD),
+                                       segment_ids=prompt_BT.astype(jnp.int32))
     # The newest CONV_WIDTH − 1 inputs of the last column's window: the next token's context.
     return {"state": state_BKHH,
             **{name: w[:, -1, 1:] for name, w in zip(self.STREAMS, windows)}}
