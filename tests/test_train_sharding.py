@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.storage import read_jsonl
 from hybrid_nope.train import loop
 from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape
 from tests.helpers import MESH_TEST, REPO, run_8_devices, tiny_config, xla_flags
@@ -119,6 +120,11 @@ def test_two_processes_match_one(tmp_path):
   np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=2e-5)
   np.testing.assert_allclose(recency_profiles(tmp_path / "two"), recency_profiles(tmp_path / "one"),
                              rtol=1e-4, atol=1e-5)
+  # The samples, written once (by process 0), are those of the one-process run.
+  samples = {run: [r for r in read_jsonl(str(tmp_path / run / "metrics.jsonl")) if "samples" in r]
+             for run in ("one", "two")}
+  assert [r["step"] for r in samples["two"]] == [3]
+  assert samples["two"] == samples["one"]
   # The data position is one global number, so the run saved by two processes resumes on one
   # with the batches (hence the losses) of a run that stayed on one process.
   with open(tmp_path / "two" / "checkpoints" / "3" / "meta" / "metadata") as f:

@@ -12,7 +12,10 @@ from hybrid_nope.analysis.hook import RecencyHook
 from hybrid_nope.train import distributed, loop
 from tests.helpers import tiny_config
 
-TWO_PROCESS = dict(mesh__data=-1, train__steps=3, checkpoint__every_steps=3, eval__every_steps=3)
+# Samples at the last step too: greedy decoding with parameters sharded over both processes.
+TWO_PROCESS = dict(mesh__data=-1, train__steps=3, checkpoint__every_steps=3, eval__every_steps=3,
+                   eval__sample_every_steps=3, eval__sample_prompts=("def ", "import"),
+                   eval__sample_max_new_tokens=4)
 
 
 def main(workdir):
