@@ -370,17 +370,21 @@ def _json_row(row: dict) -> dict:
 
 def compare(workdirs: Sequence[str], out_dir: str | None = None,
             figures: bool = True, names: Sequence[str] | None = None,
-            command: str | None = None) -> dict[str, Any]:
+            command: str | None = None, sources: Sequence[str] | None = None
+            ) -> dict[str, Any]:
   """Loads every run, aggregates seeds into rows, writes compare.md, compare.json and figures
   to `out_dir` (default: <common parent of the workdirs>/compare). Returns {"runs" (one per
   workdir), "rows" (the table's, `aggregate_seeds`), "correlations" (over rows), "markdown",
-  "files"}."""
+  "files"}. `command` and `sources` (one per workdir) are what the written files say
+  regenerates them and where each run came from, when the workdirs are temporary copies."""
   if not workdirs:
     raise checkpoints.AnalysisError("compare needs at least one workdir")
   names = list(names or [os.path.basename(os.path.normpath(w)) for w in workdirs])
   if len(set(names)) < len(names):
     names = [os.path.normpath(w) for w in workdirs]
   runs = [load_run(w, n) for w, n in zip(workdirs, names)]
+  for run, source in zip(runs, sources or ()):
+    run["workdir"] = source  # A temporary unpacked copy names the record it came from.
   rows = aggregate_seeds(runs)
   corr = correlations(rows)
   out_dir = out_dir or os.path.join(

@@ -328,9 +328,11 @@ def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) ->
             for e, by_seed in dirs.items()}
     workdirs = [d for by_seed in dirs.values() for d in by_seed.values()]
     names = [f"{e}_seed{s}" for e, by_seed in dirs.items() for s in by_seed]
+    packs = [os.path.join(records_dir, e, f"seed{s}.tar.gz")
+             for e, by_seed in dirs.items() for s in by_seed]
     result = compare.compare(workdirs, out_dir=figures_dir or os.path.join(tmp, "compare"),
                              figures=figures_dir is not None, names=names,
-                             command="python launch/results.py")
+                             command="python launch/results.py", sources=packs)
     nulls = {e: next((r.summary["init_null"] for r in rs.values() if r.summary["init_null"]),
                      None) for e, rs in runs.items()}
     found = verdicts(runs, nulls)
