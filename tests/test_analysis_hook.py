@@ -210,15 +210,19 @@ def chapter_rows(num_rows, seq_len, vocab, seed=0):
 
 @pytest.mark.long
 def test_a_paper_config_writes_every_field():
-  """configs/swa256_350m.py's shapes at its seq_len 8192 and far lag 4096 (two layers, a small
-  vocabulary and two probe rows, for CPU memory), on padded chapter rows."""
+  """configs/swa256_350m.py's shapes at its seq_len 8192 and far lag 4096, its d_model and
+  heads (two layers, a small vocabulary and MLP and two probe rows, for CPU time and memory), on
+  padded chapter rows."""
   from configs import swa256_350m
   config = swa256_350m.get_config()
-  config.model.update(num_layers=2, vocab_size=512)
+  config.model.update(num_layers=2, vocab_size=512, mlp_dim=256)
   config.metrics.probe_batch_size = 2
   model_def, params = init_model(config.model, seed=0)
   batches = chapter_rows(4, config.data.seq_len, 512)
-  hook = RecencyHook(config, model_def, batches, writer=None)
+  # The tests' optimisation level 0 suits milliseconds-long programs; this one runs two
+  # forwards over 16k tokens (31 s at level 0, 21 s at 2).
+  hook = RecencyHook(config, model_def, batches, writer=None,
+                     compiler_options={"xla_backend_optimization_level": 2})
   records = hook.records(0, params)
   assert hook.num_docs == 2 and records[0]["layer_type"] == "data"
   pad_free = int(np.sum(hook.probe["segment_ids"]))

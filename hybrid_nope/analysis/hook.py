@@ -51,11 +51,13 @@ class RecencyHook:
   name = "recency"
   record_files = (RECORD_FILE,)  # Its records at a step are redone whole if it was cut short.
 
-  def __init__(self, config, model_def, eval_batches, writer, lags=None, place=None):
+  def __init__(self, config, model_def, eval_batches, writer, lags=None, place=None,
+               compiler_options=None):
     """`eval_batches`: the rows (a list of batches, or one batch: the probe pool,
     `data.pipeline.probe_pool`) the probe is chosen from; `lags` defaults to 1, 2, 4, ...
     far_lag plus the window (others must include 1 and L); `place` puts the probe on devices
-    (default: as is)."""
+    (default: as is); `compiler_options`: XLA options for the measurement's program (`jax.jit`'s),
+    e.g. an optimisation level other than the process's."""
     m, metrics = config.model, config.metrics
     self.config = config
     self.model_def = model_def
@@ -91,7 +93,7 @@ class RecencyHook:
     batch["shuffled_inputs"] = probe_lib.shuffled_within_documents(
         batch["inputs"], self.doc_ids_BT, SHUFFLE_SEED)
     self.probe = (place or (lambda tree: tree))(batch)
-    self._measure = jax.jit(self._measure_fn)
+    self._measure = jax.jit(self._measure_fn, compiler_options=compiler_options)
 
   @classmethod
   def for_run(cls, run):
