@@ -170,8 +170,15 @@ def test_summarize_reads_global_inputs_only_with_noise_and_the_data_control():
                              "shuffled_gap": 0.02, "shuffled_floor": None, "logit_gap": 3.0,
                              "logit_gap_stderr": 1.0, "logit_gap_null": np.sqrt(0.5) / 4,
                              "alignment": 0.15, "alignment_stderr": None,
-                             "alignment_null": 0.0625, "data_gap": 0.07, "mean_decay": 0.8,
-                             "mean_beta": 0.4, "recency_scale": 7.0})
+                             "alignment_null": 0.0625, "data_gap": 0.07, "mean_decay": None,
+                             "mean_beta": None, "recency_scale": None,
+                             "linear_mean_decay": 0.9, "linear_recency_scale": 10.0,
+                             "delta_mean_decay": 0.7, "delta_mean_beta": 0.4,
+                             "delta_recency_scale": 4.0})
+  # One kind of recurrent layer: its gates under the plain keys (compare's columns).
+  delta_only = report.summarize(records[:-3] + records[-1:])
+  assert (delta_only["mean_decay"], delta_only["mean_beta"]) == (0.7, 0.4)
+  assert not any(k.startswith(("linear_", "delta_")) for k in delta_only)
   assert set(report.summarize(records[:1]).values()) == {None}
 
 

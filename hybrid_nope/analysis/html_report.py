@@ -33,7 +33,6 @@ from hybrid_nope.analysis.records import DATA_LAYER
 METRICS_FILE = "metrics.jsonl"
 READOUT_MODULE = "pre_mixer_norm"  # Where the logit read-out of a global NoPE layer is measured.
 # Extra keys of gated linear attention (L) and delta rule (D: mean_beta too) records.
-LINEAR_KEYS = ("mean_decay", "mean_beta", "recency_scale")
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1360px; color: #222;
        padding: 0 16px; }
@@ -151,7 +150,7 @@ def module_table(records: Sequence[dict], far_lag: int) -> str:
   read-out (head means) on global NoPE layers' read-out rows; GLA and delta layers' gate keys
   where present."""
   layered = sorted((r for r in records if r["layer"] != DATA_LAYER), key=plots._depth)
-  extra = [k for k in LINEAR_KEYS if any(k in r for r in layered)]
+  extra = [k for k in report.GATE_KEYS if any(k in r for r in layered)]
   header = ["layer", "type", "module", "floor f(L)", "gap f(1) − f(L)",
             "effect on gap (vs what it receives)", "shuffled-token gap", *extra,
             "logit gap (head mean)", "logit gap random-M null", "alignment (head mean)",

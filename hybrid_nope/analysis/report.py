@@ -44,6 +44,7 @@ ANALYSIS_DIR = "analysis"
 EXTRAPOLATION_FILE = "extrapolation.json"
 DEFAULT_LENGTHS = (1, 2, 4)
 SUMMARY_MODULE = "pre_mixer_norm"  # Where the run gap is read: global attention's input.
+GATE_KEYS = ("mean_decay", "mean_beta", "recency_scale")  # Recurrent layers' gate summaries.
 
 
 def step_directory(workdir: str, step: int) -> str:
@@ -61,11 +62,16 @@ def summarize(records: Sequence[dict]) -> dict[str, float | None]:
   logit_gap_null and alignment_null: the random-M null standard deviation of the mean that is
   shown (over every head of every global NoPE layer, `recency.null_of_mean`), not one head's.
   shuffled_gap: the same model on the probe with tokens shuffled in each document.
+  GATE_KEYS: the recurrent layers' means where the pattern has one kind of recurrent mixer;
+  with GLA and delta layers both, per kind (`linear_mean_decay`, ...) and None unprefixed.
   """
   inputs = [r for r in records if r["layer_type"] == "global" and r["module"] == SUMMARY_MODULE]
   readout = [r for r in inputs if "logit_gap" in r]
   data = [r for r in records if r["layer_type"] == DATA_LAYER_TYPE]
-  linear = [r for r in records if "mean_decay" in r and r["module"] == SUMMARY_MODULE]
+  gated = [r for r in records if "mean_decay" in r and r["module"] == SUMMARY_MODULE]
+  by_kind = {kind: [r for r in gated if r["layer_type"] == kind]
+             for kind in sorted({r["layer_type"] for r in gated})}
+  one_kind = next(iter(by_kind.values())) if len(by_kind) == 1 else []
 
   def mean(values):
     return float(np.mean(values)) if len(values) else None
@@ -88,12 +94,12 @@ def summarize(records: Sequence[dict]) -> dict[str, float | None]:
           "alignment_null": (recency.null_of_mean(heads("alignment_null"))
                              if heads("alignment_null") else None),
           "data_gap": field("gap", data),
-          # Gated linear attention and delta layers (averaged together where a pattern has
-          # both): the gate's mean α, the delta rule's mean β, and the recency scale
-          # (1/(1 − α) for GLA, 1/(1 − α(1 − β/H)) for the delta rule).
-          "mean_decay": field("mean_decay", linear),
-          "mean_beta": field("mean_beta", linear),
-          "recency_scale": field("recency_scale", linear)}
+          # The recurrent layers' gates: the mean α, the delta rule's mean β and the recency
+          # scale (1/(1 − α) for GLA, 1/(1 − α(1 − β/H)) for the delta rule). A pattern with
+          # both kinds gets them per kind below and None here: their α mean different things.
+          **{key: field(key, one_kind) for key in GATE_KEYS},
+          **({f"{kind}_{key}": field(key, rs) for kind, rs in by_kind.items()
+              for key in GATE_KEYS if any(key in r for r in rs)} if len(by_kind) > 1 else {})}
 
 
 def context_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
