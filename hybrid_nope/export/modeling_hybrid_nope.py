@@ -18,7 +18,9 @@ Documents: a state (and D's convolution window) starts empty where position_ids 
 masks follow for its attention layers in a packed row; a padding token (attention_mask 0)
 leaves the state as it was. Decoding: DynamicCache(config) gives each "linear_attention" layer
 a LinearAttentionLayer, which holds the float32 state and, for D, the last conv_width − 1
-projected inputs. The recurrence runs token by token in float32: exact, O(T) small steps.
+projected inputs. The recurrence runs in chunks of CHUNK tokens in float32 (chunked_recurrence:
+T/CHUNK steps, each a few batched matmuls and one triangular solve for D), exact up to rounding
+with no difference of prefix sums; tests/hf/check_hf.py checks it against a float64 token loop.
 
 hybrid_nope/export/hf.py copies this file and configuration_hybrid_nope.py into an export and
 names them in config.json's auto_map; tests/hf/check_hf.py checks the logits against hybrid_nope.
@@ -39,6 +41,8 @@ from transformers.utils.output_capturing import capture_outputs
 from .configuration_hybrid_nope import HybridNopeConfig
 
 L2_EPS = 1e-6  # q, k / sqrt(Σx² + eps) in D layers, as fla's l2norm and hybrid_nope's kernel
+CHUNK = 16  # Tokens per step (16 or 32 fastest on CPU: benchmarks/hf_recurrence.py).
+LOG_ZERO = -1e30  # A log gate whose exp is 0 (a document start), finite so 0 · it is not NaN.
 
 
 def document_starts(position_ids: torch.Tensor, batch: int) -> torch.Tensor:
@@ -62,6 +66,98 @@ def cached_state(cache: Cache | None, layer_idx: int) -> torch.Tensor | None:
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
   return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def sum_masks(C: int, device=None) -> torch.Tensor:
+  """0/1 [2C + C², C]: rows i of Σ_{s<=i} (prefix), of Σ_{s>i} (suffix), then rows (i, j) of
+  Σ_{j<s<=i} (pairwise)."""
+  s, i = torch.arange(C, device=device), torch.arange(C, device=device)[:, None]
+  j = torch.arange(C, device=device)[None, :, None]
+  pairwise = (s > j) & (s <= i[:, :, None])  # [i, j, s]
+  return torch.cat([s <= i, s > i, pairwise.reshape(C * C, C)]).float()
+
+
+def gate_sums(g: torch.Tensor, masks: torch.Tensor):
+  """Log-gate sums over chunks g [R, C, X] (finite, floored at LOG_ZERO): prefix Σ_{s<=i},
+  suffix Σ_{s>i} [R, C, X] and pairwise Σ_{j<s<=i} [R, C(i), C(j), X] (0 for j >= i), as one
+  product with `sum_masks`: each a direct sum of the gates it covers, never a difference of two
+  prefixes (that loses the small sums after one strong decay, and is −inf − −inf at a document
+  start); torch.cumsum over a middle axis was 30% of the forward."""
+  R, C, X = g.shape
+  sums = torch.matmul(masks, g)
+  return sums[:, :C], sums[:, C:2 * C], sums[:, 2 * C:].view(R, C, C, X)
+
+
+def intra_weights(q, k, decay, with_kk: bool):
+  """qk [R, G, C, C] = Σ_d q_id k_jd decay_ijd and, for D, kk [R, C, C] the same for k_i·k_j,
+  j < i. A scalar gate (X = 1) scales the plain dots; a per-channel one weighs every channel."""
+  if decay.shape[-1] == 1:
+    decay = decay[..., 0]
+    qk = torch.einsum("rigd,rjd->rgij", q, k) * decay[:, None]
+    kk = (k @ k.transpose(1, 2) * decay).tril(-1) if with_kk else None
+    return qk, kk
+  qk = torch.einsum("rigd,rijd->rgij", q, decay * k[:, None])
+  kk = torch.einsum("rid,rijd->rij", k, decay * k[:, None]).tril(-1) if with_kk else None
+  return qk, kk
+
+
+def one_token(q, k, v, g, beta, h):
+  """One step from h [B, K, key, value]: h' = diag(α) h + k uᵀ with u = v (L) or
+  β (v − (diag(α) h)ᵀ k) (D); o = qᵀ h'. Returns (o [B, 1, K, G, H], h')."""
+  h = h * g.float().exp()[..., :, None]
+  u = v if beta is None else beta[..., None] * (v - torch.einsum("bkd,bkde->bke", k, h))
+  h = h + k[..., :, None] * u[..., None, :]
+  return torch.einsum("bkgd,bkde->bkge", q, h)[:, None], h
+
+
+def chunked_recurrence(q, k, v, g, beta, state, chunk: int = CHUNK):
+  """L (beta None) or D over chunks of `chunk` tokens, float32: exact up to rounding, T/chunk
+  steps instead of T. q [B, T, K, G, H]; k, v [B, T, K, H] (D: l2-normalised); g [B, T, K, X]
+  log gates (X = H, or 1: one per kv head), documents and padding already folded in; beta
+  [B, T, K]; state [B, K, key, value] or None (zero). Returns o [B, T, K, G, H] (L without its
+  H^(−1/2)) and the last state [B, K, key, value].
+
+  Within a chunk, from the state h entering it, with Γ_i = exp(prefix_i):
+    L  o_i = (Γ_i ⊙ q_i)ᵀ h + Σ_{j<=i} A_ij v_j,   A_ij = Σ_d q_id k_jd exp(pairwise_ijd)
+       h' = diag(Γ_C) h + Σ_j (exp(suffix_j) ⊙ k_j) v_jᵀ
+    D  the same with v_j replaced by the values the delta rule writes, u = Ũ − W h, where
+       [W | Ũ] = (I + diag(β) KK)⁻¹ diag(β) [Γ ⊙ K | V] and KK_ij = Σ_d k_id k_jd
+       exp(pairwise_ijd) for j < i (the WY / UT form of Gated DeltaNet's chunked algorithm).
+  exp(LOG_ZERO) is 0: a document start zeroes every decay across it."""
+  B, T, K, G, H = q.shape
+  if T == 1:  # Decoding: the recurrence's own step, a third faster than a chunk of one.
+    return one_token(q[:, 0], k[:, 0], v[:, 0], g[:, 0], None if beta is None else beta[:, 0],
+                     q.new_zeros(B, K, H, H) if state is None else state.float())
+  C = min(chunk, T)
+  n = -(-T // C)
+  pad = lambda x: F.pad(x, (0, 0) * (x.dim() - 2) + (0, n * C - T))  # Zero tail: no write.
+  # [B, T, K, ...] -> [n, B·K, C, ...]: chunk-major, one batch of rows per chunk.
+  chunks = lambda x: pad(x.float()).view(B, n, C, K, *x.shape[3:]).movedim(1, 0).movedim(
+      3, 2).reshape(n, B * K, C, *x.shape[3:])
+  q, k, v, g = chunks(q), chunks(k), chunks(v), chunks(torch.clamp(g, min=LOG_ZERO))
+  beta = None if beta is None else chunks(beta[..., None])[..., 0]
+  h = q.new_zeros(B * K, H, H) if state is None else state.reshape(B * K, H, H).float()
+  causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+  masks = sum_masks(C, q.device)
+  outs = []
+  for c in range(n):
+    prefix, suffix, pairwise = gate_sums(g[c], masks)
+    decay = torch.where(causal[None, :, :, None], pairwise.exp(), 0.0)  # [R, C, C, X]
+    gamma = prefix.exp()
+    qk, kk = intra_weights(q[c], k[c], decay, beta is not None)
+    u = v[c]
+    if beta is not None:
+      system = torch.eye(C, device=q.device) + beta[c][..., None] * kk
+      rhs = beta[c][..., None] * torch.cat([gamma * k[c], v[c]], -1)
+      w, u_tilde = torch.linalg.solve_triangular(system, rhs, upper=False,
+                                                 unitriangular=True).split(H, -1)
+      u = u_tilde - w @ h
+    outs.append(torch.einsum("rigd,rde->rgie", q[c] * gamma[:, :, None], h)
+                + torch.einsum("rgij,rje->rgie", qk, u))
+    h = gamma[:, -1, :, None] * h + (suffix.exp() * k[c]).transpose(1, 2) @ u
+  o = torch.stack(outs)  # [n, B·K, G, C, H]
+  o = o.view(n, B, K, G, C, H).permute(1, 0, 4, 2, 3, 5).reshape(B, n * C, K, G, H)[:, :T]
+  return o, h.view(B, K, H, H)
 
 
 class RecurrentMixer(nn.Module):
@@ -99,20 +195,23 @@ class RecurrentMixer(nn.Module):
     y = self.out_norm(o.to(hidden_states.dtype)) * gate
     return self.o_proj(y.reshape(B, T, -1)), None
 
-  def recur(self, step, state, starts, valid, cache, *inputs):
-    """Runs `step(state, keep [B], *inputs at t) -> (state, out_t)` over time from the cached
-    (or a zero) state; keep is 0 where a document starts; a padding token keeps the state.
-    Returns the outputs stacked on axis 1, and stores the last state in the cache."""
-    previous = cached_state(cache, self.layer_idx)
-    state = state if previous is None else previous
-    outs = []
-    for t in range(starts.shape[1]):
-      new, out = step(state, (~starts[:, t]).float(), *(x[:, t] for x in inputs))
-      state = new if valid is None else torch.where(valid[:, t, None, None, None], new, state)
-      outs.append(out)
+  def recur(self, q, k, v, g, beta, starts, valid, cache, value_major):
+    """The chunked recurrence (`chunked_recurrence`) from the cached (or a zero) state, with
+    the documents and padding folded into the gates; stores the last state in the cache.
+    value_major: the cache holds the state as [value, key] (D's layout)."""
+    g = torch.where(starts[..., None, None], LOG_ZERO, g)
+    if valid is not None:  # Padding neither decays, reads nor writes the state.
+      keep = valid[..., None, None]
+      g, k, v = torch.where(keep, g, 0.0), k * keep, v * keep
+      beta = None if beta is None else beta * valid[..., None]
+    state = cached_state(cache, self.layer_idx)
+    if state is not None and value_major:
+      state = state.transpose(-1, -2)
+    out, state = chunked_recurrence(q, k, v, g, beta, state)
     if cache is not None:
-      cache.update_recurrent_state(state, self.layer_idx)
-    return torch.stack(outs, 1)
+      cache.update_recurrent_state(state.transpose(-1, -2) if value_major else state,
+                                   self.layer_idx)
+    return out
 
 
 class GatedLinearAttention(RecurrentMixer):
@@ -127,14 +226,8 @@ class GatedLinearAttention(RecurrentMixer):
     N, K, H = self.num_heads, self.num_kv_heads, self.head_dim
     q = self.q_proj(x).view(B, T, K, N // K, H).float()
     k, v = (proj(x).view(B, T, K, H).float() for proj in (self.k_proj, self.v_proj))
-    alpha = self.log_decay(x).view(B, T, K, H).exp()
-
-    def step(S, keep, q, k, v, alpha):
-      S = S * (alpha * keep[:, None, None])[..., None] + k[..., :, None] * v[..., None, :]
-      return S, torch.einsum("bkgh,bkhv->bkgv", q, S)
-
-    zero = x.new_zeros(B, K, H, H, dtype=torch.float32)
-    out = self.recur(step, zero, starts, valid, cache, q, k, v, alpha)
+    g = self.log_decay(x).view(B, T, K, H)
+    out = self.recur(q, k, v, g, None, starts, valid, cache, value_major=False)
     return out.reshape(B, T, N, H) * H ** -0.5
 
 
@@ -169,7 +262,7 @@ class GatedDeltaNet(RecurrentMixer):
     if cache is not None:
       ongoing = (input_docs[:, -lag:] == docs[:, -1:])[..., None]
       cache.update_conv_state((inputs[:, -lag:] * ongoing).transpose(1, 2), self.layer_idx)
-    return F.silu(torch.einsum("btcw,cw->btc", windows, weight))
+    return F.silu((windows * weight).sum(-1))  # einsum here ran C tiny matmuls: 40% of D
 
   def mix(self, x, starts, valid, cache):
     B, T, _ = x.shape
@@ -181,16 +274,9 @@ class GatedDeltaNet(RecurrentMixer):
     q = l2norm(q.view(B, T, K, N // K, H))
     k, v = l2norm(k.view(B, T, K, H)), v.view(B, T, K, H)
     beta = torch.sigmoid(self.beta_proj(x).float())  # [B, T, K]
-    alpha = self.log_decay(x).view(B, T, K, -1).exp()  # [B, T, K, 1 or H]
-
-    def step(S, keep, q, k, v, beta, alpha):
-      S = S * (alpha * keep[:, None, None])[:, :, None, :]  # S_{t−1} diag(α_t)
-      error = v - torch.einsum("bkvd,bkd->bkv", S, k)  # v_t − S' k_t
-      S = S + (beta[..., None] * error)[..., :, None] * k[..., None, :]
-      return S, torch.einsum("bkvd,bkgd->bkgv", S, q)
-
-    zero = x.new_zeros(B, K, H, H, dtype=torch.float32)
-    return self.recur(step, zero, starts, valid, cache, q, k, v, beta, alpha).reshape(B, T, N, H)
+    g = self.log_decay(x).view(B, T, K, -1)  # [B, T, K, 1 or H]
+    return self.recur(q, k, v, g, beta, starts, valid, cache, value_major=True).reshape(
+        B, T, N, H)
 
 
 MIXERS = {"L": GatedLinearAttention, "D": GatedDeltaNet}
