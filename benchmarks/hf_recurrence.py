@@ -3,11 +3,13 @@ tree's chunked recurrence against the file at `--baseline` (a commit; the token-
 before 2026-12-03), at 350m's shapes (d_model 1024, 16 heads of 64), batch 1, float32, CPU.
 
   .venv-hf/bin/python benchmarks/hf_recurrence.py [--lengths=256,1024,4096] [--baseline=7af5dba]
+      [--chunk=16]
 
 Prints a table of milliseconds per forward (median of --reps) and the largest difference of the
 two outputs relative to the largest output. Needs torch and transformers (`make install-hf`).
 """
 import argparse
+import functools
 import importlib.util
 import os
 import subprocess
@@ -68,11 +70,15 @@ def main():
   parser.add_argument("--lengths", default="256,1024,4096")
   parser.add_argument("--baseline", default="7af5dba")
   parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--chunk", type=int, default=None, help="Default: the file's CHUNK.")
   args = parser.parse_args()
   ours = load(os.path.join(REPO, "hybrid_nope", "export"), "export_here")
+  ours.chunked_recurrence = functools.partial(ours.chunked_recurrence,
+                                              chunk=args.chunk or ours.CHUNK)
   base = load(at_commit(args.baseline, tempfile.mkdtemp()), "export_baseline")
   print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; baseline "
-        f"{args.baseline}; ms per forward of one mixer, B=1, d_model 1024, 16 heads of 64")
+        f"{args.baseline}; chunk {args.chunk or ours.CHUNK}; ms per forward of one mixer, B=1, "
+        f"d_model 1024, 16 heads of 64")
   print("| mixer | T | baseline ms | chunked ms | speed-up | max rel. difference |")
   print("|---|---|---|---|---|---|")
   for kind in MIXERS:
