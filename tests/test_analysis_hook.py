@@ -1,6 +1,8 @@
 """The in-loop hook's records against recomputation from saved activations, by loops over pairs
 inside documents (float64)."""
 import json
+import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,7 @@ from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.train.hooks import RunContext
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.model.definition import init_model
-from tests.helpers import tiny_config
+from tests.helpers import REPO, tiny_config
 
 
 def reference(values_fn, seg, docs, lags, positions):
@@ -197,6 +199,15 @@ def test_custom_lags_must_include_one_and_the_far_lag():
   assert hook.records(0, params)[0]["lags"] == [1, 3, 32, 48]
 
 
+def assert_documented(records):
+  """Every key a record carries is named, in backticks, in docs/analysis.md (the fields' one
+  definition, which the paper-config and mixer tests below hold the hook to)."""
+  with open(os.path.join(REPO, "docs", "analysis.md")) as f:
+    named = set(re.findall(r"`([a-z_]+)`", f.read()))
+  missing = sorted({k for r in records for k in r} - named)
+  assert not missing, f"recency.jsonl fields not defined in docs/analysis.md: {missing}"
+
+
 def chapter_rows(num_rows, seq_len, vocab, seed=0):
   """TextbookChapters-shaped eval rows: one chapter per row from position 0, padded."""
   rng = np.random.default_rng(seed)
@@ -249,6 +260,7 @@ def test_a_paper_config_writes_every_field():
     # Padding never pairs: at lag d at most (live tokens - d) pairs per row.
     assert all(p <= pad_free - 2 * d for p, d in zip(r["pairs"], r["lags"]))
     assert np.isfinite(r["gap"])
+  assert_documented(records)
   glob = [r for r in records if r["layer_type"] == "global"][0]
   assert glob["alignment_null"] == [1 / 1024] * 16
   assert glob["alignment_mean_null"] == pytest.approx(1 / (1024 * np.sqrt(16)))
@@ -286,6 +298,7 @@ def test_gated_linear_attention_layers_are_local_mixers_with_their_mean_decay():
     assert r["mean_decay"] == pytest.approx(want, rel=1e-5)
     assert r["recency_scale"] == pytest.approx(1 / (1 - want), rel=1e-5)
   assert not any("mean_decay" in r for r in records if r["layer_type"] != "linear")
+  assert_documented(records)
   assert any("logit_gap" in r for r in records if r["layer"] == 1)
 
 
@@ -315,6 +328,7 @@ def test_delta_rule_layers_are_local_mixers_with_their_mean_decay_beta_and_recen
   records, mixer, x, real = records_and_first_mixer(config)
   delta = [r for r in records if r["layer_type"] == "delta"]
   assert {r["layer"] for r in delta} == {0} and len(delta) == len(BOUNDARIES)
+  assert_documented(records)
   alpha = np.exp(np.asarray(mixer.log_decay(x), np.float64))
   beta = np.asarray(mixer.beta(x), np.float64)
   assert alpha.ndim == 3 and beta.ndim == 3
