@@ -27,6 +27,7 @@ import scipy.stats
 
 from hybrid_nope import run_config, storage
 from hybrid_nope.analysis import checkpoints, report, run_files, seed_stats, sweep_plots
+from hybrid_nope.analysis.compare_table import cell, table
 from hybrid_nope.analysis.run_files import read_jsonl
 
 TABLE_FILE = "compare.md"
@@ -241,57 +242,6 @@ def correlations(runs: Sequence[dict]) -> dict[int, dict[str, dict]]:
   return out
 
 
-def _cell(value, spec: str, se=None) -> str:
-  if value is None:
-    return "—"
-  text = format(value, spec) if isinstance(value, float) else str(value)
-  if se is None or not isinstance(value, float):
-    return text
-  return f"{text} ± {format(se, spec.lstrip('+'))}"
-
-
-# (column header, row key, format); float cells show "value ± <key>_se" where the row has one.
-COLUMNS = (
-    ("run", "name", ""), ("train.seed", "seeds", ""), ("pattern", "pattern", ""),
-    ("layers", "num_layers", ""), ("d_model", "d_model", ""), ("window", "window", ""),
-    ("SWA pos", "swa_pos", ""), ("local recency scale (GLA 1/(1−α), delta 1/(1−α(1−β/H)))", "recency_scale", ".1f"),
-    ("eval step", "eval_step", ""),
-    ("final eval loss", "eval_loss", ".4f"), ("recency step", "step", ""),
-    ("gap", "gap", ".4f"), ("floor", "floor", ".4f"), ("data gap", "data_gap", ".4f"),
-    ("gap z (init null)", "gap_null_z", "+.1f"),
-    ("gap − gap at init", "gap_since_init", "+.4f"),
-    ("gap, queries with far lag", "gap_matched", ".4f"),
-    ("shuffled-token gap", "shuffled_gap", ".4f"),
-    ("logit gap", "logit_gap", "+.4f"), ("logit gap random-M null", "logit_gap_null", ".3g"),
-    ("logit gap z (init null)", "logit_gap_null_z", "+.1f"),
-    ("alignment", "alignment", "+.4f"),
-    ("alignment null", "alignment_null", ".3g"),  # 1/(d_model sqrt(heads)): significant digits.
-    ("alignment z (init null)", "alignment_null_z", "+.1f"),
-    ("logit-gap sign flips", "logit_gap_sign_flips", ".1f"),
-)
-
-
-def _value_cell(row: dict, key: str, spec: str) -> str:
-  value = row.get(key)
-  if key == "seeds":
-    return ", ".join(map(str, value))
-  if key == "logit_gap_sign_flips" and row["n_seeds"] == 1:
-    return _cell(value, "")  # A count; a seed mean needs the decimal.
-  return _cell(value, spec, row.get(f"{key}_se"))
-
-
-def table(rows: Sequence[dict]) -> str:
-  factors = sorted({k for r in rows for k in r["ratio"]})
-  header = [c[0] for c in COLUMNS] + ["extrap. step"] + [f"ratio {k}×" for k in factors]
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  for r in rows:
-    cells = [_value_cell(r, key, spec) for _, key, spec in COLUMNS]
-    cells += [_cell(r["extrapolation_step"], "")]
-    cells += [_cell(r["ratio"].get(k), ".4f", r["ratio_se"].get(k)) for k in factors]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
-
-
 def markdown(rows: Sequence[dict], corr: dict, command: str | None = None) -> str:
   """`command`: what regenerates the page (default: launch/compare.py over the rows' workdirs;
   results.py names itself, as its workdirs are temporary)."""
@@ -341,7 +291,7 @@ def markdown(rows: Sequence[dict], corr: dict, command: str | None = None) -> st
         continue
       cells = [seed_stats.paired_difference(r, reference, key)
                for key in seed_stats.PAIRED_KEYS]
-      parts.append(f"| {r['name']} | " + " | ".join(_cell(c["mean"], "+.4f", c["se"])
+      parts.append(f"| {r['name']} | " + " | ".join(cell(c["mean"], "+.4f", c["se"])
                                                     for c in cells)
                    + f" | {', '.join(map(str, cells[0]['seeds']))} |")
     parts.append("")
@@ -355,7 +305,7 @@ def markdown(rows: Sequence[dict], corr: dict, command: str | None = None) -> st
   for k, by_key in corr.items():
     for key, c in by_key.items():
       parts.append(f"- {k}×, {key.replace('_', ' ')} vs ratio: Spearman ρ = "
-                   f"{_cell(c['spearman'], '+.3f')}, Pearson r = {_cell(c['pearson'], '+.3f')} "
+                   f"{cell(c['spearman'], '+.3f')}, Pearson r = {cell(c['pearson'], '+.3f')} "
                    f"(n = {c['n']})")
   return "\n".join(parts) + "\n"
 
@@ -383,8 +333,9 @@ def compare(workdirs: Sequence[str], out_dir: str | None = None,
   if len(set(names)) < len(names):
     names = [os.path.normpath(w) for w in workdirs]
   runs = [load_run(w, n) for w, n in zip(workdirs, names)]
-  for run, source in zip(runs, sources or ()):
-    run["workdir"] = source  # A temporary unpacked copy names the record it came from.
+  if sources is not None:  # Temporary unpacked copies name the records they came from.
+    for run, source in zip(runs, sources, strict=True):
+      run["workdir"] = source
   rows = aggregate_seeds(runs)
   corr = correlations(rows)
   out_dir = out_dir or os.path.join(

@@ -25,6 +25,7 @@ import ml_collections
 from hybrid_nope import storage
 from hybrid_nope.analysis import checkpoints, compare, html_tables, html_throughput, init_null
 from hybrid_nope.analysis import plots, report, run_files, training_plots
+from hybrid_nope.analysis.compare_table import cell
 from hybrid_nope.analysis.html_tables import esc as _esc, markdown_html, missing as _missing
 from hybrid_nope.analysis.html_tables import table as _table
 from hybrid_nope.analysis.hook import PROBE_FILE, RECORD_FILE
@@ -135,7 +136,7 @@ class Figures:
 # ---- one run -----------------------------------------------------------------------------------
 
 def _pm(r: dict, key: str, se, spec: str = ".4f") -> str:
-  return compare._cell(r.get(key), spec, se)
+  return cell(r.get(key), spec, se)
 
 
 def _mean(value):
@@ -158,7 +159,7 @@ def module_table(records: Sequence[dict], far_lag: int) -> str:
   rows = []
   for r in layered:
     readout = r["module"] == READOUT_MODULE and "logit_gap" in r
-    change = (f"{compare._cell(r['gap_change'], '+.4f', r.get('gap_change_stderr'))} "
+    change = (f"{cell(r['gap_change'], '+.4f', r.get('gap_change_stderr'))} "
               f"(vs {r['compared_with']})" if "gap_change" in r else "")
     rows.append([
         r["layer"], r["layer_type"], r["module"],
@@ -166,11 +167,11 @@ def module_table(records: Sequence[dict], far_lag: int) -> str:
         _pm(r, "gap", plots._floor_gap_se(r, "gap", far_lag)), change,
         _pm(r, "shuffled_gap", r.get("shuffled_gap_stderr")),
         *(plots.fmt(_mean(r.get(k)), ".4g") for k in extra),
-        compare._cell(_mean(r["logit_gap"]), "+.4f", plots._head_mean_se(r)) if readout else "",
-        compare._cell(r.get("logit_gap_mean_null"), ".3g") if readout else "",
-        compare._cell(_mean(r["alignment"]), "+.4f", _mean(r.get("alignment_stderr")))
+        cell(_mean(r["logit_gap"]), "+.4f", plots._head_mean_se(r)) if readout else "",
+        cell(r.get("logit_gap_mean_null"), ".3g") if readout else "",
+        cell(_mean(r["alignment"]), "+.4f", _mean(r.get("alignment_stderr")))
         if readout else "",
-        compare._cell(r.get("alignment_mean_null"), ".3g") if readout else ""])
+        cell(r.get("alignment_mean_null"), ".3g") if readout else ""])
   return _table(header, rows, [r["layer_type"] for r in layered], key_columns=3)
 
 

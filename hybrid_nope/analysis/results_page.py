@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from hybrid_nope import sweep
-from hybrid_nope.analysis import compare, run_files
+from hybrid_nope.analysis import compare, compare_table, run_files
 from hybrid_nope.analysis.findings import Verdict, clustered_correlation, paired
 
 INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
@@ -296,7 +296,7 @@ def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro
            norm_series: dict | None = None, mixers: list[dict] | None = None) -> str:
   lines = [intro, "", f"Records: {sum(counts.values())} runs — " + ", ".join(
       f"{e} ×{n}" for e, n in sorted(counts.items())) + ".", "", "## The sweep", "",
-      compare.table(rows), "",
+      compare_table.table(rows), "",
       "![gap and logit gap vs step](results/gap_vs_step.png)",
       "![loss vs window](results/loss_vs_window.png)",
       "![gap vs window](results/gap_vs_window.png)", "", "## Verdicts", "",
