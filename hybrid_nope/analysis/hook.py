@@ -94,6 +94,9 @@ class RecencyHook:
         batch["inputs"], self.doc_ids_BT, SHUFFLE_SEED)
     self.probe = (place or (lambda tree: tree))(batch)
     self._measure = jax.jit(self._measure_fn, compiler_options=compiler_options)
+    # describe()'s pair counts as one compiled program: op by op, its ~100 small ops each
+    # compiled (seconds per process).
+    self._pair_counts = jax.jit(lambda p: self._sums(p, recency.match_sums, p["inputs"])[1])
 
   @classmethod
   def for_run(cls, run):
@@ -150,9 +153,7 @@ class RecencyHook:
   def describe(self) -> dict:
     """What recency_probe.json holds: the probe's rows, documents (= clusters), tokens, pairs
     per lag and documents with a pair per lag."""
-    # One compiled program: op by op, its ~100 small ops each compile (seconds per process).
-    counts = np.asarray(jax.jit(
-        lambda p: self._sums(p, recency.match_sums, p["inputs"])[1])(self.probe))
+    counts = np.asarray(self._pair_counts(self.probe))
     return {"rows": self.rows.tolist(), "documents": int(self.num_docs),
             "clusters": int(self.num_clusters),
             "tokens": int(np.sum(self.doc_ids_BT != probe_lib.NOT_A_DOCUMENT)),
