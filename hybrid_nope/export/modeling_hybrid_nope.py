@@ -96,8 +96,9 @@ def intra_weights(q, k, decay, with_kk: bool):
     qk = torch.einsum("rigd,rjd->rgij", q, k) * decay[:, None]
     kk = (k @ k.transpose(1, 2) * decay).tril(-1) if with_kk else None
     return qk, kk
-  qk = torch.einsum("rigd,rijd->rgij", q, decay * k[:, None])
-  kk = torch.einsum("rid,rijd->rij", k, decay * k[:, None]).tril(-1) if with_kk else None
+  k_decayed = decay * k[:, None]  # [R, C(i), C(j), H]: k_j decayed from j to i
+  qk = torch.einsum("rigd,rijd->rgij", q, k_decayed)
+  kk = torch.einsum("rid,rijd->rij", k, k_decayed).tril(-1) if with_kk else None
   return qk, kk
 
 
