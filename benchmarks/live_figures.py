@@ -1,4 +1,4 @@
-"""Time analysis.live_figures.figures on one measurement of a 120m-shaped (or 350m) model.
+"""Time analysis.measure.live_figures.figures on one measurement of a 120m-shaped (or 350m) model.
 
   python benchmarks/live_figures.py                  # 12 layers SG, 12 heads, 20 lags
   python benchmarks/live_figures.py --size=350m      # 24 layers, 16 heads
@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=wrong-import-position
 
 from configs import base  # pylint: disable=wrong-import-position
-from hybrid_nope.analysis import live_figures  # pylint: disable=wrong-import-position
-from hybrid_nope.analysis.hook import RecencyHook  # pylint: disable=wrong-import-position
+from hybrid_nope.analysis.measure import live_figures  # pylint: disable=wrong-import-position
+from hybrid_nope.analysis.measure.hook import RecencyHook  # pylint: disable=wrong-import-position
 from hybrid_nope.data import pipeline  # pylint: disable=wrong-import-position
 from hybrid_nope.model.definition import init_model  # pylint: disable=wrong-import-position
 from tests.helpers import tiny_config  # pylint: disable=wrong-import-position

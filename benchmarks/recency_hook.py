@@ -20,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.train_step import synthetic_batch  # noqa: E402
 from configs import base, demo  # noqa: E402
-from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
+from hybrid_nope.analysis.measure.hook import RecencyHook  # noqa: E402
 from hybrid_nope.train.optimizer import make_optimizer  # noqa: E402
 from hybrid_nope.train.state import init_train_state  # noqa: E402
 from hybrid_nope.train.metrics_writer import MetricsWriter  # noqa: E402

@@ -16,8 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from hybrid_nope.analysis import checkpoints, recency  # noqa: E402
-from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
+from hybrid_nope.analysis.checkpoint import checkpoints  # noqa: E402
+from hybrid_nope.analysis.measure import recency
+from hybrid_nope.analysis.measure.hook import RecencyHook  # noqa: E402
 from hybrid_nope.data import pipeline  # noqa: E402
 from hybrid_nope.model.definition import init_model  # noqa: E402
 

@@ -8,6 +8,10 @@ class UserError(ValueError):
   what was expected; `hybrid_nope.cli` prints it as one line and exits with USAGE_EXIT_CODE."""
 
 
+class ConfigError(UserError):
+  """A config key whose value is missing or not what is allowed; the message names the key."""
+
+
 RUN_STOPPED_EXIT_CODE = 1
 
 

@@ -7,128 +7,21 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import re
 
-import numpy as np
 from absl import logging
 
 from hybrid_nope import storage
-from hybrid_nope.errors import UserError
+from hybrid_nope.config_values import (DATA_SOURCES, is_int, require, boolean, data_seed,
+                                       eval_fraction, exclude_samples, int_in, number_in,
+                                       one_of, positive_int, string, value)
+from hybrid_nope.errors import ConfigError
 from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.delta import GATES as DELTA_GATES
 from hybrid_nope.model.pattern import layer_kinds, window_of
 from hybrid_nope.model.transformer import DTYPES
 
-# Where rows come from (data/pipeline.py's ROW_SOURCES holds one reader per name).
-DATA_SOURCES = ("stdlib", "mds")
 
-
-
-class ConfigError(UserError):
-  pass
-
-
-def _require(ok: bool, key: str, value, allowed: str):
-  if not ok:
-    raise ConfigError(f"config.{key}={value!r} is invalid: expected {allowed}")
-
-
-_MISSING = object()
-
-
-def value(config, key: str):
-  """config["section.name"]; a missing key fails naming itself (no silent default)."""
-  found = config
-  for part in key.split("."):
-    found = found.get(part, _MISSING) if hasattr(found, "get") else _MISSING
-    if found is _MISSING:
-      raise ConfigError(f"config.{key} is missing")
-  return found
-
-
-def _is_int(x) -> bool:
-  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def checked_int(key: str, x, low: int, high: int | None = None, allowed: str = "") -> int:
-  """`x`, the value of `key`, checked to be an integer in [low, high)."""
-  _require(_is_int(x) and x >= low and (high is None or x < high), key, x,
-           allowed or f"an integer >= {low}")
-  return int(x)
-
-
-def int_in(config, key: str, low: int, high: int | None = None, allowed: str = "") -> int:
-  return checked_int(key, value(config, key), low, high, allowed)
-
-
-def positive_int(config, key: str) -> int:
-  return int_in(config, key, 1)
-
-
-def boolean(config, key: str) -> bool:
-  x = value(config, key)
-  _require(isinstance(x, bool), key, x, "True or False")
-  return x
-
-
-def string(config, key: str, allowed: str, *, nonempty: bool = False) -> str:
-  x = value(config, key)
-  _require(isinstance(x, str) and (x or not nonempty), key, x, allowed)
-  return x
-
-
-def one_of(config, key: str, options) -> str:
-  x = value(config, key)
-  _require(isinstance(x, str) and x in options, key, x, f"one of {sorted(options)}")
-  return x
-
-
-def number_in(config, key: str, low, high, allowed: str, *, low_open: bool = True,
-              high_open: bool = True) -> float:
-  """A real number (not bool), finite, within (low, high) with the given open ends."""
-  x = value(config, key)
-  ok = (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-        and (x > low if low_open else x >= low)
-        and (high is None or (x < high if high_open else x <= high)))
-  _require(ok, key, x, allowed)
-  return float(x)
-
-
-def data_seed(config) -> int:
-  return int_in(config, "data.seed", 0, 2**32, "an int in [0, 2**32) (grain's shuffle seed)")
-
-
-def eval_fraction(config) -> float:
-  return number_in(config, "data.eval_fraction", 0, 1, "a float in (0, 1)")
-
-
-EXCLUDE_SAMPLES_FORM = ('a tuple of distinct "DOMAIN/SHARD:SAMPLE" strings, e.g. '
-                        '("book-65536/shard.00003.mds:7",): a data.domains name, a shard\'s '
-                        'basename as its index.json names it, the sample\'s index in the shard')
-
-
-def split_sample_ref(entry: str) -> tuple[str, int]:
-  """"book-65536/shard.00003.mds:7" -> ("book-65536/shard.00003.mds", 7); ConfigError if the
-  entry of data.exclude_samples is not of that form."""
-  where, _, sample = entry.rpartition(":") if isinstance(entry, str) else ("", "", "")
-  domain, _, shard = where.partition("/")
-  _require(bool(domain and shard and re.fullmatch(r"[0-9]+", sample)),
-           "data.exclude_samples", entry, EXCLUDE_SAMPLES_FORM)
-  return where, int(sample)
-
-
-def exclude_samples(config) -> tuple[str, ...]:
-  """data.exclude_samples, each entry checked (split_sample_ref); empty unless data.source is
-  mds (only MDS samples are named by shard)."""
-  x = value(config, "data.exclude_samples")
-  _require(isinstance(x, (tuple, list)) and all(isinstance(e, str) for e in x)
-           and len(set(x)) == len(x), "data.exclude_samples", x, EXCLUDE_SAMPLES_FORM)
-  for entry in x:
-    split_sample_ref(entry)
-  _require(not x or value(config, "data.source") == "mds", "data.exclude_samples", x,
-           "() unless data.source='mds' (it names samples of MDS shards)")
-  return tuple(x)
 
 
 def validate(config, *, check_paths: bool = True) -> None:
@@ -143,7 +36,7 @@ def validate(config, *, check_paths: bool = True) -> None:
               "metrics.probe_batch_size", "metrics.every_steps", "train.grad_accum_steps"):
     positive_int(config, key)
   accum = config.train.grad_accum_steps
-  _require(config.data.batch_size % accum == 0, "train.grad_accum_steps", accum,
+  require(config.data.batch_size % accum == 0, "train.grad_accum_steps", accum,
            f"a divisor of data.batch_size={config.data.batch_size} (each microbatch holds "
            "data.batch_size / train.grad_accum_steps rows)")
   try:
@@ -151,29 +44,29 @@ def validate(config, *, check_paths: bool = True) -> None:
   except ValueError as e:
     raise ConfigError(str(e)) from None
   if window_of(m) is not None:
-    _require(isinstance(m.window, int) and m.window >= 1, "model.window", m.window,
+    require(isinstance(m.window, int) and m.window >= 1, "model.window", m.window,
              "an integer >= 1 (the sliding window, in tokens)")
-  _require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", m.num_kv_heads,
+  require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", m.num_kv_heads,
            f"a divisor of model.num_heads={m.num_heads} (grouped-query attention)")
-  _require(m.head_dim % 2 == 0 or "rope" not in (m.swa_pos, m.global_pos), "model.head_dim",
+  require(m.head_dim % 2 == 0 or "rope" not in (m.swa_pos, m.global_pos), "model.head_dim",
            m.head_dim, "an even number (RoPE rotates pairs of channels)")
-  _require(m.swa_pos in POSITION_ENCODINGS, "model.swa_pos", m.swa_pos, f"one of {POSITION_ENCODINGS}")
-  _require(m.global_pos in POSITION_ENCODINGS, "model.global_pos", m.global_pos,
+  require(m.swa_pos in POSITION_ENCODINGS, "model.swa_pos", m.swa_pos, f"one of {POSITION_ENCODINGS}")
+  require(m.global_pos in POSITION_ENCODINGS, "model.global_pos", m.global_pos,
            f"one of {POSITION_ENCODINGS}")
-  _require(m.attention_impl in IMPLS, "model.attention_impl", m.attention_impl,
+  require(m.attention_impl in IMPLS, "model.attention_impl", m.attention_impl,
            f"one of {IMPLS}")
-  _require(m.linear_impl in LINEAR_IMPLS, "model.linear_impl", m.linear_impl,
+  require(m.linear_impl in LINEAR_IMPLS, "model.linear_impl", m.linear_impl,
            f"one of {LINEAR_IMPLS}")
   one_of(config, "model.delta_impl", DELTA_IMPLS)
   one_of(config, "model.delta_gate", DELTA_GATES)
-  _require(m.dtype == "auto" or m.dtype in DTYPES, "model.dtype", m.dtype,
+  require(m.dtype == "auto" or m.dtype in DTYPES, "model.dtype", m.dtype,
            f"'auto' or one of {sorted(DTYPES)}")
-  _require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,
+  require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,
            "metrics.far_lag", config.metrics.far_lag,
            f"an integer in [1, data.seq_len={d.seq_len}) (the far lag L must fit in a sequence)")
   pool = int_in(config, "metrics.probe_pool_rows", 1, None,
                 "a positive int (eval rows the recency probe is chosen from)")
-  _require(config.metrics.probe_batch_size <= pool,
+  require(config.metrics.probe_batch_size <= pool,
            "metrics.probe_batch_size", config.metrics.probe_batch_size,
            f"at most metrics.probe_pool_rows = {pool} (the probe is chosen from those eval rows)")
   int_in(config, "metrics.query_positions", 0, None, "an integer >= 0 (0 = every position)")
@@ -188,12 +81,12 @@ def validate(config, *, check_paths: bool = True) -> None:
     from hybrid_nope.data import mixture  # pylint: disable=g-import-not-at-top
     mixture.parse_domains(value(config, "data.domains"))
   if d.source == "mds" and check_paths:
-    _require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
+    require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
              "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
-    _require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
+    require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
              config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
   multiples = value(config, "eval.length_multiples")
-  _require(isinstance(multiples, (tuple, list)) and all(_is_int(k) and k >= 1 for k in multiples)
+  require(isinstance(multiples, (tuple, list)) and all(is_int(k) and k >= 1 for k in multiples)
            and len(set(multiples)) == len(multiples) and 1 in multiples,
            "eval.length_multiples", multiples, "distinct integers >= 1 including 1, e.g. (1, 2, 4) "
            "(eval rows of k × data.seq_len)")
@@ -202,7 +95,7 @@ def validate(config, *, check_paths: bool = True) -> None:
   samples_every = int_in(config, "eval.sample_every_steps", 0, None,
                          "an integer >= 0 (0 = no samples during training)")
   prompts = value(config, "eval.sample_prompts")
-  _require(isinstance(prompts, (tuple, list)) and all(isinstance(p, str) and p for p in prompts)
+  require(isinstance(prompts, (tuple, list)) and all(isinstance(p, str) and p for p in prompts)
            and (bool(prompts) or not samples_every), "eval.sample_prompts", prompts,
            "a tuple of non-empty strings, at least one when eval.sample_every_steps > 0")
   positive_int(config, "eval.sample_max_new_tokens")
@@ -211,7 +104,7 @@ def validate(config, *, check_paths: bool = True) -> None:
   int_in(config, "train.profile_start_step", 0 if config.train.profile_steps == 0 else 1,
          None, "an integer >= 1 (the first profiled step) when train.profile_steps > 0")
   t = config.train
-  _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
+  require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
            f"an integer in [0, train.steps={t.steps})")
   for key, low, high, allowed in (
       ("train.learning_rate", 0, None, "a finite float > 0"),
@@ -231,7 +124,7 @@ def validate(config, *, check_paths: bool = True) -> None:
              low_open=False)
   project = string(config, "logging.wandb_project", 'a W&B project name, or "" (off)')
   string(config, "logging.wandb_entity", 'a W&B team or user name, or "" (the default)')
-  _require(not project or importlib.util.find_spec("wandb") is not None,
+  require(not project or importlib.util.find_spec("wandb") is not None,
            "logging.wandb_project", project, '"" (off) unless wandb is installed: '
            "pip install '.[wandb]'")
 
@@ -280,9 +173,9 @@ def check_divisibility(config, shape: tuple[int, int, int]) -> None:
       ("model.vocab_size", m.vocab_size, tensor, "mesh.tensor"),
       ("model.d_model", m.d_model, fsdp, "mesh.fsdp"),
   ]
-  for key, value, parts, axes in checks:
-    if value % parts:
-      raise MeshError(f"config.{key}={value} is not divisible by {axes}={parts}")
+  for key, x, parts, axes in checks:
+    if x % parts:
+      raise MeshError(f"config.{key}={x} is not divisible by {axes}={parts}")
 
 
 ORBAX_URL_SCHEMES = ("gs://",)  # Where orbax writes checkpoints itself (besides local paths).

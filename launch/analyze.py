@@ -16,7 +16,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from configs import base  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
-from hybrid_nope.analysis import report  # noqa: E402
+from hybrid_nope.analysis.checkpoint import report  # noqa: E402
 from hybrid_nope.logs import quiet_library_logs  # noqa: E402  (orbax logs every file)
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")

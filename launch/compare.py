@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags, logging  # noqa: E402
 
 from hybrid_nope import cli  # noqa: E402
-from hybrid_nope.analysis import compare  # noqa: E402
+from hybrid_nope.analysis.evidence import compare  # noqa: E402
 
 flags.DEFINE_string("out", None, "Output directory; default <common parent>/compare.")
 

@@ -3,7 +3,7 @@
     [--seed=0] [--tokenizer=tokenizer.json] [--eos_token=TOKEN] [--out=FILE.json]
 
 Prints each prompt with its continuation, then the times and decode tokens/s
-(hybrid_nope/analysis/generate.py; the cached decoding is hybrid_nope/model/decode.py).
+(hybrid_nope/analysis/checkpoint/generate.py; the cached decoding is hybrid_nope/model/decode.py).
 Temperature 0 is greedy; several --prompt decode as one batch.
 """
 import os
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 
 from hybrid_nope import cli, storage  # noqa: E402
-from hybrid_nope.analysis import generate  # noqa: E402
+from hybrid_nope.analysis.checkpoint import generate  # noqa: E402
 from hybrid_nope.logs import quiet_library_logs  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")

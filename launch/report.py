@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 
 from hybrid_nope import cli  # noqa: E402
-from hybrid_nope.analysis import html_report  # noqa: E402
+from hybrid_nope.analysis.present import html_report  # noqa: E402
 
 flags.DEFINE_string("out", "report.html", "The HTML file to write (a local path or a URL).")
 

@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from hybrid_nope.analysis import results_page  # noqa: E402
+from hybrid_nope.analysis.evidence import results_page  # noqa: E402
 
 flags.DEFINE_string("records_dir", "docs/results/runs", "<experiment>/seed<k>.tar.gz packs.")
 flags.DEFINE_string("out", "docs/results.md", "The page to write.")

@@ -1,7 +1,7 @@
 """Score text files on a checkpoint: python launch/score.py --workdir=DIR [--step=N]
     [--seq_len=T] [--bucket_size=B] [--tokenizer=tokenizer.json] [--out=FILE.json] FILE...
 
-Prints loss per token, bits per byte and loss by position bucket (hybrid_nope/analysis/score.py);
+Prints loss per token, bits per byte and loss by position bucket (hybrid_nope/analysis/checkpoint/score.py);
 --seq_len may exceed the training length.
 """
 import os
@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 
 from hybrid_nope import cli, storage  # noqa: E402
-from hybrid_nope.analysis import score  # noqa: E402
+from hybrid_nope.analysis.checkpoint import score  # noqa: E402
 from hybrid_nope.logs import quiet_library_logs  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")

@@ -8,7 +8,7 @@ from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from hybrid_nope import cli  # noqa: E402
-from hybrid_nope.analysis.hook import RecencyHook  # noqa: E402
+from hybrid_nope.analysis.measure.hook import RecencyHook  # noqa: E402
 from hybrid_nope.train import distributed, loop  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",

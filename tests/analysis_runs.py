@@ -1,8 +1,8 @@
 """Tiny trained (and analysed) runs shared by the analysis tests, built once per process."""
 import os
 
-from hybrid_nope.analysis import report
-from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.analysis.checkpoint import report
+from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.train import loop
 from tests.helpers import tiny_config
 

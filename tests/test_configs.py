@@ -8,7 +8,8 @@ from flax import nnx
 
 from configs import base
 from hybrid_nope.model import LanguageModel, parameter_counts
-from hybrid_nope.validate import ConfigError, validate
+from hybrid_nope.errors import ConfigError
+from hybrid_nope.validate import validate
 from tests.helpers import tiny_config
 
 CONFIG_NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob("configs/*.py")

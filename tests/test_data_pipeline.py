@@ -6,7 +6,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from hybrid_nope import validate
+from hybrid_nope import errors
 from hybrid_nope.data import pipeline
 from hybrid_nope.data import stdlib_corpus
 from hybrid_nope.data.tokenizer import ByteTokenizer
@@ -141,7 +141,7 @@ def test_train_rows_are_the_train_documents():
 
 
 def test_too_few_eval_rows_is_a_one_line_config_error_naming_num_batches():
-  with pytest.raises(validate.ConfigError, match=r"^config\.eval\.num_batches=1000000 .* needs "
+  with pytest.raises(errors.ConfigError, match=r"^config\.eval\.num_batches=1000000 .* needs "
                                                  r"4000000 rows .* lower eval\.num_batches") as e:
     pipeline.eval_batches(make_config(**{"eval.num_batches": 10**6}))
   assert "\n" not in str(e.value)
@@ -200,7 +200,7 @@ def test_probe_pool_is_the_first_eval_rows_whatever_the_seed():
   for k in pipeline.BATCH_KEYS:
     np.testing.assert_array_equal(pipeline.probe_pool(config)[k], pool[k])
   config.metrics.probe_pool_rows = len(rows["inputs"]) + 1
-  with pytest.raises(validate.ConfigError, match="metrics.probe_pool_rows"):
+  with pytest.raises(errors.ConfigError, match="metrics.probe_pool_rows"):
     pipeline.probe_pool(config)
 
 
@@ -208,7 +208,7 @@ def test_probe_pool_is_the_first_eval_rows_whatever_the_seed():
 def test_a_vocabulary_smaller_than_the_byte_tokenizers_is_refused_at_the_start(vocab_size):
   config = make_config()
   config.model = ml_collections.ConfigDict({"vocab_size": vocab_size})
-  with pytest.raises(validate.ConfigError) as e:
+  with pytest.raises(errors.ConfigError) as e:
     pipeline.check_vocabulary(config)
   assert str(e.value) == (
       f"config.model.vocab_size={vocab_size} is smaller than the byte tokenizer "

@@ -13,7 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from hybrid_nope import validate
+from hybrid_nope import config_values, errors, validate
 from hybrid_nope.data import mds
 from hybrid_nope.data import mixture
 from hybrid_nope.data import pipeline
@@ -85,7 +85,7 @@ def test_prolong_64k_mixture_weights():
     (("a@1", "b@1e-9"), "resolution"),
 ])
 def test_bad_domains_are_one_line_config_errors_naming_the_key(domains, match):
-  with pytest.raises(validate.ConfigError, match=match) as e:
+  with pytest.raises(errors.ConfigError, match=match) as e:
     mixture.parse_domains(domains)
   assert str(e.value).startswith("config.data.domains") and "\n" not in str(e.value)
 
@@ -110,7 +110,7 @@ def test_mixture_schedule_is_exact_and_consecutive(weights):
 
 
 def test_mixture_schedule_rejects_huge_cycles():
-  with pytest.raises(validate.ConfigError, match="fewer digits"):
+  with pytest.raises(errors.ConfigError, match="fewer digits"):
     mixture.MixtureSchedule((999983, 999979))
 
 
@@ -278,10 +278,10 @@ def test_domain_without_input_ids(tmp_path):
 
 
 def test_missing_paths_name_the_key(tmp_path):
-  with pytest.raises(validate.ConfigError, match=r"config\.data\.path"):
+  with pytest.raises(errors.ConfigError, match=r"config\.data\.path"):
     prolong.build_mixture(str(tmp_path / "nope"), DOMAINS, seq_len=T, document_masking=True,
                           vocab_size=258, seed=0)
-  with pytest.raises(validate.ConfigError, match=r"domain 'missing' of config\.data\.domains"):
+  with pytest.raises(errors.ConfigError, match=r"domain 'missing' of config\.data\.domains"):
     prolong.build_mixture(PROLONG, ("book-65536@1", "missing@1"), seq_len=T,
                           document_masking=True, vocab_size=258, seed=0)
 
@@ -396,7 +396,7 @@ def test_a_bad_token_is_refused_at_its_shards_first_read_naming_the_exclusion(tm
   assert ("--config.data.exclude_samples='(\"dom/shard.00002.mds:1\", "
           "\"dom/shard.00002.mds:3\",)'") in message
   excluded = ("dom/shard.00002.mds:1", "dom/shard.00002.mds:3")
-  assert validate.exclude_samples(ml_collections.ConfigDict(
+  assert config_values.exclude_samples(ml_collections.ConfigDict(
       {"data": {"source": "mds", "exclude_samples": excluded}})) == excluded  # It parses.
   skipping = rows_of(path, vocab_size=500, exclude_samples=excluded)
   assert len(skipping) == len(rows) - 2 * 3  # 3 rows of seq_len 4 per 12-token sample
@@ -477,8 +477,8 @@ def test_the_train_pipeline_goes_past_excluded_samples(tmp_path, cache_dir):
 ])
 def test_exclude_samples_format_is_checked_naming_the_key(value, match):
   config = ml_collections.ConfigDict({"data": {"source": "mds", "exclude_samples": value}})
-  with pytest.raises(validate.ConfigError, match=match) as e:
-    validate.exclude_samples(config)
+  with pytest.raises(errors.ConfigError, match=match) as e:
+    config_values.exclude_samples(config)
   assert str(e.value).startswith("config.data.exclude_samples") and "\n" not in str(e.value)
 
 
@@ -492,13 +492,13 @@ def test_exclude_samples_must_name_a_sample_of_a_domain_that_is_read(tmp_path, c
     config = make_config(cache_dir, **{"data.path": str(tmp_path), "data.domains": ("a@1", "b@0"),
                                        "data.seq_len": 4, "model.vocab_size": 600})
     config.data.exclude_samples = (entry,)
-    with pytest.raises(validate.ConfigError, match=match) as e:
+    with pytest.raises(errors.ConfigError, match=match) as e:
       pipeline.train_iterator(config)
     assert "config.data.exclude_samples" in str(e.value)
   stdlib = ml_collections.ConfigDict({"data": {"source": "stdlib",
                                                "exclude_samples": ("a/s.mds:1",)}})
-  with pytest.raises(validate.ConfigError, match=r"data\.source='mds'"):
-    validate.exclude_samples(stdlib)
+  with pytest.raises(errors.ConfigError, match=r"data\.source='mds'"):
+    config_values.exclude_samples(stdlib)
 
 
 @pytest.mark.parametrize("domains", [("book@x",), ("book@",), ("@0.5",), "book@1"])
@@ -507,5 +507,5 @@ def test_validate_refuses_malformed_domains_before_anything_is_read(domains):
   config = tiny_config(data__source="mds")
   del config.data["domains"]  # ConfigDict is type-safe on override: a str cannot replace a tuple.
   config.data.domains = domains
-  with pytest.raises(validate.ConfigError, match=r"^config\.data\.domains.*'name@proportion'"):
+  with pytest.raises(errors.ConfigError, match=r"^config\.data\.domains.*'name@proportion'"):
     validate.validate(config, check_paths=False)

@@ -16,7 +16,7 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, processors, trainers
 
-from hybrid_nope import validate
+from hybrid_nope import errors
 from hybrid_nope.data import pipeline
 from hybrid_nope.data import textbook_chapters as tc
 from hybrid_nope.errors import UserError
@@ -198,7 +198,7 @@ def test_prepare_keeps_the_tokenizer_and_the_vocabulary_is_checked_against_it(
   config.model.vocab_size = size
   assert pipeline.check_vocabulary(config) == size
   config.model.vocab_size = size - 1
-  with pytest.raises(validate.ConfigError) as e:
+  with pytest.raises(errors.ConfigError) as e:
     pipeline.check_vocabulary(config)
   assert str(e.value) == (f"config.model.vocab_size={size - 1} is smaller than {copy}'s {size} "
                           f"token ids: pass --config.model.vocab_size={size} or more")
@@ -207,10 +207,10 @@ def test_prepare_keeps_the_tokenizer_and_the_vocabulary_is_checked_against_it(
   bigger.add_tokens([f"extra{i}" for i in range(10)])
   bigger.save(str(data / "tokenizer.json"))
   config.model.vocab_size = size
-  with pytest.raises(validate.ConfigError, match=rf"{data / 'tokenizer.json'}'s {size + 10} "):
+  with pytest.raises(errors.ConfigError, match=rf"{data / 'tokenizer.json'}'s {size + 10} "):
     pipeline.check_vocabulary(config)
   (data / "tokenizer.json").write_text("{}")
-  with pytest.raises(validate.ConfigError, match="is not a tokenizers JSON file"):
+  with pytest.raises(errors.ConfigError, match="is not a tokenizers JSON file"):
     pipeline.check_vocabulary(config)
 
 

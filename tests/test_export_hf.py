@@ -25,7 +25,7 @@ from hybrid_nope.model.definition import init_model
 from hybrid_nope.model.layers import apply_rope
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO, tiny_config
-from tests.test_analysis_checkpoints import FLIPPED_LEAF, flipped_copy
+from tests.test_analysis_checkpoint_checkpoints import FLIPPED_LEAF, flipped_copy
 
 
 def _silu(x):
@@ -370,7 +370,7 @@ def run(tmp_path_factory):
 
 
 def test_export_writes_what_hf_state_dict_gives(run, tmp_path):
-  from hybrid_nope.analysis import checkpoints
+  from hybrid_nope.analysis.checkpoint import checkpoints
   out = str(tmp_path / "hf")
   result = hf.export(run, out, step=4)
   assert result["step"] == 4 and "byte tokenizer" in result["tokenizer"]

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from hybrid_nope import kernels
-from hybrid_nope.analysis import recency, theory
+from hybrid_nope.analysis.measure import recency, theory
 from hybrid_nope.model import gla
 from hybrid_nope.model.layers import logical_axes
 from tests.linear_reference import linear_reference, rel_err

@@ -14,8 +14,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis import checkpoints, training_plots
-from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.analysis.checkpoint import checkpoints
+from hybrid_nope.analysis.present import training_plots
+from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.data.text_codec import text_codec
 from hybrid_nope.model import decode
@@ -23,7 +24,7 @@ from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train import evaluation, loop
 from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
 from hybrid_nope.train.step import train_step_for
-from hybrid_nope.validate import ConfigError
+from hybrid_nope.errors import ConfigError
 from tests.helpers import tiny_config, tiny_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,7 +206,7 @@ def test_non_finite_loss_is_caught_before_a_save_even_between_log_steps(tmp_path
 
 def saved_params_finite(workdir, config):
   """{step: whether every parameter of that checkpoint is finite}."""
-  from hybrid_nope.analysis import checkpoints
+  from hybrid_nope.analysis.checkpoint import checkpoints
   out = {}
   for step in Checkpointer(str(workdir), keep=100).all_steps():
     _, _, params = checkpoints.restore_params(str(workdir), config, step)
@@ -346,7 +347,7 @@ def test_checkpoint_every_minutes_off_saves_by_steps_only(tmp_path, monkeypatch)
 def test_a_url_workdir_gets_every_record_and_analysis_reads_it(tmp_path):
   import uuid
   from hybrid_nope import storage
-  from hybrid_nope.analysis import report
+  from hybrid_nope.analysis.checkpoint import report
   url = f"memory://runs/{uuid.uuid4().hex}"
   config = tiny_config(checkpoint__directory=str(tmp_path / "checkpoints"))
   loop.train(config, url, hooks=[RecencyHook.for_run])
@@ -370,7 +371,7 @@ def test_a_url_workdir_needs_a_checkpoint_directory_orbax_can_write(tmp_path):
 
 
 def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_does(tmp_path):
-  from hybrid_nope.analysis import checkpoints
+  from hybrid_nope.analysis.checkpoint import checkpoints
   from hybrid_nope.data import pipeline
   from hybrid_nope.model.loss import weighted_token_losses
   config = tiny_config(eval__length_multiples=(1, 2), eval__bucket_size=16)

@@ -157,7 +157,8 @@ def test_a_workdir_deleted_mid_run_is_one_line_naming_it(tmp_path, name):
 def test_analysis_reads_the_null_records_as_it_read_the_nan_ones(tmp_path):
   """report.summarize averages fields that may be NaN (a lag without pairs, an SE of < 2
   documents): on the records read back it gives what it gives on the written ones."""
-  from hybrid_nope.analysis import report, run_files
+  from hybrid_nope.analysis.checkpoint import report
+  from hybrid_nope.analysis.evidence import run_files
   written = [{"step": 4, "layer": layer, "layer_type": "global", "module": "pre_mixer_norm",
               "lags": [1, 32], "profile": [0.5, float("nan")], "floor": float("nan"),
               "gap": gap, "gap_stderr": float("nan"), "logit_gap": [0.2, float("nan")],
@@ -191,7 +192,7 @@ def test_the_config_and_hparams_reach_tensorboard(tmp_path):
   the same run writes as a scalar."""
   from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
   from tests.helpers import tiny_config
-  from tests.test_analysis_live_figures import read_events
+  from tests.test_analysis_measure_live_figures import read_events
   config = tiny_config(model__pattern="SG", data__batch_size=4)
   writer = MetricsWriter(str(tmp_path))
   writer.write_config(0, config)
@@ -229,7 +230,7 @@ def test_the_config_and_hparams_reach_tensorboard(tmp_path):
 
 
 def test_samples_reach_metrics_jsonl_and_tensorboard_text(tmp_path):
-  from tests.test_analysis_live_figures import read_events
+  from tests.test_analysis_measure_live_figures import read_events
   samples = [{"prompt": "def f(", "text": "x):\n  return x"}, {"prompt": "import", "text": " os"}]
   writer = MetricsWriter(str(tmp_path))
   writer.write(6, {"loss": 1.5})

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from hybrid_nope.train import loop
-from hybrid_nope.validate import ConfigError, validate
+from hybrid_nope.errors import ConfigError
+from hybrid_nope.validate import validate
 from tests.helpers import tiny_config
 
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis import checkpoints
+from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope.data import pipeline
 from hybrid_nope.train import loop, resume
 from hybrid_nope.train.checkpoint import Checkpointer

@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.storage import read_jsonl
 from hybrid_nope.train import loop
 from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape

@@ -1,8 +1,9 @@
 """Is the config's data in place? `python launch/check_data.py --config=... [--config.*=...]`.
 
-Reads what the trainer reads at its start, through the same code (`validate.validate`,
-`pipeline.train_mixture`, `pipeline.eval_batches`, `pipeline.probe_pool`,
-`pipeline.check_vocabulary`), so each rule has one home and a config that passes here starts:
+Reads what the trainer reads at its start, through the same code (the launch script runs
+`validate.validate` first; then `pipeline.train_mixture`, `pipeline.eval_batches`,
+`pipeline.probe_pool`, `pipeline.check_vocabulary`), so each rule has one home and a config
+that passes here starts:
 
   train data   each domain of data.domains under data.path: its MDS directory (index.json, every
                shard file at its listed size), samples, shards, tokens and training rows;
@@ -22,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from hybrid_nope import validate
+from hybrid_nope import config_values
 from hybrid_nope.data import pipeline
 from hybrid_nope.errors import UserError
 
@@ -86,7 +87,7 @@ def _chapters(config) -> tuple[str, int]:
   """(the prepared eval directory, its number of chapters)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
-  directory = textbook_chapters.dataset_dir(validate.value(config, "eval.path"))
+  directory = textbook_chapters.dataset_dir(config_values.value(config, "eval.path"))
   info = tfds.builder_from_directory(directory).info
   return directory, int(info.splits[textbook_chapters.SPLIT].num_examples)
 
@@ -94,12 +95,11 @@ def _chapters(config) -> tuple[str, int]:
 def check(config) -> DataReport:
   """The report of the config's data, or a DataCheckError (a UserError) naming the problem."""
   try:
-    validate.validate(config)
     source = config.data.source
     report = DataReport(source=source, seq_len=int(config.data.seq_len),
                         vocab_size=int(config.model.vocab_size))
     if source == "mds":
-      report.train_path = validate.value(config, "data.path")
+      report.train_path = config_values.value(config, "data.path")
       report.tokenizers = pipeline.tokenizer_files(config)
       if not report.tokenizers:
         raise DataCheckError(

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from hybrid_nope import validate
+from hybrid_nope import config_values
 from hybrid_nope.data import mds, mixture, pipeline
 
 
@@ -28,7 +28,7 @@ def _mds_domains(config) -> dict:
   """Per domain read: the sha1 of its index.json (shard names, sizes, hashes, sample counts)
   and its sample count; the samples data.exclude_samples skips."""
   out = {"data.path": os.path.abspath(config.data.path)}
-  excluded = validate.exclude_samples(config)
+  excluded = config_values.exclude_samples(config)
   if excluded:  # Absent when empty, as in fingerprints written before the key existed.
     out["data.exclude_samples"] = ",".join(sorted(excluded))
   for spec in mixture.parse_domains(config.data.domains):

@@ -21,7 +21,7 @@ import zlib
 
 import numpy as np
 
-from hybrid_nope.validate import ConfigError
+from hybrid_nope.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

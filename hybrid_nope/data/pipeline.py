@@ -21,15 +21,16 @@ from typing import Callable, Union
 import grain
 import numpy as np
 
-from hybrid_nope import validate
+from hybrid_nope import config_values
+from hybrid_nope.errors import ConfigError
 from hybrid_nope.data import packing
 from hybrid_nope.data import stdlib_corpus
 from hybrid_nope.data.tokenizer import ByteTokenizer
 
 BATCH_KEYS, BATCH_DTYPES = packing.ROW_KEYS, packing.ROW_DTYPES  # A batch is rows stacked.
-# Config values are read through hybrid_nope.validate, the one place a key is checked: a part
+# Config values are read through hybrid_nope.config_values, the one place a key is checked: a part
 # config (tests, tools) fails on its first bad or missing key exactly as the trainer's would.
-_positive_int = validate.positive_int
+_positive_int = config_values.positive_int
 
 
 # ---- row sources: name -> fn(config, split) -> packed rows (dict of [S, T] arrays) ----------
@@ -47,7 +48,7 @@ def _stdlib_packed(split: str, seq_len: int, eval_fraction: float) -> dict[str, 
 def _stdlib_rows(config, split: str, num_rows_key: str | None = None) -> dict[str, np.ndarray]:
   del num_rows_key  # The whole split is in memory; callers take the rows they need.
   return _stdlib_packed(split, _positive_int(config, "data.seq_len"),
-                       validate.eval_fraction(config))
+                       config_values.eval_fraction(config))
 
 
 def _mds_rows(config, split: str, num_rows_key: str | None = None):
@@ -58,7 +59,7 @@ def _mds_rows(config, split: str, num_rows_key: str | None = None):
   vocab_size = _positive_int(config, "model.vocab_size")
   if split == "eval":
     from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
-    path = validate.string(config, "eval.path", "the prepared TextbookChapters directory",
+    path = config_values.string(config, "eval.path", "the prepared TextbookChapters directory",
                            nonempty=True)
     if num_rows_key is None:
       num_rows = _positive_int(config, "eval.batch_size") * _positive_int(config,
@@ -77,28 +78,28 @@ def train_mixture(config):
   """The ProLong mixture (`prolong.build_mixture`) of config.data's domains: a
   `mixture.Mixture` whose `domains` are `prolong.DomainRows` (data/check.py reports them)."""
   from hybrid_nope.data import prolong  # pylint: disable=g-import-not-at-top
-  cache_dir = validate.string(config, "data.cache_dir", "a path or '' (the default cache)")
+  cache_dir = config_values.string(config, "data.cache_dir", "a path or '' (the default cache)")
   return prolong.build_mixture(
-      validate.value(config, "data.path"), validate.value(config, "data.domains"),
+      config_values.value(config, "data.path"), config_values.value(config, "data.domains"),
       seq_len=_positive_int(config, "data.seq_len"),
-      document_masking=validate.boolean(config, "data.document_masking"),
-      vocab_size=_positive_int(config, "model.vocab_size"), seed=validate.data_seed(config),
-      cache_dir=cache_dir or None, verify_hashes=validate.boolean(config, "data.verify_hashes"),
-      exclude_samples=validate.exclude_samples(config))
+      document_masking=config_values.boolean(config, "data.document_masking"),
+      vocab_size=_positive_int(config, "model.vocab_size"), seed=config_values.data_seed(config),
+      cache_dir=cache_dir or None, verify_hashes=config_values.boolean(config, "data.verify_hashes"),
+      exclude_samples=config_values.exclude_samples(config))
 
 
 Rows = Union[dict[str, np.ndarray], grain.MapDataset]
 # name -> fn(config, split, num_rows_key) -> rows: a dict of in-memory [S, T] arrays, or (train) an infinite
 # grain.MapDataset of row dicts that is already shuffled.
 ROW_SOURCES: dict[str, Callable[..., Rows]] = {"stdlib": _stdlib_rows, "mds": _mds_rows}
-assert tuple(ROW_SOURCES) == validate.DATA_SOURCES, "one reader per validate.DATA_SOURCES name"
+assert tuple(ROW_SOURCES) == config_values.DATA_SOURCES, "one reader per config_values.DATA_SOURCES name"
 
 
 def packed_rows(config, split: str, num_rows_key: str | None = None) -> Rows:
   """Rows of `split` ("train" or "eval") from the source named by config.data.source; a source
   that reads eval rows one by one reads the int at `num_rows_key` of them (default: the eval
   batches' rows)."""
-  source = ROW_SOURCES[validate.one_of(config, "data.source", validate.DATA_SOURCES)]
+  source = ROW_SOURCES[config_values.one_of(config, "data.source", config_values.DATA_SOURCES)]
   return source(config, split, num_rows_key)
 
 
@@ -138,7 +139,7 @@ def train_iterator(config, *, process_index: int = 0, process_count: int = 1,
   if batch_size % process_count:
     raise ValueError(f"config.data.batch_size={batch_size} must be divisible by "
                      f"process_count={process_count}")
-  seed = validate.data_seed(config)
+  seed = config_values.data_seed(config)
   ds = train_dataset(packed_rows(config, "train"), batch_size=batch_size // process_count,
                      seed=seed, process_index=process_index,
                      process_count=process_count, start_row=start_row)
@@ -161,7 +162,7 @@ def eval_batches(config) -> list[dict[str, np.ndarray]]:
   rows = packed_rows(config, "eval")
   needed = batch_size * num_batches
   if needed > len(rows["inputs"]):
-    raise validate.ConfigError(
+    raise ConfigError(
         f"config.eval.num_batches={num_batches} x config.eval.batch_size={batch_size} needs "
         f"{needed} rows but the eval split has only {len(rows['inputs'])}: lower "
         f"eval.num_batches (or eval.batch_size)")
@@ -171,12 +172,12 @@ def eval_batches(config) -> list[dict[str, np.ndarray]]:
 
 def probe_pool(config) -> dict[str, np.ndarray]:
   """The first metrics.probe_pool_rows rows of the eval split, in order: the pool the recency
-  probe is chosen from (hybrid_nope.analysis.probe). It depends on the eval data and these keys
+  probe is chosen from (hybrid_nope.analysis.measure.probe). It depends on the eval data and these keys
   only, never on a seed, so every run of a sweep is measured on the same documents."""
   count = _positive_int(config, "metrics.probe_pool_rows")
   rows = packed_rows(config, "eval", "metrics.probe_pool_rows")
   if count > len(rows["inputs"]):
-    raise validate.ConfigError(f"config.metrics.probe_pool_rows={count} but the eval split has "
+    raise ConfigError(f"config.metrics.probe_pool_rows={count} but the eval split has "
                                f"only {len(rows['inputs'])} rows")
   return {k: np.array(rows[k][:count]) for k in BATCH_KEYS}
 
@@ -185,11 +186,11 @@ def tokenizer_files(config) -> list[str]:
   """The tokenizer.json files the data carries: for mds, one in data.path (put there by
   whoever prepared the domains) and one in the prepared eval directory (textbook_chapters
   copies the --tokenizer it tokenised with), where present."""
-  if validate.one_of(config, "data.source", validate.DATA_SOURCES) != "mds":
+  if config_values.one_of(config, "data.source", config_values.DATA_SOURCES) != "mds":
     return []
   from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
-  places = [validate.string(config, "data.path", "a directory", nonempty=True)]
-  eval_path = validate.string(config, "eval.path", "the prepared TextbookChapters directory",
+  places = [config_values.string(config, "data.path", "a directory", nonempty=True)]
+  eval_path = config_values.string(config, "eval.path", "the prepared TextbookChapters directory",
                               nonempty=True)
   places.append(textbook_chapters.dataset_dir(eval_path))
   return [p for p in (os.path.join(d, "tokenizer.json") for d in places) if os.path.isfile(p)]
@@ -202,7 +203,7 @@ def check_vocabulary(config) -> int | None:
   token ids are checked as they are read: each shard's at its first read, every eval row).
   Returns the largest tokenizer size checked, or None."""
   vocab_size = _positive_int(config, "model.vocab_size")
-  if validate.one_of(config, "data.source", validate.DATA_SOURCES) == "stdlib":
+  if config_values.one_of(config, "data.source", config_values.DATA_SOURCES) == "stdlib":
     sizes = {"the byte tokenizer (data.source=stdlib)": ByteTokenizer.vocab_size}
   else:
     import tokenizers  # pylint: disable=g-import-not-at-top
@@ -211,12 +212,12 @@ def check_vocabulary(config) -> int | None:
       try:
         sizes[path] = tokenizers.Tokenizer.from_file(path).get_vocab_size(with_added_tokens=True)
       except Exception as e:  # tokenizers raises its own exception types for a bad file.
-        raise validate.ConfigError(f"{path} is not a tokenizers JSON file: "
+        raise ConfigError(f"{path} is not a tokenizers JSON file: "
                                    f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
                                    ) from None
   for name, size in sizes.items():
     if size > vocab_size:
-      raise validate.ConfigError(
+      raise ConfigError(
           f"config.model.vocab_size={vocab_size} is smaller than {name}'s {size} token ids: "
           f"pass --config.model.vocab_size={size} or more")
   return max(sizes.values(), default=None)
@@ -228,6 +229,6 @@ def position_buckets(seq_len: int, bucket_size: int) -> np.ndarray:
   Per bucket b the eval loss is sum(loss * weights over batches, rows and indices in b) /
   sum(weights over the same); on TextbookChapters rows index = position in the chapter.
   """
-  validate.checked_int("data.seq_len", seq_len, 1)
-  validate.checked_int("eval.bucket_size", bucket_size, 1)
+  config_values.checked_int("data.seq_len", seq_len, 1)
+  config_values.checked_int("eval.bucket_size", bucket_size, 1)
   return (np.arange(seq_len) // bucket_size).astype(np.int32)

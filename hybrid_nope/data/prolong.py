@@ -36,10 +36,10 @@ import os
 
 import numpy as np
 
-from hybrid_nope import validate
+from hybrid_nope import config_values
 from hybrid_nope.data import mds
 from hybrid_nope.data.mixture import Mixture, parse_domains
-from hybrid_nope.validate import ConfigError
+from hybrid_nope.errors import ConfigError
 
 _log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class DomainRows:
     self.exclude_samples = tuple(exclude_samples)
     self.excluded = np.zeros(len(self.ds), bool)
     for entry in self.exclude_samples:
-      where, sample = validate.split_sample_ref(entry)
+      where, sample = config_values.split_sample_ref(entry)
       if where.startswith(self.name + "/"):
         try:
           self.excluded[self.ds.index_of(where[len(self.name) + 1:], sample)] = True
@@ -262,7 +262,7 @@ def build_mixture(data_path: str, domains, *, seq_len: int, document_masking: bo
   if dropped:
     _log.info("data.domains: proportion 0, not read: %s", dropped)
   for entry in exclude_samples:
-    where, _ = validate.split_sample_ref(entry)
+    where, _ = config_values.split_sample_ref(entry)
     owners = [s.name for s in specs if where.startswith(s.name + "/")]
     if len(owners) != 1:
       raise ConfigError(f"config.data.exclude_samples entry {entry!r} names "

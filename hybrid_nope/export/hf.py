@@ -319,7 +319,7 @@ def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | 
            max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
   """Writes the run's checkpoint `step` (None = latest) to OUT; returns what it wrote: step,
   files, tensors, bytes, and a line about the tokenizer."""
-  from hybrid_nope.analysis import checkpoints  # orbax: only when a checkpoint is read.
+  from hybrid_nope.analysis.checkpoint import checkpoints  # orbax: only when a checkpoint is read.
 
   config = checkpoints.load_config(workdir)
   kinds = check_exportable(config.model)  # Before any checkpoint is read.

@@ -19,7 +19,8 @@ from hybrid_nope.train import sharding
 from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import abstract_train_state
 from hybrid_nope.train.step import train_step_for
-from hybrid_nope.validate import ConfigError, validate
+from hybrid_nope.errors import ConfigError
+from hybrid_nope.validate import validate
 
 PLATFORMS = ("tpu", "cuda", "cpu")
 # Custom calls of our kernels: no compatibility guarantee across jax versions, which is why

@@ -26,7 +26,7 @@ from hybrid_nope.errors import UserError
 from hybrid_nope.train import run_identity
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.workdir_lock import LOCK_NAME
-from hybrid_nope.validate import ConfigError
+from hybrid_nope.errors import ConfigError
 
 RECORD_FILES = ("metrics.jsonl", "recency.jsonl")  # A run has begun once these hold a line.
 OVERWRITTEN = "overwritten"  # WORKDIR/overwritten/<time>/: records a train.overwrite moved.

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from hybrid_nope.analysis import checkpoints  # noqa: E402
+from hybrid_nope.analysis.checkpoint import checkpoints  # noqa: E402
 from hybrid_nope.data.tokenizer import ByteTokenizer  # noqa: E402
 from hybrid_nope.model import decode, layer_kinds  # noqa: E402
 

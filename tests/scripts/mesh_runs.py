@@ -13,7 +13,7 @@ import sys
 import jax
 import numpy as np
 
-from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.train import loop, run_identity, sharding
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.optimizer import make_optimizer

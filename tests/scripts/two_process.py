@@ -8,7 +8,7 @@ import sys
 
 import jax
 
-from hybrid_nope.analysis.hook import RecencyHook
+from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.train import distributed, loop
 from tests.helpers import tiny_config
 

@@ -1,0 +1,352 @@
+"""Checkpoint analysis of one run: recency at any length, loss by position, length extrapolation.
+
+`analyze(workdir, step=, seq_len=, lengths=)` restores a checkpoint (`checkpoints.py`), measures
+it with the in-loop `RecencyHook` on eval data of length `seq_len` (the training length by
+default, longer allowed), next to the same measurement of the model re-initialised with the
+run's seed (= step 0 of recency.jsonl), scores the eval data by context position, and for each
+factor k in `lengths` scores k x the training length (length extrapolation). It writes JSON and
+PNG figures to WORKDIR/analysis/step_<N>/ (docs/analysis.md lists them).
+
+Definitions used here and by `compare.py`:
+- context position of a token = how many earlier tokens of its own document its row holds
+  (attention stays inside a document). On TextbookChapters (one chapter per row from its first
+  token) it is the row index, as in the training loop's eval_loss_by_position; on the packed
+  stdlib demo rows it is smaller wherever a row starts mid-document or holds several documents.
+- run gap = mean over global layers of the gap at `pre_mixer_norm`, the normalised input that
+  global attention reads (DESIGN.md stage 3); run logit gap / alignment = mean over global NoPE
+  layers and heads.
+- extrapolation loss ratio at k x = loss over tokens at context positions >= T (the training
+  length) / loss over tokens at context positions in [T/2, T), both in the same k x rows: loss
+  beyond the trained length against loss just before it (comparing with all positions < T would
+  mix in the short-context positions, which are harder whatever the model). Above 1: the model
+  gets worse beyond the length it trained on.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from hybrid_nope import storage
+from hybrid_nope.analysis.checkpoint import checkpoints, init_null
+from hybrid_nope.analysis.present import plots
+from hybrid_nope.analysis.measure import recency
+from hybrid_nope.analysis.measure.hook import DATA_LAYER_TYPE, RecencyHook
+from hybrid_nope.data import pipeline
+from hybrid_nope.model.definition import ModelDef, init_model
+from hybrid_nope.model.loss import sums_by_id, weighted_token_losses
+from hybrid_nope.model.pattern import window_of
+
+ANALYSIS_DIR = "analysis"
+EXTRAPOLATION_FILE = "extrapolation.json"
+DEFAULT_LENGTHS = (1, 2, 4)
+SUMMARY_MODULE = "pre_mixer_norm"  # Where the run gap is read: global attention's input.
+GATE_KEYS = ("mean_decay", "mean_beta", "recency_scale")  # Recurrent layers' gate summaries.
+
+
+def step_directory(workdir: str, step: int) -> str:
+  return storage.join(workdir, ANALYSIS_DIR, f"step_{step}")
+
+
+# ---- summaries and positions (pure functions over records / arrays) --------------------------
+
+def summarize(records: Sequence[dict]) -> dict[str, float | None]:
+  """Run gap, floor, logit gap and alignment (see module docstring), their noise levels, and
+  the data control's gap; None where undefined.
+
+  gap_stderr: the layers' paired (per-document) gap SEs averaged, the bound for fully correlated
+  layers (they share the probe); likewise logit_gap_stderr over heads and layers.
+  logit_gap_null and alignment_null: the random-M null standard deviation of the mean that is
+  shown (over every head of every global NoPE layer, `recency.null_of_mean`), not one head's.
+  shuffled_gap: the same model on the probe with tokens shuffled in each document.
+  GATE_KEYS: the recurrent layers' means where the pattern has one kind of recurrent mixer;
+  with GLA and delta layers both, per kind (`linear_mean_decay`, ...) and None unprefixed.
+  """
+  inputs = [r for r in records if r["layer_type"] == "global" and r["module"] == SUMMARY_MODULE]
+  readout = [r for r in inputs if "logit_gap" in r]
+  data = [r for r in records if r["layer_type"] == DATA_LAYER_TYPE]
+  gated = [r for r in records if "mean_decay" in r and r["module"] == SUMMARY_MODULE]
+  by_kind = {kind: [r for r in gated if r["layer_type"] == kind]
+             for kind in sorted({r["layer_type"] for r in gated})}
+  one_kind = next(iter(by_kind.values())) if len(by_kind) == 1 else []
+
+  def mean(values):
+    return float(np.mean(values)) if len(values) else None
+
+  def field(key, rs=inputs):
+    return mean([r[key] for r in rs if key in r])
+
+  def heads(key):
+    return [v for r in readout for v in r.get(key, [])]
+
+  return {"gap": field("gap"), "floor": field("floor"), "gap_stderr": field("gap_stderr"),
+          "gap_matched": field("gap_matched"), "shuffled_gap": field("shuffled_gap"),
+          "shuffled_floor": field("shuffled_floor"),
+          "logit_gap": mean(heads("logit_gap")),
+          "logit_gap_stderr": mean(heads("logit_gap_stderr")),
+          "logit_gap_null": (recency.null_of_mean(heads("logit_gap_null"))
+                             if heads("logit_gap_null") else None),
+          "alignment": mean(heads("alignment")),
+          "alignment_stderr": mean(heads("alignment_stderr")),
+          "alignment_null": (recency.null_of_mean(heads("alignment_null"))
+                             if heads("alignment_null") else None),
+          "data_gap": field("gap", data),
+          # The recurrent layers' gates: the mean α, the delta rule's mean β and the recency
+          # scale (1/(1 − α) for GLA, 1/(1 − α(1 − β/H)) for the delta rule). A pattern with
+          # both kinds gets them per kind below and None here: their α mean different things.
+          **{key: field(key, one_kind) for key in GATE_KEYS},
+          **({f"{kind}_{key}": field(key, rs) for kind, rs in by_kind.items()
+              for key in GATE_KEYS if any(key in r for r in rs)} if len(by_kind) > 1 else {})}
+
+
+def context_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
+  """int32 [B, T]: index minus the index where the token's document starts in its row."""
+  seg = np.asarray(segment_ids_BT)
+  B, T = seg.shape
+  index_BT = np.broadcast_to(np.arange(T), (B, T))
+  starts = np.ones((B, T), bool)
+  starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+  start_BT = np.maximum.accumulate(np.where(starts, index_BT, 0), axis=1)
+  return (index_BT - start_BT).astype(np.int32)
+
+
+def analysis_lags(seq_len: int, far_lag: int, window: int | None) -> tuple[int, ...]:
+  """The hook's lags (powers of two to far_lag, far_lag, window) extended by every power of two
+  below seq_len, so a longer analysis length gives a longer profile; floor and gap stay at
+  far_lag, as in training."""
+  longest = 1 << (seq_len - 1).bit_length() - 1  # Largest power of two < seq_len.
+  lags = set(recency.default_lags(far_lag, window)) | set(recency.default_lags(longest))
+  if window is not None and window < seq_len:
+    lags.add(window)
+  return tuple(sorted(lags))
+
+
+# ---- measurement -----------------------------------------------------------------------------
+
+_HOOKS: dict = {}  # (model_def, config JSON, lags) -> hook: one compilation per model and length.
+
+
+def _hook(config, model_def: ModelDef, eval_batches: Sequence[dict], lags) -> RecencyHook:
+  """The in-loop hook with a longer list of lags (floor, gap and alignment still at far_lag),
+  cached; the config (which fixes the eval data, hence the probe) is part of the key."""
+  key = (model_def, config.to_json(sort_keys=True), tuple(lags))
+  if key not in _HOOKS:
+    if len(_HOOKS) >= 8:
+      _HOOKS.pop(next(iter(_HOOKS)))
+    _HOOKS[key] = RecencyHook(config, model_def, eval_batches, writer=None, lags=lags)
+  return _HOOKS[key]
+
+
+def _with_seq_len(config, seq_len: int) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(config.to_dict())
+  # The probe's pool keeps its tokens (so its documents) at any length: rows scale inversely.
+  pool = config.metrics.probe_pool_rows * config.data.seq_len // seq_len
+  config.metrics.probe_pool_rows = max(pool, config.metrics.probe_batch_size)
+  config.data.seq_len = seq_len
+  far = config.metrics.far_lag
+  if not 1 <= far < seq_len:
+    raise checkpoints.AnalysisError(
+        f"metrics.far_lag={far} must be < the analysis length {seq_len} (floor = f(far_lag)); "
+        f"analyse at a longer --seq_len or pass --config.metrics.far_lag=")
+  return config
+
+
+@functools.lru_cache(maxsize=16)  # One compilation per model and length, across calls.
+def _eval_fn(model_def: ModelDef, num_buckets: int):
+  """(params, batch, bucket_BT, region_BT) -> weighted loss and weight sums per bucket [nb] and
+  per region [3]."""
+  def fn(params, batch, bucket_BT, region_BT):
+    loss_BT, weights_BT = weighted_token_losses(model_def.apply(params, batch),
+                                                batch["targets"], batch["weights"])
+    return (sums_by_id(loss_BT, bucket_BT, num_buckets),
+            sums_by_id(weights_BT, bucket_BT, num_buckets),
+            sums_by_id(loss_BT, region_BT, 3), sums_by_id(weights_BT, region_BT, 3))
+  return jax.jit(fn)
+
+
+def _mean(loss: float, weight: float) -> float | None:
+  return float(loss / weight) if weight > 0 else None
+
+
+def evaluate_by_context(model_def: ModelDef, params, batches: Sequence[dict], *,
+                        bucket_size: int, train_seq_len: int,
+                        rows_per_call: int | None = None) -> dict[str, Any]:
+  """Eval loss overall and per bucket of `bucket_size` context positions; with T the training
+  length, `loss_within` over context positions < T, `loss_near` over [T/2, T), `loss_beyond`
+  over >= T, and `ratio` = loss_beyond / loss_near. `rows_per_call` bounds the logits held at
+  once (rows x seq_len x vocab floats); None = a whole eval batch."""
+  T = batches[0]["inputs"].shape[1]
+  num_buckets = -(-T // bucket_size)
+  fn = _eval_fn(model_def, num_buckets)
+  sums = [np.zeros(num_buckets), np.zeros(num_buckets), np.zeros(3), np.zeros(3)]
+  for batch in batches:
+    context_BT = context_positions(batch["segment_ids"])
+    region_BT = ((context_BT >= train_seq_len // 2).astype(np.int32)
+                 + (context_BT >= train_seq_len))
+    chunk = rows_per_call or len(context_BT)
+    for i in range(0, len(context_BT), chunk):
+      rows = slice(i, i + chunk)
+      out = jax.device_get(fn(params, {k: jnp.asarray(v[rows]) for k, v in batch.items()},
+                              jnp.asarray(context_BT[rows] // bucket_size),
+                              jnp.asarray(region_BT[rows])))
+      sums = [s + np.asarray(o, np.float64) for s, o in zip(sums, out)]
+  loss_b, weight_b, loss_r, weight_r = sums
+  near, beyond = _mean(loss_r[1], weight_r[1]), _mean(loss_r[2], weight_r[2])
+  return {
+      "seq_len": int(T), "loss": float(loss_b.sum() / weight_b.sum()),
+      "bucket_size": int(bucket_size),
+      "loss_by_position": [_mean(l, w) for l, w in zip(loss_b, weight_b)],
+      "weights": weight_b.tolist(),
+      "loss_within": _mean(loss_r[:2].sum(), weight_r[:2].sum()), "loss_near": near,
+      "loss_beyond": beyond, "ratio": beyond / near if beyond is not None and near else None,
+  }
+
+
+def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
+            init_params=None, train_seq_len: int | None = None,
+            rows_per_call: int | None = None) -> dict[str, Any]:
+  """Recency records (and init records if `init_params`) and eval loss at `seq_len`."""
+  config = _with_seq_len(config, seq_len)
+  batches = pipeline.eval_batches(config)
+  lags = analysis_lags(seq_len, config.metrics.far_lag,
+                       window_of(config.model))
+  hook = _hook(config, model_def, pipeline.probe_pool(config), lags)
+  result = {"seq_len": seq_len, "lags": list(lags),
+            "probe_sequences": int(config.metrics.probe_batch_size), "probe": hook.describe(),
+            "records": hook.records(step, params, data_control=True)}
+  if init_params is not None:
+    result["init_records"] = hook.records(0, init_params)
+  result["eval"] = evaluate_by_context(model_def, params, batches,
+                                       bucket_size=config.eval.bucket_size,
+                                       train_seq_len=train_seq_len or seq_len,
+                                       rows_per_call=rows_per_call)
+  return result
+
+
+def check_data(config) -> None:
+  """Fails early, naming the key, when the eval data a source needs is not on this machine."""
+  if config.data.source == "mds":
+    path = config.eval.get("path", "")
+    if not path:
+      raise checkpoints.DataPathError(
+          "config.eval.path is empty: the run evaluates on TextbookChapters (data.source='mds'); "
+          "pass --config.eval.path=/path/to/textbook_chapters")
+    if not os.path.exists(path):
+      raise checkpoints.DataPathError(
+          f"config.eval.path={path} does not exist on this machine: pass the prepared "
+          f"TextbookChapters directory with --config.eval.path=")
+
+
+def _write_json(path: str, obj) -> str:
+  storage.write_text(path, storage.to_json(obj) + "\n")  # NaN as null
+  return path
+
+
+def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None,
+            lengths: Sequence[int] = DEFAULT_LENGTHS,
+            overrides: Mapping[str, Any] | None = None, out_dir: str | None = None,
+            rows_per_call: int | None = None, figures: bool = True,
+            init_seeds: int = 0) -> dict[str, Any]:
+  """Analyses checkpoint `step` (None = latest) of the run in `workdir`.
+
+  `init_seeds`: also measure K fresh initialisations on the same probe (the empirical init
+  null, `analysis.checkpoint.init_null`), written to init_null_T<seq_len>.json; 0 = skip.
+
+  `seq_len`: analysis length (None = the training length); `lengths`: factors of the training
+  length to score for extrapolation (empty = skip); `overrides`: {"eval.path": ...} applied to
+  the run's config (not data.seq_len: use `seq_len`); `rows_per_call`: eval rows per forward
+  pass (None = eval.batch_size), to bound memory at long lengths; `out_dir`: default
+  WORKDIR/analysis/step_<N>. Returns {"step", "out_dir", "files", "analysis", "extrapolation"}.
+  """
+  if overrides and "data.seq_len" in overrides:
+    raise checkpoints.AnalysisError(
+        "config override data.seq_len: the run's config keeps its training length (the base of "
+        "the extrapolation factors); pass the analysis length as seq_len (--seq_len=)")
+  config = checkpoints.apply_overrides(checkpoints.load_config(workdir), overrides)
+  train_T = int(config.data.seq_len)
+  seq_len = int(seq_len or train_T)
+  lengths = [int(k) for k in lengths]
+  if any(k < 1 for k in lengths):
+    raise checkpoints.AnalysisError(f"lengths={lengths}: factors must be integers >= 1")
+  check_data(config)
+  _with_seq_len(config, seq_len)  # Fails on far_lag before anything is restored.
+  step, model_def, params = checkpoints.restore_params(workdir, config, step)
+  # On the restored params' device, so both share one compilation.
+  init_params = jax.device_put(init_model(config.model, config.train.seed)[1],
+                               jax.tree.leaves(params)[0].sharding)
+
+  out_dir = out_dir or step_directory(workdir, step)
+  storage.makedirs(out_dir)
+  main = measure(config, seq_len, model_def, params, step=step, init_params=init_params,
+                 train_seq_len=train_T, rows_per_call=rows_per_call)
+  where = workdir if storage.is_url(workdir) else os.path.abspath(workdir)
+  analysis = {"workdir": where, "step": step, "train_seq_len": train_T,
+              "far_lag": int(config.metrics.far_lag),
+              "summary": {"init": summarize(main["init_records"]),
+                          "step": summarize(main["records"])}, **main}
+  if init_seeds:
+    at_length = _with_seq_len(config, seq_len)
+    hook = _hook(at_length, model_def, pipeline.probe_pool(at_length), main["lags"])
+    place = init_null.on_device_of(params)
+    null = init_null.measure(lambda p: hook.records(0, p),
+                             lambda seed: place(init_model(config.model, seed)[1]),
+                             summarize, init_seeds)
+    analysis["init_null"] = null["summary"]
+    _write_json(storage.join(out_dir, f"{init_null.INIT_NULL_FILE}_T{seq_len}.json"), null)
+  files = [_write_json(storage.join(out_dir, f"analysis_T{seq_len}.json"), analysis)]
+  if figures:
+    files += plots.run_figures(analysis, out_dir, suffix=f"_T{seq_len}")
+
+  extrapolation = None
+  if lengths:
+    rows = []
+    for k in sorted(set(lengths)):
+      at = main if k * train_T == seq_len else measure(
+          config, k * train_T, model_def, params, step=step, train_seq_len=train_T,
+          rows_per_call=rows_per_call)
+      rows.append({"factor": k, **at["eval"], **summarize(at["records"])})
+    extrapolation = {"workdir": where, "step": step,
+                     "train_seq_len": train_T, "lengths": rows}
+    files.append(_write_json(storage.join(out_dir, EXTRAPOLATION_FILE), extrapolation))
+    if figures:
+      files.append(plots.extrapolation(extrapolation, storage.join(out_dir, "extrapolation.png")))
+  return {"step": step, "out_dir": out_dir, "files": files, "analysis": analysis,
+          "extrapolation": extrapolation}
+
+
+def summary_text(result: dict) -> str:
+  """A few lines for the terminal: what was measured and where it went."""
+  a = result["analysis"]
+
+  def fmt(value, spec=".4f"):
+    return "—" if value is None else format(value, spec)
+
+  init, now = a["summary"]["init"], a["summary"]["step"]
+  lines = [f"step {a['step']} at seq_len {a['seq_len']} (trained at {a['train_seq_len']}): "
+           f"eval loss {a['eval']['loss']:.4f}",
+           f"  gap {fmt(init['gap'])} -> {fmt(now['gap'])}, floor {fmt(init['floor'])} -> "
+           f"{fmt(now['floor'])}, logit gap {fmt(init['logit_gap'], '+.4f')} -> "
+           f"{fmt(now['logit_gap'], '+.4f')} ± {fmt(now['logit_gap_stderr'])} (init -> step; "
+           f"global layers' input)",
+           f"  alignment {fmt(now['alignment'], '+.4f')} (a random M: ± "
+           f"{fmt(now['alignment_null'])}); data control P(t_i = t_i-d) gap "
+           f"{fmt(now['data_gap'])}; probe {a['probe']['documents']} documents in "
+           f"{len(a['probe']['rows'])} rows"]
+  null = a.get("init_null")
+  if null:
+    z = {k: init_null.zscore(now.get(k), null.get(k)) for k in ("gap", "logit_gap", "alignment")}
+    lines.append(f"  against {null['gap']['draws']} fresh initialisations (init null): z gap "
+                 f"{fmt(z['gap'], '+.1f')}, logit gap {fmt(z['logit_gap'], '+.1f')}, alignment "
+                 f"{fmt(z['alignment'], '+.1f')}; random-M null of the head-mean logit gap ± "
+                 f"{fmt(now['logit_gap_null'])}")
+  for row in (result["extrapolation"] or {}).get("lengths", []):
+    lines.append(f"  {row['factor']}x ({row['seq_len']}): loss {row['loss']:.4f}, positions "
+                 f"[T/2, T) {fmt(row['loss_near'])}, >= T {fmt(row['loss_beyond'])}, ratio "
+                 f"{fmt(row['ratio'])}, gap {fmt(row['gap'])}")
+  lines.append(f"  outputs in {result['out_dir']}")
+  return "\n".join(lines)

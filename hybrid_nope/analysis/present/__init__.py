@@ -1,0 +1,1 @@
+"""Presentation: plots (static and TensorBoard) and the HTML report."""

@@ -1,0 +1,244 @@
+"""Restoring a run for analysis, and the errors for unusable workdirs, steps, configs and
+checkpoints (corrupt, truncated or missing state: refused in one line, as the trainer does)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import tensorstore as ts
+
+from hybrid_nope.analysis.checkpoint import checkpoints
+from hybrid_nope.errors import USAGE_EXIT_CODE
+from hybrid_nope.model.definition import init_model
+from tests.analysis_runs import trained_run
+from tests.helpers import REPO, tiny_config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  return trained_run(tmp_path_factory)
+
+
+def test_missing_and_empty_workdir(tmp_path):
+  with pytest.raises(checkpoints.WorkdirError, match=f"workdir {tmp_path}/nope does not exist"):
+    checkpoints.load_config(str(tmp_path / "nope"))
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(checkpoints.WorkdirError, match=f"workdir {empty} is empty"):
+    checkpoints.load_config(str(empty))
+  (empty / "metrics.jsonl").write_text("")
+  with pytest.raises(checkpoints.WorkdirError, match=f"{empty}/config.json does not exist"):
+    checkpoints.load_config(str(empty))
+
+
+def test_no_checkpoints(tmp_path):
+  (tmp_path / "config.json").write_text(tiny_config().to_json_best_effort())
+  config = checkpoints.load_config(str(tmp_path))
+  with pytest.raises(checkpoints.WorkdirError, match=f"no checkpoints in {tmp_path}/checkpoints"):
+    checkpoints.restore_params(str(tmp_path), config)
+  assert not (tmp_path / "checkpoints").exists()  # Analysis never creates directories there.
+
+
+@pytest.mark.long
+def test_config_round_trips_through_json(run):
+  config = checkpoints.load_config(run)
+  assert config.model.to_dict() == tiny_config().model.to_dict()
+  assert config.data.seq_len == 64 and config.metrics.far_lag == 32
+
+
+def test_missing_step_lists_available(run):
+  config = checkpoints.load_config(run)
+  assert checkpoints.available_steps(run, config) == [4, 8]
+  with pytest.raises(checkpoints.StepNotFoundError,
+                     match=r"step 5 has no checkpoint in .*checkpoints; available steps: \[4, 8\]"):
+    checkpoints.restore_params(run, config, step=5)
+
+
+def test_restore_latest_and_given_step(run):
+  config = checkpoints.load_config(run)
+  step, model_def, params = checkpoints.restore_params(run, config)
+  step4, _, params4 = checkpoints.restore_params(run, config, step=4)
+  assert (step, step4) == (8, 4)
+  _, init = init_model(config.model, config.train.seed)
+  assert jax.tree.structure(params) == jax.tree.structure(init)
+  for a, b, c in zip(jax.tree.leaves(params), jax.tree.leaves(params4), jax.tree.leaves(init)):
+    assert a.shape == c.shape and a.dtype == c.dtype
+    assert a.sharding.device_set == {jax.devices()[0]}
+  # Training moved the weights, and step 8 is not step 4.
+  wq = lambda p: np.asarray(p["blocks"][1]["attn"]["wq_DNH"])
+  assert not np.allclose(wq(params), wq(init)) and not np.allclose(wq(params), wq(params4))
+  assert model_def.bind(params).blocks[1].attn.wq_DNH[...].shape == (32, 4, 8)
+
+
+def test_incompatible_config_names_the_parameter(run):
+  config = checkpoints.apply_overrides(checkpoints.load_config(run), {"model.d_model": 48})
+  with pytest.raises(checkpoints.IncompatibleCheckpointError) as e:
+    checkpoints.restore_params(run, config, step=8)
+  message = str(e.value)
+  assert "checkpoints/8" in message
+  assert "params/blocks/0/attn/wk_DKH has shape (32, 2, 8) in the checkpoint but (48, 2, 8)" \
+      in message
+
+  deeper = checkpoints.apply_overrides(checkpoints.load_config(run), {"model.num_layers": 4})
+  with pytest.raises(checkpoints.IncompatibleCheckpointError,
+                     match=r"checkpoint lacks: \['blocks/2/attn/wk_DKH'"):
+    checkpoints.restore_params(run, deeper)
+
+
+def test_apply_overrides_copies_and_names_unknown_keys(run):
+  config = checkpoints.load_config(run)
+  changed = checkpoints.apply_overrides(config, {"eval.path": "/x", "metrics.far_lag": 16})
+  assert changed.eval.path == "/x" and changed.metrics.far_lag == 16
+  assert config.eval.path == "" and config.metrics.far_lag == 32
+  with pytest.raises(checkpoints.AnalysisError, match="no key eval.pth"):
+    checkpoints.apply_overrides(config, {"eval.pth": "/x"})
+  with pytest.raises(checkpoints.AnalysisError, match="no section evl"):
+    checkpoints.apply_overrides(config, {"evl.path": "/x"})
+
+
+def test_invalid_config_json(tmp_path):
+  (tmp_path / "config.json").write_text("{not json")
+  with pytest.raises(checkpoints.WorkdirError, match="config.json is not valid JSON"):
+    checkpoints.load_config(str(tmp_path))
+
+
+def _stored_value(workdir: str, step: int, key: str) -> tuple[str, int, int]:
+  """(file, offset, length) of the bytes that hold `key` (e.g. "params.embed.embedding_VD/0.0")
+  in checkpoint `step`'s state, from the OCDBT index orbax writes it with."""
+  root = os.path.join(workdir, "checkpoints", str(step), "state")
+  base = ts.KvStore.open(f"file://{root}/").result()
+  version = ts.ocdbt.dump(base).result()["versions"][-1]
+  assert version["root_height"] == 0, f"{root}: expected a one-node OCDBT index"
+  entries = ts.ocdbt.dump(base, version["root"]["location"]).result()["entries"]
+  location = {e["key"]: e.get("indirect_value") for e in entries}[key.encode()]
+  assert location, f"{root}: {key} is stored inline, not in a data file"
+  # "value:ocdbt.process_0/:d/<file>:<offset>:<length>"
+  prefix, name, offset, length = location[len("value:"):].rsplit(":", 3)
+  return os.path.join(root, prefix.rstrip("/"), name), int(offset), int(length)
+
+
+EMBEDDING = "params.embed.embedding_VD/0.0"  # The largest params leaf, a chunk of its own.
+
+
+def _orbax_alone(workdir: str, step: int, like) -> dict:
+  """state.params as orbax restores them by itself, checking nothing."""
+  target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), like)}
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    return checkpointer.restore(
+        os.path.join(workdir, "checkpoints", str(step), "state"),
+        args=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True))["params"]
+
+
+def flipped_copy(run: str, directory: str, step: int = 8) -> str:
+  """A copy of `run` with one byte of checkpoint `step`'s embedding flipped on disk, where
+  orbax alone reads it back without a word and with values changed."""
+  workdir = os.path.join(directory, "flipped")
+  shutil.copytree(run, workdir)
+  path, offset, length = _stored_value(workdir, step, EMBEDDING)
+  original = open(path, "rb").read()
+  _, _, clean = checkpoints.restore_params(run, checkpoints.load_config(run), step)
+  for fraction in (0.5, 0.3, 0.7):  # A byte of zstd's framing would fail to decode instead.
+    data = bytearray(original)
+    data[offset + int(length * fraction)] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    try:
+      plain = _orbax_alone(workdir, step, clean)
+    except Exception:
+      continue
+    if not np.array_equal(plain["embed"]["embedding_VD"], clean["embed"]["embedding_VD"]):
+      return workdir
+  raise AssertionError(f"no flipped byte of {EMBEDDING} in {path} changed it silently")
+
+
+FLIPPED_LEAF = ".params['embed']['embedding_VD']"  # How meta's checksums name it.
+
+
+@pytest.fixture(scope="module")
+def flipped(run, tmp_path_factory):
+  return flipped_copy(run, str(tmp_path_factory.mktemp("flipped")))
+
+
+def test_a_flipped_byte_in_the_params_is_refused_naming_the_step_and_leaf(flipped):
+  with pytest.raises(checkpoints.CorruptCheckpointError) as e:
+    checkpoints.restore_params(flipped, checkpoints.load_config(flipped), step=8)
+  assert str(e.value) == (
+      f"checkpoint step 8 is corrupt: 1 leaves of {flipped}/checkpoints/8/state differ from the "
+      f"checksums saved with them (first: {FLIPPED_LEAF}); other steps with a checkpoint: [4] "
+      f"(--step=N picks one)")
+  # Step 4 is untouched and still restores.
+  assert checkpoints.restore_params(flipped, checkpoints.load_config(flipped), step=4)[0] == 4
+
+
+def _copy(run, tmp_path) -> str:
+  workdir = str(tmp_path / "copy")
+  shutil.copytree(run, workdir)
+  return workdir
+
+
+def test_a_truncated_state_is_refused_in_one_line(run, tmp_path):
+  workdir = _copy(run, tmp_path)
+  path, offset, length = _stored_value(workdir, 8, EMBEDDING)
+  with open(path, "r+b") as f:
+    f.truncate(offset + length // 2)  # The file ends halfway through the embedding.
+  with pytest.raises(checkpoints.CorruptCheckpointError) as e:
+    checkpoints.restore_params(workdir, checkpoints.load_config(workdir), step=8)
+  message = str(e.value)
+  assert "\n" not in message and len(message) < 600, message
+  # The embedding, or a leaf stored after it in the same file, is the first read to fail.
+  assert message.startswith("checkpoint step 8 cannot be read (OUT_OF_RANGE: Error reading "
+                            "\"params."), message
+  assert message.endswith("; other steps with a checkpoint: [4] (--step=N picks one)")
+
+
+def test_a_checkpoint_without_meta_restores_with_one_warning(run, tmp_path, caplog):
+  workdir = _copy(run, tmp_path)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "8", "meta"))  # As written before meta.
+  _, _, params = checkpoints.restore_params(workdir, checkpoints.load_config(workdir), step=8)
+  _, _, clean = checkpoints.restore_params(run, checkpoints.load_config(run), step=8)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(clean)):
+    np.testing.assert_array_equal(a, b)
+  assert caplog.text.count("predates checksums") == 1, caplog.text
+  assert f"{workdir}/checkpoints/8 has no meta/" in caplog.text
+
+
+def _analyze(workdir: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "launch/analyze.py", f"--workdir={workdir}",
+                         "--lengths="], cwd=REPO, capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=REPO), timeout=300)
+
+
+def _files(root: str) -> dict[str, int]:
+  return {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+          for d, _, fs in os.walk(root) for f in fs}
+
+
+def test_analyze_refuses_a_flipped_checkpoint_in_one_line(flipped):
+  before = _files(flipped)
+  proc = _analyze(flipped)
+  assert proc.returncode == USAGE_EXIT_CODE, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      f"analyze.py: checkpoint step 8 is corrupt: 1 leaves of {flipped}/checkpoints/8/state "
+      f"differ from the checksums saved with them (first: {FLIPPED_LEAF});"), proc.stderr[-2000:]
+  assert _files(flipped) == before  # Nothing written from a corrupt checkpoint.
+
+
+def test_analyze_without_the_state_item_says_so_in_one_line(run, tmp_path):
+  workdir = _copy(run, tmp_path)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "8", "state"))
+  with pytest.raises(checkpoints.CorruptCheckpointError,
+                     match=r"checkpoint step 8 has no state/ in .*/checkpoints/8: expected"):
+    checkpoints.restore_params(workdir, checkpoints.load_config(workdir))
+  proc = _analyze(workdir)
+  assert proc.returncode == USAGE_EXIT_CODE, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"analyze.py: checkpoint step 8 has no state/ in {workdir}/checkpoints/8: expected the "
+      f"orbax item 'state' (TrainState: step, params, opt_state) that launch/train.py saves in "
+      f"every checkpoint; other steps with a checkpoint: [4] (--step=N picks one)")

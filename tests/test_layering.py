@@ -1,0 +1,78 @@
+"""The package's layering (docs/architecture.md): which module may import which, read from the
+source (every import statement, at module level or inside a function)."""
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "hybrid_nope"
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  """The hybrid_nope modules `path` imports (a `from package import name` counts as the
+  submodule when one of that name exists, else as the package)."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names if a.name.startswith("hybrid_nope")}
+    elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+        "hybrid_nope"):
+      for alias in node.names:
+        sub = f"{node.module}.{alias.name}"
+        is_module = (ROOT / sub.replace(".", "/")).with_suffix(".py").exists() or (
+            ROOT / sub.replace(".", "/") / "__init__.py").exists()
+        found.add(sub if is_module else node.module)
+  return found
+
+
+GRAPH = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def _reachable(start: str) -> set[str]:
+  seen, todo = set(), [start]
+  while todo:
+    for dep in GRAPH.get(todo.pop(), ()):
+      if dep not in seen:
+        seen.add(dep)
+        todo.append(dep)
+  return seen
+
+
+def test_the_graph_reads_the_imports_it_should():
+  # The reader itself could fail silently; a known edge and a known non-edge pin it.
+  assert "hybrid_nope.config_values" in GRAPH["hybrid_nope.data.pipeline"]
+  assert "hybrid_nope.analysis.measure.recency" in GRAPH["hybrid_nope.analysis.measure.hook"]
+  assert "hybrid_nope.validate" in GRAPH["hybrid_nope.train.loop"]
+
+
+def test_data_does_not_import_the_whole_config_check():
+  offenders = sorted(m for m, deps in GRAPH.items()
+                     if m.startswith("hybrid_nope.data") and "hybrid_nope.validate" in deps)
+  assert not offenders, f"{offenders} import hybrid_nope.validate; read values through config_values"
+
+
+def test_no_module_imports_itself_through_others():
+  # Package __init__ files that only document are leaves; the contract aliases point one way.
+  cycles = sorted(m for m in GRAPH if m in _reachable(m))
+  assert not cycles, f"import circles through {cycles}"
+
+
+@pytest.mark.parametrize("room", ["checkpoint", "evidence"])
+def test_the_in_loop_measurement_needs_no_offline_room(room):
+  # launch/train.py hands measure.hook to the loop: it may reach measure/ and present/'s plots,
+  # never what reads checkpoints or compares runs.
+  reached = _reachable("hybrid_nope.analysis.measure.hook")
+  assert not {m for m in reached if m.startswith(f"hybrid_nope.analysis.{room}")}
+
+
+def test_train_and_analysis_never_import_each_other():
+  for a, b in (("train", "analysis"), ("analysis", "train")):
+    offenders = sorted(m for m, deps in GRAPH.items() if m.startswith(f"hybrid_nope.{a}")
+                       and any(d.startswith(f"hybrid_nope.{b}") for d in deps))
+    assert not offenders, f"{offenders} import hybrid_nope.{b}"
