@@ -10,8 +10,8 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 
-META_ITEM = "meta"  # DIR/checkpoints/<step>/meta: JSON (checksums, data position, config, ...).
-STATE_ITEM = "state"
+from hybrid_nope.run_dir import CHECKPOINT_STATE
+
 # The path of TrainState.params (train/state.py) in the keys of meta's checksums: a params leaf
 # is saved as ".params['blocks'][0]['attn']['wq_DNH']".
 PARAMS_PREFIX = jax.tree_util.keystr((jax.tree_util.GetAttrKey("params"),))
@@ -53,7 +53,7 @@ def corrupt_message(step: int, step_dir: str, differing: list[str]) -> str:
   """The one line for checkpoint `step` (DIR/checkpoints/<step>) whose leaves `differing`
   (from differing_leaves, non-empty) fail their checksums."""
   return (f"checkpoint step {step} is corrupt: {len(differing)} leaves of {step_dir}/"
-          f"{STATE_ITEM} differ from the checksums saved with them (first: {differing[0]})")
+          f"{CHECKPOINT_STATE} differ from the checksums saved with them (first: {differing[0]})")
 
 
 _STATUS = re.compile(r"\b(OUT_OF_RANGE|DATA_LOSS|NOT_FOUND|INVALID_ARGUMENT|FAILED_PRECONDITION"

@@ -10,9 +10,8 @@ import json
 from typing import Any
 
 from hybrid_nope import storage
+from hybrid_nope.run_dir import RunDir
 
-CONFIG_FILE = "config.json"
-HISTORY_FILE = "config_history.jsonl"
 # Keys added to the config after runs were saved without them, each with the value that gives
 # those runs' behaviour (a layer kind or feature they lack reads it). A config without the key
 # is read as holding that value: a resume (train/run_identity.py) and the seed grouping of
@@ -25,7 +24,7 @@ ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
 
 
 def history(workdir: str) -> list[dict]:
-  path = storage.join(workdir, HISTORY_FILE)
+  path = RunDir(workdir).config_history
   if not storage.exists(path):
     return []
   return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]

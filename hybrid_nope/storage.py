@@ -4,7 +4,7 @@ Records, config, probe file, figures and TensorBoard events go through here (fss
 workdir on shared storage outlives the machine that trained; orbax reaches checkpoint
 directories by itself (local paths and gs://). Writes of whole files are atomic: a local file
 is written beside its target and renamed over it, and an object store replaces an object only
-when its upload completes.
+when its upload completes. What a run directory holds, and each name, is `run_dir.py`'s.
 """
 from __future__ import annotations
 
@@ -158,17 +158,6 @@ def write_bytes(path: str, data: bytes) -> None:
 
 def write_text(path: str, text: str) -> None:
   write_bytes(path, text.encode())
-
-
-def checkpoint_directory(workdir: str, configured: str = "") -> str:
-  """Where a run's checkpoints are: config checkpoint.directory if set (e.g. gs://...), else
-  WORKDIR/checkpoints; a relative one inside the workdir (not wherever the command runs), a
-  local path absolute, file:// as the local path orbax wants."""
-  if configured and not is_url(configured) and not os.path.isabs(configured):
-    configured = join(workdir, configured)
-  directory = configured or join(workdir, "checkpoints")
-  directory = local_path(directory) or directory
-  return directory if is_url(directory) else os.path.abspath(directory)
 
 
 WRITE_PROBE_PREFIX = ".write_check_"  # The probe file's name: a reader of a workdir skips it.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import fnmatch
 import glob
 import io
 import json
@@ -30,14 +31,17 @@ import tarfile
 import tempfile
 import time
 
-from hybrid_nope import run_config, storage
+from hybrid_nope import run_config, run_dir, storage
+from hybrid_nope.run_dir import RunDir
 from concurrent import futures
 from typing import Callable, Sequence
 
-DONE_FILE = "sweep_done.json"
-# What a run's records are: everything the results need, nothing that grows with the model.
-RECORD_PATTERNS = ("config.json", "metrics.jsonl", "recency.jsonl", "recency_probe.json",
-                   "recency_sums/*.npz", "analysis/*/*.json", "analysis/*.json")
+# What a run's records are: everything the results need, nothing that grows with the model
+# (globs relative to the workdir; the analyses' JSON, not their figures).
+SUMS_PATTERN = f"{run_dir.RECENCY_SUMS}/{run_dir.wildcard(run_dir.SUMS_FILE)}"
+ANALYSIS_PATTERN = f"{run_dir.ANALYSIS}/{run_dir.wildcard(run_dir.ANALYSIS_STEP)}/*.json"
+RECORD_PATTERNS = (run_dir.CONFIG, run_dir.METRICS, run_dir.RECENCY, run_dir.RECENCY_PROBE,
+                   SUMS_PATTERN, ANALYSIS_PATTERN)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -58,7 +62,7 @@ class Run:
 
   @property
   def done(self) -> bool:
-    return os.path.exists(os.path.join(self.workdir, DONE_FILE))
+    return os.path.exists(RunDir(self.workdir).sweep_done)
 
 
 def plan(config_file: str, experiments: Sequence[str], seeds: Sequence[int],
@@ -87,10 +91,10 @@ def record_files(workdir: str) -> list[str]:
   """The run's record files, relative to its workdir, sorted. Of the per-cluster sums only
   step 0's and the last step's are kept (~120 kB each at the small sweep's size): they pair
   init with trained, and runs with runs; the records of every step are in recency.jsonl."""
-  found = set()
+  found, rd = set(), RunDir(workdir)
   for pattern in RECORD_PATTERNS:
-    found |= {os.path.relpath(p, workdir) for p in glob.glob(os.path.join(workdir, pattern))}
-  sums = sorted(f for f in found if f.startswith("recency_sums/"))
+    found |= {os.path.relpath(p, workdir) for p in glob.glob(rd.path(pattern))}
+  sums = sorted(f for f in found if fnmatch.fnmatchcase(f, SUMS_PATTERN))
   found -= set(sums[1:-1])
   return sorted(found)
 
@@ -98,12 +102,13 @@ def record_files(workdir: str) -> list[str]:
 def pack_records(workdir: str, out_path: str) -> str:
   """Writes the run's records as one reproducible .tar.gz (sorted, mtime 0); returns its path."""
   files = record_files(workdir)
-  if "recency.jsonl" not in files or "metrics.jsonl" not in files:
-    raise FileNotFoundError(f"{workdir} holds no recency.jsonl or metrics.jsonl: not a run")
+  if run_dir.RECENCY not in files or run_dir.METRICS not in files:
+    raise FileNotFoundError(f"{workdir} holds no {run_dir.RECENCY} or {run_dir.METRICS}: not a "
+                            "run")
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=9) as tar:
     for rel in files:
-      with open(os.path.join(workdir, rel), "rb") as f:
+      with open(RunDir(workdir).path(rel), "rb") as f:
         data = f.read()
       info = tarfile.TarInfo(rel)
       info.size, info.mtime = len(data), 0
@@ -175,9 +180,10 @@ def claimed_cores(threads: int, *, lock_dir: str = CORE_LOCKS,
 
 def trained_steps(workdir: str) -> tuple[int, int]:
   """(last step with a training loss in metrics.jsonl, train.steps of config.json)."""
-  with open(os.path.join(workdir, run_config.CONFIG_FILE)) as f:
+  rd = RunDir(workdir)
+  with open(rd.config) as f:
     steps = int(run_config.current(workdir, json.load(f))["train"]["steps"])
-  records = storage.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  records = storage.read_jsonl(rd.metrics)
   return max([r["step"] for r in records if "loss" in r], default=0), steps
 
 
@@ -186,7 +192,7 @@ def execute(run: Run, *, threads: int, log: Callable[[str], None],
   """Trains and analyses one run pinned to its cores; returns its seconds. Raises on failure,
   naming the run and its log file."""
   os.makedirs(run.workdir, exist_ok=True)
-  log_path = os.path.join(run.workdir, "sweep.log")
+  log_path = RunDir(run.workdir).sweep_log
   with claimed_cores(threads, lock_dir=lock_dir, log=log) as cores, open(log_path, "a") as out:
     start = time.time()
     for index, command in enumerate(commands(run, **command_args)):
@@ -206,7 +212,7 @@ def execute(run: Run, *, threads: int, log: Callable[[str], None],
 
 
 def mark_done(run: Run, seconds: float) -> None:
-  with open(os.path.join(run.workdir, DONE_FILE), "w") as f:
+  with open(RunDir(run.workdir).sweep_done, "w") as f:
     json.dump({"seconds": seconds, "experiment": run.experiment, "seed": run.seed}, f)
 
 

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from hybrid_nope import run_dir
 from hybrid_nope.analysis.checkpoint import checkpoints, report
 from tests.analysis_runs import analyzed_run, trained_run
 
@@ -78,7 +79,7 @@ def test_eval_loss_matches_the_training_loop(analyzed):
 def test_extrapolation_scores_twice_the_training_length(analyzed):
   workdir, result = analyzed
   ext = result["extrapolation"]
-  with open(os.path.join(result["out_dir"], report.EXTRAPOLATION_FILE)) as f:
+  with open(os.path.join(result["out_dir"], run_dir.EXTRAPOLATION_FILE)) as f:
     assert json.load(f) == json.loads(json.dumps(ext))
   assert result["out_dir"] == os.path.join(workdir, "analysis", "step_8")
   one, two = ext["lengths"]

@@ -12,8 +12,8 @@ import scipy.stats
 
 from matplotlib import image
 
-from hybrid_nope import run_config
-from hybrid_nope.analysis.checkpoint import checkpoints, report
+from hybrid_nope import run_config, run_dir
+from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope.analysis.evidence import compare, run_files, seed_stats
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE
@@ -89,7 +89,7 @@ def fake_run(root, name, *, window, swa_pos="rope", pattern="SG", losses=(3.0, 2
              "logit_gap_stderr": logit_se}]
     rows += [{"factor": k, "seq_len": 64 * k, "ratio": r, "gap": 0.0, "logit_gap": 0.0}
              for k, r in ratios.items()]
-    with open(os.path.join(out, report.EXTRAPOLATION_FILE), "w") as f:
+    with open(os.path.join(out, run_dir.EXTRAPOLATION_FILE), "w") as f:
       json.dump({"step": 8, "train_seq_len": 64, "lengths": rows}, f)
   return workdir
 

@@ -11,7 +11,7 @@ from flax import nnx
 
 from hybrid_nope.analysis.measure import hook as hook_lib
 from hybrid_nope.analysis.measure import probe as probe_lib
-from hybrid_nope.analysis.measure.hook import PROBE_FILE, RecencyHook
+from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.analysis.measure.records import COMPARED_WITH
 from hybrid_nope.data import pipeline
 from hybrid_nope.model.delta import DeltaAttention
@@ -19,6 +19,7 @@ from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.train.hooks import RunContext
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.model.definition import init_model
+from hybrid_nope.run_dir import RECENCY_PROBE
 from tests.helpers import REPO, tiny_config
 
 
@@ -169,7 +170,7 @@ def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):
   hook(0, params)
   hook(4, params)
   writer.close()
-  described = json.loads((tmp_path / PROBE_FILE).read_text())
+  described = json.loads((tmp_path / RECENCY_PROBE).read_text())
   assert described["rows"] == hook.rows.tolist() and described["documents"] == hook.num_docs
   assert described["tokens"] == int(np.sum(np.asarray(hook.probe["segment_ids"]) != 0))
   lines = [json.loads(l) for l in open(tmp_path / "recency.jsonl")]
@@ -177,9 +178,9 @@ def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):
   assert len(lines) == 1 + 2 * per_step  # the data control only at step 0
   assert described["pairs"] == lines[0]["pairs"]
   assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-  (tmp_path / PROBE_FILE).write_text("kept")
+  (tmp_path / RECENCY_PROBE).write_text("kept")
   RecencyHook.for_run(run)
-  assert (tmp_path / PROBE_FILE).read_text() == "kept"
+  assert (tmp_path / RECENCY_PROBE).read_text() == "kept"
 
 
 def test_probe_larger_than_the_eval_set_fails_naming_the_key():

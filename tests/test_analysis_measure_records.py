@@ -207,7 +207,6 @@ def test_encode_decode_sums_round_trip_and_give_the_same_records():
   for key, value in sums.items():
     exact = np.float64 if key.endswith("delta_norm") else np.float32
     np.testing.assert_array_equal(decoded[key], np.asarray(value, exact))
-  assert records.sums_file(120) == "recency_sums/step_00000120.npz"
   build = lambda s: records.build(0, s, kinds=kinds, layer_types=["swa", "global"],
                                   boundaries=BOUNDARIES, final_boundary=FINAL_BOUNDARY,
                                   lags=lags, far=far, d_model=D, readout_layers={1},

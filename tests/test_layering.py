@@ -76,3 +76,8 @@ def test_train_and_analysis_never_import_each_other():
     offenders = sorted(m for m, deps in GRAPH.items() if m.startswith(f"hybrid_nope.{a}")
                        and any(d.startswith(f"hybrid_nope.{b}") for d in deps))
     assert not offenders, f"{offenders} import hybrid_nope.{b}"
+
+
+def test_the_run_directory_layout_stands_on_storage_alone():
+  # train and analysis both ask run_dir for paths: it must reach neither.
+  assert GRAPH["hybrid_nope.run_dir"] <= {"hybrid_nope.storage"}

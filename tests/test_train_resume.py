@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.checkpoint import checkpoints
+from hybrid_nope import run_dir
 from hybrid_nope.data import pipeline
+from hybrid_nope.run_dir import RunDir
 from hybrid_nope.train import loop, resume
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.run_identity import RunChangedError, rows_consumed
@@ -24,7 +26,7 @@ def metrics(workdir):
 
 
 def history(workdir):
-  with open(os.path.join(workdir, resume.HISTORY_FILE)) as f:
+  with open(RunDir(str(workdir)).config_history) as f:
     return [json.loads(l) for l in f]
 
 
@@ -133,8 +135,8 @@ def test_a_fresh_start_over_a_runs_records_refuses_unless_overwrite(run_copy, ca
   with caplog.at_level(logging.WARNING, logger="absl"):
     loop.train(tiny_config(train__steps=4, train__overwrite=True), str(run_copy))
   assert "moved the records" in caplog.text
-  (aside,) = os.listdir(run_copy / resume.OVERWRITTEN)
-  assert (run_copy / resume.OVERWRITTEN / aside / "metrics.jsonl").read_text() == lines
+  (aside,) = os.listdir(run_copy / run_dir.OVERWRITTEN)
+  assert (run_copy / run_dir.OVERWRITTEN / aside / "metrics.jsonl").read_text() == lines
   assert max(r["step"] for r in metrics(run_copy)) == 4  # The new run's own records.
 
 

@@ -17,7 +17,8 @@ import pytest
 
 from hybrid_nope.errors import UserError
 from hybrid_nope.train import wandb_sink
-from hybrid_nope.train.wandb_sink import RUN_ID_FILE, WandbSink
+from hybrid_nope.run_dir import RunDir
+from hybrid_nope.train.wandb_sink import WandbSink
 from tests.helpers import REPO, tiny_config
 
 BLOCK, HEADER = 32768, 7  # The log's block size, and both its file and record header lengths.
@@ -130,7 +131,7 @@ def test_losses_table_and_images_reach_the_offline_run(tmp_path, offline):
   sink.finish()
   assert not sink.active
 
-  run_id = open(os.path.join(workdir, RUN_ID_FILE)).read().strip()
+  run_id = open(RunDir(workdir).wandb_id).read().strip()
   run_dir, log = offline_run(offline, run_id)
   (run,) = [r.run for r in log if r.WhichOneof("record_type") == "run"]
   assert (run.run_id, run.project) == (run_id, "hybrid-nope-test")
@@ -189,7 +190,7 @@ def test_a_gcs_like_workdir_keeps_the_run_id_through_storage(tmp_path):
   made = wandb_sink.run_id(url)
   assert len(made) == 8 and made.isalnum() and made == wandb_sink.run_id(url)
   from hybrid_nope import storage
-  assert storage.read_text(storage.join(url, RUN_ID_FILE)).strip() == made
+  assert storage.read_text(RunDir(url).wandb_id).strip() == made
 
 
 def test_only_process_0_logs(tmp_path, offline, monkeypatch):

@@ -9,12 +9,13 @@ import time
 import pytest
 
 from hybrid_nope.train import loop
-from hybrid_nope.train.workdir_lock import LOCK_NAME, WorkdirLock, WorkdirLockedError
+from hybrid_nope.run_dir import LOCK
+from hybrid_nope.train.workdir_lock import WorkdirLock, WorkdirLockedError
 from tests.helpers import tiny_config
 
 
 def hold(workdir, pid, host=None, heartbeat=None):
-  (workdir / LOCK_NAME).write_text(json.dumps({
+  (workdir / LOCK).write_text(json.dumps({
       "host": host or socket.gethostname(), "pid": pid,
       "heartbeat": time.time() if heartbeat is None else heartbeat}))
 
@@ -30,11 +31,11 @@ def live_pid():
 def test_a_lock_is_created_refreshed_and_released(tmp_path):
   lock = WorkdirLock(str(tmp_path), heartbeat_seconds=0.05)
   lock.acquire()
-  first = json.loads((tmp_path / LOCK_NAME).read_text())
+  first = json.loads((tmp_path / LOCK).read_text())
   time.sleep(0.3)
-  assert json.loads((tmp_path / LOCK_NAME).read_text())["heartbeat"] > first["heartbeat"]
+  assert json.loads((tmp_path / LOCK).read_text())["heartbeat"] > first["heartbeat"]
   lock.release()
-  assert not (tmp_path / LOCK_NAME).exists()
+  assert not (tmp_path / LOCK).exists()
 
 
 def test_a_second_trainer_on_the_workdir_refuses_in_one_line(tmp_path, live_pid):
@@ -42,8 +43,8 @@ def test_a_second_trainer_on_the_workdir_refuses_in_one_line(tmp_path, live_pid)
   with pytest.raises(WorkdirLockedError, match=rf"^another trainer runs on this workdir: .* "
                      rf"pid {live_pid} on {socket.gethostname()}"):
     loop.train(tiny_config(), str(tmp_path))
-  assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == live_pid  # Left as it was.
-  assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]  # Nothing else written.
+  assert json.loads((tmp_path / LOCK).read_text())["pid"] == live_pid  # Left as it was.
+  assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]  # Nothing else written.
 
 
 def test_a_lock_of_an_exited_pid_is_taken_over_with_a_warning(tmp_path, caplog):

@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass
 
 from hybrid_nope.errors import UserError
+from hybrid_nope.run_dir import CHECKPOINTS
 
 TPU_TYPE = re.compile(r"^v(\d+)([a-z]*)-(\d+)$")  # v4-32, v5p-64, v5litepod-16, v6e-8
 # Runtime images by generation (cloud.google.com/tpu/docs/runtimes); --runtime-version overrides.
@@ -116,10 +117,10 @@ class Tpu:
   def fetch(self, workdir: str, dest: str) -> list[list[str]]:
     """Copies a run's records and figures (not its checkpoints) to `dest` on this machine."""
     if workdir.startswith("gs://"):
-      return [["gcloud", "storage", "rsync", "--recursive", "--exclude=^checkpoints/",
+      return [["gcloud", "storage", "rsync", "--recursive", f"--exclude=^{CHECKPOINTS}/",
                workdir, dest]]
     archive = "~/hybrid_nope_records.tar.gz"
-    return [self._ssh(f"tar -czf {archive} --exclude=./checkpoints -C {REMOTE_DIR}/{workdir} .",
+    return [self._ssh(f"tar -czf {archive} --exclude=./{CHECKPOINTS} -C {REMOTE_DIR}/{workdir} .",
                       worker="0"),
             ["gcloud", "compute", "tpus", "tpu-vm", "scp", f"{self.name}:{archive}",
              f"{dest}.tar.gz", f"--zone={self.zone}", "--worker=0"],

@@ -1,14 +1,15 @@
 """Orbax checkpoints of the train state and the data position, verified when restored.
 
-DIR/checkpoints/<step>/ holds "state" (TrainState) and "meta" (JSON: a checksum of every state
-leaf; the data position; the fingerprint of the training data, `data/fingerprint.py`; the
-run-defining config and the run's history, `train/run_identity.py`). The data position is one
-global number, the training rows consumed: global row r does not depend on the process count
-(`pipeline.train_dataset`), so a run saved on 8 hosts resumes on 4, and a resume that changes
-the batch size reads on from the same row. A restore checks all of it: a corrupt or truncated
-state, a data position that does not follow from the step and the history, or other training
-data each fail in one line that says how to go on. Older checkpoints hold the position as
-batches ("next_index"), or (before "meta") in the per-process grain item "data".
+DIR/checkpoints/<step>/ (`run_dir.py`) holds "state" (TrainState) and "meta" (JSON: a checksum
+of every state leaf; the data position; the fingerprint of the training data,
+`data/fingerprint.py`; the run-defining config and the run's history, `train/run_identity.py`).
+The data position is one global number, the training rows consumed: global row r does not
+depend on the process count (`pipeline.train_dataset`), so a run saved on 8 hosts resumes on 4,
+and a resume that changes the batch size reads on from the same row. A restore checks all of
+it: a corrupt or truncated state, a data position that does not follow from the step and the
+history, or other training data each fail in one line that says how to go on. Older
+checkpoints hold the position as batches ("next_index"), or (before "meta") in the
+per-process grain item "data".
 """
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from hybrid_nope import storage
-from hybrid_nope.checkpoint_integrity import (META_ITEM, corrupt_message, differing_leaves,
-                                              read_error, state_checksums,
-                                              unreadable_message)
+from hybrid_nope.checkpoint_integrity import (corrupt_message, differing_leaves, read_error,
+                                              state_checksums, unreadable_message)
 from hybrid_nope.errors import UserError
+from hybrid_nope.run_dir import CHECKPOINT_DATA, CHECKPOINT_META, CHECKPOINT_STATE, RunDir
 from hybrid_nope.train import run_identity
 
-ITEMS = ("state", "data", "meta")  # "data": only in checkpoints written before "meta".
+ITEMS = (CHECKPOINT_STATE, CHECKPOINT_DATA, CHECKPOINT_META)  # DATA: only in pre-meta ones.
 _SETTLE_SECONDS = 1.0  # After a failed read, how long tensorstore's threads take to stop.
 
 
@@ -59,7 +60,8 @@ class Checkpointer:
     one is taken inside the workdir; a gs:// path lets every host of a pod write its shards to
     shared storage. `replicated`: the mesh's replicated sharding, where the state's checksums
     are gathered. The directory is probed with a real write here, not at the first save."""
-    self.directory = storage.checkpoint_directory(workdir, directory)
+    self.run_dir = RunDir(workdir, directory)
+    self.directory = self.run_dir.checkpoints
     _probe_writable(self.directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
@@ -76,7 +78,7 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def step_directory(self, step: int) -> str:
-    return storage.join(self.directory, str(step))
+    return self.run_dir.checkpoint(step)
 
   def checksums(self, state) -> dict[str, int]:
     return {k: int(v) for k, v in jax.device_get(self._checksums(state)).items()}
@@ -86,8 +88,8 @@ class Checkpointer:
     history) and the state's checksums; a failure is raised by `check_saved()`."""
     self.check_saved()
     meta = {**meta, "checksums": self.checksums(state)}
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta)))
+    self.manager.save(step, args=ocp.args.Composite(**{
+        CHECKPOINT_STATE: ocp.args.StandardSave(state), CHECKPOINT_META: ocp.args.JsonSave(meta)}))
     self._saving = step
 
   def check_saved(self, *, block: bool = False) -> None:
@@ -139,9 +141,9 @@ class Checkpointer:
 
   def read_meta(self, step: int) -> dict | None:
     """Checkpoint `step`'s meta; None for a checkpoint written before meta existed."""
-    if not storage.exists(storage.join(self.step_directory(step), META_ITEM)):
+    if not storage.exists(self.run_dir.checkpoint_meta(step)):
       return None
-    return self._read(step, {"meta": ocp.args.JsonRestore()})["meta"]
+    return self._read(step, {CHECKPOINT_META: ocp.args.JsonRestore()})[CHECKPOINT_META]
 
   def restore(self, step: int, abstract_state, meta: dict | None, *, data_fingerprint: dict,
               allow_changed_data: bool, batch_size: int) -> tuple[object, int]:
@@ -153,13 +155,14 @@ class Checkpointer:
       logging.warning("checkpoint step %d predates checksums and data fingerprints (%s has no "
                       "meta/): restored without verifying its state or its data", step, where)
       position = _SavedPosition()
-      restored = self._read(step, {"state": ocp.args.StandardRestore(abstract_state),
-                                   "data": grain.checkpoint.CheckpointRestore(position)})
+      restored = self._read(step, {
+          CHECKPOINT_STATE: ocp.args.StandardRestore(abstract_state),
+          CHECKPOINT_DATA: grain.checkpoint.CheckpointRestore(position)})
       meta = {"checksums": None, "data": data_fingerprint,
               "data_position": position.get_state()}
     else:
-      restored = self._read(step, {"state": ocp.args.StandardRestore(abstract_state)})
-    state = restored["state"]
+      restored = self._read(step, {CHECKPOINT_STATE: ocp.args.StandardRestore(abstract_state)})
+    state = restored[CHECKPOINT_STATE]
     bad = ([] if meta["checksums"] is None else
            differing_leaves(meta["checksums"], self.checksums(state)))
     if bad:
@@ -178,7 +181,7 @@ class Checkpointer:
 
   def _rows(self, step: int, meta: dict, batch_size: int) -> int:
     """The rows consumed that meta records, checked against the step and the history."""
-    position, where = meta["data_position"], f"{self.step_directory(step)}/meta"
+    position, where = meta["data_position"], self.run_dir.checkpoint_meta(step)
     if "rows" in position:
       expected = run_identity.rows_consumed(meta["history"], step)
       if position["rows"] != expected:
@@ -196,7 +199,7 @@ class Checkpointer:
     return step * batch_size
 
   def rolled_back_directory(self) -> str:
-    return storage.join(self.directory, ROLLED_BACK)
+    return self.run_dir.rolled_back
 
   def roll_back_after(self, step: int) -> tuple[list[int], str | None]:
     """Moves every checkpoint newer than `step` to checkpoints/rolled_back/<time>/ (a resume
@@ -205,12 +208,11 @@ class Checkpointer:
     if not newer:
       return [], None
     self.manager.wait_until_finished()
-    where = storage.join(self.rolled_back_directory(),
-                         time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"_from_{newer[-1]}")
+    where = self.run_dir.rolled_back_now(newer[-1])
     if jax.process_index() == 0:  # One mover; the others wait, then list the steps anew.
       storage.makedirs(where)
       for s in newer:
-        storage.move(self.step_directory(s), storage.join(where, str(s)))
+        storage.move(self.step_directory(s), storage.join(where, str(s)))  # Its name kept.
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices("hybrid_nope rollback")
@@ -243,9 +245,6 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
-
-
-ROLLED_BACK = "rolled_back"  # checkpoints/rolled_back/<time>/<step>: orbax lists no such step.
 
 
 class _SavedPosition:

@@ -11,6 +11,7 @@ from absl import logging
 
 from hybrid_nope.data import pipeline
 from hybrid_nope.model.loss import unigram_entropy
+from hybrid_nope.run_dir import METRICS
 from hybrid_nope.train import sharding
 from hybrid_nope.train.step import make_eval_step
 
@@ -54,7 +55,7 @@ def evaluate_and_log(eval_sets: list, params, writer, step: int) -> float:
     logging.info("step %d | eval_loss%s %.4f | by %d positions: %s", step, ev.suffix,
                  result[f"eval_loss{ev.suffix}"], ev.bucket_size,
                  " ".join("-" if l is None else f"{l:.3f}" for l in by_position))
-  writer.write_record("metrics.jsonl", record)
+  writer.write_record(METRICS, record)
   return record["eval_loss"]
 
 

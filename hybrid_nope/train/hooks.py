@@ -3,7 +3,10 @@
 A hook factory takes the run's `RunContext` once, after the model and eval data exist, and
 returns `hook(step, params) -> None`. The loop calls every hook at step 0 of a fresh run and
 every `metrics.every_steps` (and at the last step), times each and logs `<name>_seconds`; what a
-hook measures or writes is its own business, so the trainer imports no analysis code.
+hook measures or writes is its own business, so the trainer imports no analysis code. A hook
+may set `every_steps` (its own period instead of metrics.every_steps) and `at_start = False`
+(not at step 0); each hook is one entry of the loop's schedule (train/schedule.py), beside eval,
+samples and checkpoints, with their rules: skipped on a preempted step, cut short by a signal.
 
 A run resumed at a step whose hook did not finish (`<name>_seconds` is not on record, e.g. a
 preemption save skips the hooks) runs that hook again at that step, after removing the step's

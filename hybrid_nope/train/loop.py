@@ -15,15 +15,17 @@ from hybrid_nope.logs import quiet_library_logs
 from hybrid_nope.errors import RunStopped
 from hybrid_nope.model import parameter_counts
 from hybrid_nope.model.loss import UNIGRAM_ENTROPY_KEY
+from hybrid_nope.run_dir import RunDir
 from hybrid_nope.train import sharding
-from hybrid_nope.train.hooks import HookFactory, RunContext, hook_name
+from hybrid_nope.train.hooks import HookFactory, RunContext
 from hybrid_nope.train.checkpoint import Checkpointer
 from hybrid_nope.train.metrics_writer import MetricsWriter
 from hybrid_nope.train.wandb_sink import WandbSink
 from hybrid_nope.train.optimizer import make_optimizer
-from hybrid_nope.train import evaluation, resume, run_identity, samples
+from hybrid_nope.train import evaluation, resume, run_identity, samples, schedule
 from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
 from hybrid_nope.train.profiling import StepProfiler
+from hybrid_nope.train.schedule import on_every_process
 from hybrid_nope.train.progress import Progress
 from hybrid_nope.train.state import sharded_train_state
 from hybrid_nope.train.step import train_step_for
@@ -59,47 +61,12 @@ def _write_finite(writer, records: list[tuple[int, dict]], last_saved: int | Non
     writer.write(step, metrics)
 
 
-def _run_hooks(hooks, writer, step, params) -> float:
-  """Runs each hook, logging a line as it starts and ends (the init hook can take a minute);
-  returns the seconds they took."""
-  total = 0.0
-  for hook in hooks:
-    logging.info("step %d: running the %s hook...", step, hook_name(hook))
-    start = time.perf_counter()
-    hook(step, params)
-    seconds = time.perf_counter() - start
-    writer.write(step, {f"{hook_name(hook)}_seconds": seconds})
-    logging.info("step %d: the %s hook took %.1f s", step, hook_name(hook), seconds)
-    total += seconds
-  return total
-
-
 def _minutes_due(every_minutes: float, saved_at: float) -> bool:
   """Whether checkpoint.every_minutes (0 = off) have passed since the last save; process 0's
   clock decides for all, since processes that disagree on a save would deadlock in it."""
   if not every_minutes:
     return False
-  return _on_every_process([_clock() - saved_at >= 60 * every_minutes])[0]
-
-
-def _on_every_process(flags: list[bool]) -> list[bool]:
-  """Process 0's flags (it alone reads the records), so every process takes the same branch."""
-  if jax.process_count() == 1:
-    return flags
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  return [bool(f) for f in multihost_utils.broadcast_one_to_all(np.array(flags, np.bool_))]
-
-
-def _unfinished_at(step: int, config, writer, hooks) -> tuple[bool, list]:
-  """What the schedule owed at the resumed `step` but is not on record (a preemption save skips
-  eval and the hooks; a kill can cut a hook short): (redo eval?, hooks to redo)."""
-  keys = writer.keys_at(step)
-  last = step == config.train.steps
-  eval_due = step > 0 and (step % config.eval.every_steps == 0 or last)
-  hooks_due = step == 0 or step % config.metrics.every_steps == 0 or last
-  flags = _on_every_process([eval_due and "eval_loss" not in keys] + [
-      hooks_due and f"{hook_name(h)}_seconds" not in keys for h in hooks])
-  return flags[0], [h for h, redo in zip(hooks, flags[1:]) if redo]
+  return on_every_process([_clock() - saved_at >= 60 * every_minutes])[0]
 
 
 @dataclasses.dataclass
@@ -190,9 +157,9 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   start = int(state.step)
   if start >= config.train.steps:
     logging.warning("%s already holds a run trained to step %d (train.steps=%d): nothing to "
-                    "train; its metrics are in metrics.jsonl. Use a new --workdir, or raise "
-                    "train.steps (with --config.train.allow_changes=train.steps), to train "
-                    "more.", workdir, start, config.train.steps)
+                    "train; its metrics are in %s. Use a new --workdir, or raise train.steps "
+                    "(with --config.train.allow_changes=train.steps), to train more.", workdir,
+                    start, config.train.steps, RunDir(workdir).metrics)
   writer = MetricsWriter(workdir, resume_step=start, wandb=WandbSink(config, workdir))
   resume.record(workdir, config, plan.new_events, writer)
   writer.write_config(start, config)  # TensorBoard: the config and hparams in force.
@@ -210,23 +177,6 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
              fingerprint=fingerprint, ckpt=ckpt, writer=writer, train_step=train_step,
              start_row=start_row, history=plan.history)
   return run, state
-
-
-def _finish_resumed_step(run: _Run, hooks, step: int, params) -> float:
-  """Redoes the eval and the hooks the resumed step owed and has not on record (at a fresh
-  start: the init hooks); returns the hooks' seconds."""
-  redo_eval, redo_hooks = _unfinished_at(step, run.config, run.writer, hooks)
-  if redo_eval:
-    logging.info("step %d: its eval was not on record (preempted?); evaluating now", step)
-    evaluation.evaluate_and_log(run.eval_sets, params, run.writer, step)
-  for hook in redo_hooks:
-    for name in getattr(hook, "record_files", ()):
-      run.writer.drop_step(name, step)
-  return _run_hooks(redo_hooks, run.writer, step, params)
-
-
-def _due(step: int, every: int, last: bool) -> bool:
-  return step % every == 0 or last
 
 
 def _log(run: _Run, progress: Progress, pending: list, last_saved) -> dict:
@@ -247,7 +197,8 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   """Trains per `config`, resuming from the newest checkpoint in `workdir` if there is one.
 
   `hooks`: factories `RunContext -> hook(step, params)` (`train/hooks.py`), run at step 0 of a
-  fresh run and every `metrics.every_steps` and at the last step. A preempted step skips eval
+  fresh run and every `metrics.every_steps` (or the hook's own `every_steps`) and at the last
+  step, as entries of the one schedule of side work (`train/schedule.py`). A preempted step skips eval
   and hooks; the resumed run redoes what its first step owed and is not on record. Before
   anything is built, the workdir is locked to this trainer and the resume is planned
   (`train/resume.py`): a config that would make it another run, or a fresh start over another
@@ -282,6 +233,24 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
       lock.release()
 
 
+def _side_work(run: _Run, hooks, sampler, save, minutes_due, summary) -> list[schedule.Entry]:
+  """The run's side work in the order it runs at a step: eval, samples, the save, the hooks."""
+  c = run.config
+
+  def evaluate(step, state):
+    summary["eval_loss"] = evaluation.evaluate_and_log(run.eval_sets, state.params, run.writer,
+                                                       step)
+
+  entries = [schedule.Entry("eval", c.eval.every_steps, evaluate, done_key="eval_loss")]
+  if sampler is not None:
+    entries.append(schedule.Entry("samples", sampler.every,
+                                  lambda step, state: sampler(step, state.params)))
+  # A save runs whole, also on the preempted step (it is that step's whole point).
+  entries.append(schedule.Entry("checkpoint", c.checkpoint.every_steps, save, at_preemption=True,
+                                interruptible=False, also_due=minutes_due))
+  return entries + [schedule.hook_entry(h, c.metrics.every_steps) for h in hooks]
+
+
 def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, workdir: str):
   c = run.config
   start = int(state.step)
@@ -291,13 +260,14 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
   profiler = StepProfiler(workdir, c.train.profile_start_step, c.train.profile_steps)
   run.writer.critical = watcher.deferred  # A signal in a hook never cuts a write in half.
   pending = []
+  saved_at = _clock()
 
   def save(step, state):
-    nonlocal last_saved
+    nonlocal last_saved, saved_at
     if pending:  # Every record up to a checkpoint is written first (and checked finite).
       summary.update(_log(run, progress, pending, last_saved))
     run.ckpt.save(step, state, run.meta())
-    last_saved = step
+    last_saved, saved_at = step, _clock()
 
   def stop_preempted(step, state):
     """A stop signal: save this step (unless saved) and stop; at a step boundary, or where it
@@ -313,9 +283,12 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
       active_hooks = [make(run.run_context) for make in hooks]
       sampler = samples.for_run(c, run.model_def, run.writer)
       progress = Progress(c, start)
+      entries = _side_work(run, active_hooks, sampler, save,
+                           lambda: _minutes_due(c.checkpoint.every_minutes, saved_at), summary)
+      side_work = schedule.Schedule(entries, run.writer, progress, watcher)
       try:
-        with watcher.interruptible():
-          progress.note("hooks", _finish_resumed_step(run, active_hooks, start, state.params))
+        side_work.run(side_work.owed_at_resume(start, final=start == c.train.steps), start,
+                      state)
       except Interrupted:
         stop_preempted(start, state)
         return _finished(summary, t_start)
@@ -335,39 +308,20 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
         profiler.after(step, metrics)
         pending.append((step, metrics))
         preempted = watcher.should_stop(step, run.ckpt.manager)
-        last = step == c.train.steps or preempted
-        due = (_due(step, c.checkpoint.every_steps, last)
-               or _minutes_due(c.checkpoint.every_minutes, saved_at))
+        due = side_work.due(step, final=step == c.train.steps, preempted=preempted)
+        saving = any(e.name == "checkpoint" for e in due)
         # Losses are fetched only at log and save steps so the host runs ahead of the devices.
-        if _due(step, c.train.log_every_steps, due):
+        if step % c.train.log_every_steps == 0 or saving:
           summary.update(_log(run, progress, pending, last_saved))
-        try:  # Eval and hooks stop at a signal; a save runs whole.
-          if _due(step, c.eval.every_steps, last) and not preempted:
-            side_start = time.perf_counter()
-            with watcher.interruptible():
-              summary["eval_loss"] = evaluation.evaluate_and_log(run.eval_sets, state.params,
-                                                                 run.writer, step)
-            progress.note("eval", time.perf_counter() - side_start)
-          if sampler is not None and sampler.due(step, last) and not preempted:
-            side_start = time.perf_counter()
-            with watcher.interruptible():
-              sampler(step, state.params)
-            progress.note("samples", time.perf_counter() - side_start)
-          if due:
-            side_start = time.perf_counter()
-            save(step, state)
-            saved_at = _clock()
-            progress.note("checkpoint", time.perf_counter() - side_start)
-          if _due(step, c.metrics.every_steps, last) and not preempted:
-            with watcher.interruptible():
-              progress.note("hooks", _run_hooks(active_hooks, run.writer, step, state.params))
+        try:
+          side_work.run(due, step, state)
         except Interrupted:
           stop_preempted(step, state)
           break
         if preempted:  # Saved above (a preempted step is the last); the records go out with it.
           stop_preempted(step, state)
           break
-        if due:
+        if saving:
           run.writer.flush()  # On a URL workdir, every record up to the checkpoint is on storage.
     run.ckpt.wait()  # The last save's failure, too, is this run's, in one line.
   finally:

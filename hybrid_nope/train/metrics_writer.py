@@ -24,6 +24,7 @@ from absl import logging
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
+from hybrid_nope.run_dir import METRICS, RunDir
 from hybrid_nope.train import config_summary
 from hybrid_nope.train.wandb_sink import rgb_array
 
@@ -41,13 +42,14 @@ def _whole(method):
 
 class MetricsWriter:
   """`write` puts scalars in DIR/metrics.jsonl and TensorBoard; `write_record` appends any JSON
-  record to another DIR/<name>.jsonl (e.g. recency.jsonl)."""
+  record to another DIR/<name>.jsonl (e.g. recency.jsonl). Names are `run_dir.py`'s."""
 
   def __init__(self, workdir: str, *, resume_step: int = 0, wandb=None):
     self.active = jax.process_index() == 0
     self.critical = contextlib.nullcontext  # The loop sets PreemptionWatcher.deferred.
     self._wandb = wandb  # A train.wandb_sink.WandbSink or None: W&B gets what TensorBoard gets.
     self.workdir = workdir
+    self.run_dir = RunDir(workdir)
     self.resume_step = resume_step
     self._local = storage.local_path(workdir)
     self._lines: dict[str, list[str]] = {}  # name -> kept lines (the URL mode's whole file)
@@ -57,17 +59,14 @@ class MetricsWriter:
     if self.active:
       storage.makedirs(workdir)
       from tensorboardX import SummaryWriter  # Imported lazily: only process 0 needs it.
-      self._tb_local = (os.path.join(self._local, "tensorboard") if self._local is not None
+      self._tb_local = (storage.local_path(self.run_dir.tensorboard) if self._local is not None
                         else tempfile.mkdtemp(prefix="hybrid_nope_tensorboard_"))
       self._tb = SummaryWriter(self._tb_local)
-
-  def _path(self, name: str) -> str:
-    return storage.join(self.workdir, name)
 
   def _kept(self, name: str) -> list[str]:
     """The file's lines that survive the resume (read once per file)."""
     if name not in self._lines:
-      self._lines[name] = self._records_through(self._path(name), self.resume_step)
+      self._lines[name] = self._records_through(self.run_dir.path(name), self.resume_step)
       if self._local is not None:  # Local files are rewritten now and appended to from here.
         self._replace(name, self._lines[name])
     return self._lines[name]
@@ -80,7 +79,7 @@ class MetricsWriter:
         logging.warning("%s is missing although the run resumes at step %d: its records up to "
                         "that step are lost; only the event files under %s, where they "
                         "survive, still hold the scalars up to that step", path,
-                        self.resume_step, self._path("tensorboard"))
+                        self.resume_step, self.run_dir.tensorboard)
       return []
     return [storage.to_json(r) + "\n" for r in storage.read_jsonl(path)
             if r["step"] <= last_step]
@@ -94,7 +93,7 @@ class MetricsWriter:
     """The whole file at once: a kill at any instant leaves the old or the new one."""
     if self._local is not None and not os.path.isdir(self._local):
       raise self._gone(name)  # Not recreated: the rest of the run's files went with it.
-    storage.write_text(self._path(name), "".join(lines))
+    storage.write_text(self.run_dir.path(name), "".join(lines))
 
   def _append(self, name: str, record: dict) -> None:
     line = storage.to_json(record) + "\n"
@@ -103,7 +102,7 @@ class MetricsWriter:
       self._dirty.add(name)
     else:
       try:
-        with open(os.path.join(self._local, name), "a") as f:
+        with open(storage.local_path(self.run_dir.path(name)), "a") as f:
           f.write(line)
       except FileNotFoundError:
         raise self._gone(name) from None
@@ -122,7 +121,7 @@ class MetricsWriter:
     if not self.active:
       return set()
     keys = set()
-    for line in self._kept("metrics.jsonl"):
+    for line in self._kept(METRICS):
       record = json.loads(line)
       if record["step"] == step:
         keys.update(record)
@@ -132,7 +131,7 @@ class MetricsWriter:
   def write(self, step: int, metrics: dict) -> None:
     if not self.active:
       return
-    self._append("metrics.jsonl", {"step": int(step), **{k: float(v) for k, v in metrics.items()}})
+    self._append(METRICS, {"step": int(step), **{k: float(v) for k, v in metrics.items()}})
     self.write_scalars(step, metrics)
 
   @_whole
@@ -174,7 +173,7 @@ class MetricsWriter:
     """Generated text, each sample {"prompt", "text"}: one metrics.jsonl record {"step",
     "samples"}, TensorBoard text (one tag per prompt) and a W&B table."""
     if self.active:
-      self._append("metrics.jsonl", {"step": int(step), "samples": samples})
+      self._append(METRICS, {"step": int(step), "samples": samples})
       for i, sample in enumerate(samples):
         # TensorBoard renders Markdown: a code block keeps the text as generated.
         self._tb.add_text(f"samples/{i}", f"```\n{sample['prompt']}{sample['text']}\n```",
@@ -196,7 +195,7 @@ class MetricsWriter:
       self._replace(name, self._lines[name])
     self._dirty.clear()
     self._tb.flush()
-    storage.copy_tree(self._tb_local, self._path("tensorboard"), self._tb_uploaded)
+    storage.copy_tree(self._tb_local, self.run_dir.tensorboard, self._tb_uploaded)
 
   @_whole
   def close(self) -> None:
@@ -204,6 +203,6 @@ class MetricsWriter:
       self.flush()
       self._tb.close()
       if self._local is None:
-        storage.copy_tree(self._tb_local, self._path("tensorboard"), self._tb_uploaded)
+        storage.copy_tree(self._tb_local, self.run_dir.tensorboard, self._tb_uploaded)
     if self._wandb is not None:
       self._wandb.finish()

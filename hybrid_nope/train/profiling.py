@@ -10,6 +10,7 @@ import jax
 from absl import logging
 
 from hybrid_nope import storage
+from hybrid_nope.run_dir import RunDir
 
 
 class StepProfiler:
@@ -17,7 +18,7 @@ class StepProfiler:
 
   def __init__(self, workdir: str, start: int, steps: int):
     self.start, self.stop = start, start + steps - 1
-    self.target = storage.join(workdir, "profile")
+    self.target = RunDir(workdir).profile
     self.local = storage.local_path(self.target)
     self.active = False
 

@@ -53,6 +53,12 @@ class Progress:
     self._side_in_interval = 0.0
     self._step_seconds, self._steps_timed = 0.0, 0
 
+  def track(self, kind: str, every: int) -> None:
+    """Side work of a kind the defaults lack (a hook with its own every_steps), due every
+    `every` steps and at the last."""
+    self._every[kind] = every
+    self._side.setdefault(kind, (0.0, 0))
+
   def note(self, kind: str, seconds: float) -> None:
     """`seconds` of side work of `kind` (a key of the schedule) since the last report."""
     total, count = self._side[kind]

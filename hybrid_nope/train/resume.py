@@ -20,16 +20,17 @@ import time
 import jax
 from absl import logging
 
-from hybrid_nope import run_config, storage
-from hybrid_nope.run_config import CONFIG_FILE, HISTORY_FILE
+from hybrid_nope import run_config, run_dir, storage
 from hybrid_nope.errors import UserError
+from hybrid_nope.run_dir import RunDir
 from hybrid_nope.train import run_identity
 from hybrid_nope.train.checkpoint import Checkpointer
-from hybrid_nope.train.workdir_lock import LOCK_NAME
 from hybrid_nope.errors import ConfigError
 
-RECORD_FILES = ("metrics.jsonl", "recency.jsonl")  # A run has begun once these hold a line.
-OVERWRITTEN = "overwritten"  # WORKDIR/overwritten/<time>/: records a train.overwrite moved.
+RECORD_FILES = (run_dir.METRICS, run_dir.RECENCY)  # A run has begun once these hold a line.
+# What a train.overwrite leaves in place: the folder it moves into, the lock this trainer
+# holds, and the checkpoint folder (it holds no step, or this were no fresh start).
+KEPT_BY_OVERWRITE = (run_dir.OVERWRITTEN, run_dir.LOCK, run_dir.CHECKPOINTS)
 
 
 class WorkdirInUseError(UserError):
@@ -54,7 +55,7 @@ def _now() -> str:
 def _has_records(workdir: str) -> list[str]:
   found = []
   for name in RECORD_FILES:
-    path = storage.join(workdir, name)
+    path = RunDir(workdir).path(name)
     if storage.exists(path) and storage.read_text(path).strip():
       found.append(name)
   return found
@@ -62,12 +63,12 @@ def _has_records(workdir: str) -> list[str]:
 
 def _move_aside(workdir: str) -> str:
   """Moves everything of a run that left no checkpoint into WORKDIR/overwritten/<time>/."""
-  keep = {OVERWRITTEN, LOCK_NAME, "checkpoints"}
-  where = storage.join(workdir, OVERWRITTEN, time.strftime("%Y%m%dT%H%M%S", time.gmtime()))
+  rd = RunDir(workdir)
+  where = rd.overwritten_now()
   storage.makedirs(where)
   for name in storage.listdir(workdir):
-    if name not in keep and not name.startswith(storage.WRITE_PROBE_PREFIX):
-      storage.move(storage.join(workdir, name), storage.join(where, name))
+    if name not in KEPT_BY_OVERWRITE and not name.startswith(storage.WRITE_PROBE_PREFIX):
+      storage.move(rd.path(name), storage.join(where, name))  # Its name kept.
   return where
 
 
@@ -87,9 +88,10 @@ def _fresh(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
     if records:
       logging.warning("train.overwrite: moved the records of the run in %s, which has no "
                       "checkpoint, to %s", workdir, _move_aside(workdir))
-    for name in (CONFIG_FILE, HISTORY_FILE):  # A start that died before any record.
-      if storage.exists(storage.join(workdir, name)):
-        storage.remove(storage.join(workdir, name))
+    rd = RunDir(workdir)
+    for path in (rd.config, rd.config_history):  # A start that died before any record.
+      if storage.exists(path):
+        storage.remove(path)
   start = run_identity.start_event(config)
   return ResumePlan(step=None, meta=None, history=[start], new_events=[start], roll_back=False,
                     skip_rows=0, batch_size_at_step=int(config.data.batch_size))
@@ -100,7 +102,7 @@ def _saved_config(workdir: str, meta: dict | None, step: int, where: str):
   workdir's config.json, which the trainer rewrote at every start before it was kept."""
   if meta is not None and "config" in meta:
     return meta["config"]
-  path = storage.join(workdir, CONFIG_FILE)
+  path = RunDir(workdir).config
   if not storage.exists(path):
     logging.warning("checkpoint step %d (%s) keeps no config and %s is missing: the resume "
                     "cannot check that the config still defines the same run", step, where, path)
@@ -181,7 +183,8 @@ def record(workdir: str, config, events: list[dict], writer) -> None:
   they are recorded once). Process 0 only."""
   if not writer.active:
     return
-  config_path = storage.join(workdir, CONFIG_FILE)
+  rd = RunDir(workdir)
+  config_path = rd.config
   if not storage.exists(config_path):
     storage.write_text(config_path, config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
   recorded = run_config.history(workdir)
@@ -196,7 +199,7 @@ def record(workdir: str, config, events: list[dict], writer) -> None:
       line["config"] = json.loads(config.to_json_best_effort())
     added.append(line)
     if event["event"] != run_identity.EVENT_START:
-      writer.write_record("metrics.jsonl", dict(event))
+      writer.write_record(run_dir.METRICS, dict(event))
   if added:
-    storage.write_text(storage.join(workdir, HISTORY_FILE),
+    storage.write_text(rd.config_history,
                        "".join(json.dumps(e) + "\n" for e in recorded + added))

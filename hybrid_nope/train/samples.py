@@ -19,7 +19,8 @@ from hybrid_nope.model.pattern import layer_kinds
 
 
 class TrainingSamples:
-  """`due(step, last)`, then `(step, params)` writes the samples."""
+  """`(step, params)` writes the samples; the loop's schedule runs it every `every` steps and at
+  the last step (train/loop.py: _side_work)."""
 
   def __init__(self, config, model_def, writer):
     e = config.eval
@@ -34,9 +35,6 @@ class TrainingSamples:
     for kind in set(layer_kinds(config.model.pattern, config.model.num_layers)):
       decoder_for(kind)  # A kind without a decoder fails now, not at the first sample.
     self.prompt_ids = [self.codec.encode(p) for p in self.prompts]
-
-  def due(self, step: int, last: bool) -> bool:
-    return bool(self.every) and (step % self.every == 0 or last)
 
   def __call__(self, step: int, params) -> None:
     with nn.logical_axis_rules(()):

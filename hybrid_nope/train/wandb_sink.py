@@ -24,8 +24,8 @@ import numpy as np
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
+from hybrid_nope.run_dir import RunDir
 
-RUN_ID_FILE = "wandb_run_id.txt"
 LEADING_COLUMNS = ("step", "layer", "layer_type", "module")
 
 
@@ -99,7 +99,7 @@ def rgb_array(image) -> np.ndarray:
 
 def run_id(workdir: str) -> str:
   """The W&B run id kept in DIR/wandb_run_id.txt; a new one is written there first."""
-  path = storage.join(workdir, RUN_ID_FILE)
+  path = RunDir(workdir).wandb_id
   if storage.exists(path):
     kept = storage.read_text(path).strip()
     if kept:

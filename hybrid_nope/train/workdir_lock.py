@@ -19,8 +19,8 @@ from absl import logging
 
 from hybrid_nope import storage
 from hybrid_nope.errors import UserError
+from hybrid_nope.run_dir import RunDir
 
-LOCK_NAME = "trainer.lock"
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 600.0  # Twenty missed heartbeats: the holder on another host is gone.
 
@@ -44,7 +44,7 @@ class WorkdirLock:
 
   def __init__(self, workdir: str, *, heartbeat_seconds: float = HEARTBEAT_SECONDS,
                stale_seconds: float = STALE_SECONDS, clock=time.time):
-    self.path = storage.join(workdir, LOCK_NAME)
+    self.path = RunDir(workdir).lock
     self._local = storage.local_path(self.path)
     self._heartbeat_seconds, self._stale_seconds, self._clock = (heartbeat_seconds,
                                                                  stale_seconds, clock)

@@ -19,12 +19,12 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from hybrid_nope import run_config, storage
-from hybrid_nope.run_config import CONFIG_FILE
-from hybrid_nope.checkpoint_integrity import (META_ITEM, STATE_ITEM, corrupt_message,
-                                              differing_leaves, params_checksums,
-                                              unreadable_message)
+from hybrid_nope.checkpoint_integrity import (corrupt_message, differing_leaves,
+                                              params_checksums, unreadable_message)
 from hybrid_nope.errors import UserError
 from hybrid_nope.model.definition import ModelDef, abstract_params, model_definition
+from hybrid_nope.run_dir import (CHECKPOINT_DATA, CHECKPOINT_META, CHECKPOINT_STATE, CHECKPOINTS,
+                                 CONFIG, RunDir)
 
 
 
@@ -58,10 +58,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   start), or the last config a resume was allowed to change it to (`run_config`)."""
   if not storage.isdir(workdir):
     raise WorkdirError(f"workdir {workdir} does not exist")
-  path = storage.join(workdir, CONFIG_FILE)
+  path = RunDir(workdir).config
   if not storage.exists(path):
     if not storage.listdir(workdir):
-      raise WorkdirError(f"workdir {workdir} is empty: expected {CONFIG_FILE} and checkpoints/ "
+      raise WorkdirError(f"workdir {workdir} is empty: expected {CONFIG} and {CHECKPOINTS}/ "
                          f"from `python launch/train.py --config=configs/NAME.py "
                          f"--workdir={workdir}`")
     raise WorkdirError(
@@ -94,19 +94,20 @@ def apply_overrides(config: ml_collections.ConfigDict,
   return config
 
 
-def checkpoint_directory(workdir: str, config) -> str:
-  """config.checkpoint.directory if set (e.g. gs://...), else WORKDIR/checkpoints."""
-  return storage.checkpoint_directory(workdir, config.get("checkpoint", {}).get("directory", ""))
+def run_dir_of(workdir: str, config) -> RunDir:
+  """The run directory with `config`'s checkpoint.directory (if set, e.g. gs://..., else
+  WORKDIR/checkpoints; configs from before the key have none)."""
+  return RunDir(workdir, config.get("checkpoint", {}).get("directory", ""))
 
 
 def _manager(directory: str) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
-                               item_names=(STATE_ITEM, "data"))
+                               item_names=(CHECKPOINT_STATE, CHECKPOINT_DATA))
 
 
 def available_steps(workdir: str, config) -> list[int]:
   """Steps with a finished checkpoint; raises WorkdirError when there is none."""
-  directory = checkpoint_directory(workdir, config)
+  directory = run_dir_of(workdir, config).checkpoints
   steps = []
   if "://" in directory or os.path.isdir(directory):
     with _manager(directory) as manager:
@@ -127,7 +128,7 @@ def resolve_step(workdir: str, config, step: int | None,
     return steps[-1]
   if step not in steps:
     raise StepNotFoundError(f"step {step} has no checkpoint in "
-                            f"{checkpoint_directory(workdir, config)}; available steps: {steps}")
+                            f"{run_dir_of(workdir, config).checkpoints}; available steps: {steps}")
   return step
 
 
@@ -168,13 +169,12 @@ def _other_steps(steps: list[int], step: int) -> str:
           "no other step has a checkpoint")
 
 
-def _saved_checksums(step: int, step_dir: str, others: str) -> dict | None:
-  """meta's {leaf key: checksum}; None (with a warning) for a checkpoint from before meta.
-  `others`: what to say about the other steps when meta cannot be used."""
-  where = storage.join(step_dir, META_ITEM)
+def _saved_checksums(step: int, step_dir: str, where: str, others: str) -> dict | None:
+  """meta's {leaf key: checksum} (meta in `where`); None (with a warning) for a checkpoint
+  from before meta. `others`: what to say about the other steps when meta cannot be used."""
   if not storage.exists(where):
     logging.warning("checkpoint step %d predates checksums (%s has no %s/): its params are "
-                    "restored without being verified", step, step_dir, META_ITEM)
+                    "restored without being verified", step, step_dir, CHECKPOINT_META)
     return None
   try:
     with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
@@ -193,14 +193,13 @@ def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, 
   state that is missing, unreadable or differs from its checksums."""
   steps = available_steps(workdir, config)
   step = resolve_step(workdir, config, step, steps)
-  directory = checkpoint_directory(workdir, config)
-  step_dir = storage.join(directory, str(step))  # The trainer's step naming.
-  state_dir = storage.join(step_dir, STATE_ITEM)
+  rd = run_dir_of(workdir, config)
+  step_dir, state_dir = rd.checkpoint(step), rd.checkpoint_state(step)
   if not storage.exists(state_dir):
     raise CorruptCheckpointError(
-        f"checkpoint step {step} has no {STATE_ITEM}/ in {step_dir}: expected the orbax item "
-        f"{STATE_ITEM!r} (TrainState: step, params, opt_state) that launch/train.py saves in "
-        f"every checkpoint; {_other_steps(steps, step)}")
+        f"checkpoint step {step} has no {CHECKPOINT_STATE}/ in {step_dir}: expected the orbax "
+        f"item {CHECKPOINT_STATE!r} (TrainState: step, params, opt_state) that launch/train.py "
+        f"saves in every checkpoint; {_other_steps(steps, step)}")
   try:
     with ocp.PyTreeCheckpointer() as checkpointer:
       metadata = checkpointer.metadata(state_dir)
@@ -218,7 +217,7 @@ def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, 
                                       f"{sorted(stored)})")
   wanted = abstract_params(config.model, config.train.seed)
   check_compatible(stored["params"], wanted, step_dir)
-  saved = _saved_checksums(step, step_dir, _other_steps(steps, step))
+  saved = _saved_checksums(step, step_dir, rd.checkpoint_meta(step), _other_steps(steps, step))
 
   # Read as stored (a checksum is of the saved bits), then cast to the config's dtypes.
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

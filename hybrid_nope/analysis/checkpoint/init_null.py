@@ -13,7 +13,6 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-INIT_NULL_FILE = "init_null"  # analysis/step_<N>/init_null_T<seq_len>.json
 INIT_SEED_BASE = 1_000_000
 RECORD_STATS = ("gap", "floor", "gap_matched", "shuffled_gap")
 HEAD_MEAN_STATS = ("logit_gap", "alignment")

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from hybrid_nope import storage
+from hybrid_nope import run_dir, storage
 from hybrid_nope.analysis.checkpoint import checkpoints, init_null
 from hybrid_nope.analysis.present import plots
 from hybrid_nope.analysis.measure import recency
@@ -41,16 +41,11 @@ from hybrid_nope.data import pipeline
 from hybrid_nope.model.definition import ModelDef, init_model
 from hybrid_nope.model.loss import sums_by_id, weighted_token_losses
 from hybrid_nope.model.pattern import window_of
+from hybrid_nope.run_dir import RunDir
 
-ANALYSIS_DIR = "analysis"
-EXTRAPOLATION_FILE = "extrapolation.json"
 DEFAULT_LENGTHS = (1, 2, 4)
 SUMMARY_MODULE = "pre_mixer_norm"  # Where the run gap is read: global attention's input.
 GATE_KEYS = ("mean_decay", "mean_beta", "recency_scale")  # Recurrent layers' gate summaries.
-
-
-def step_directory(workdir: str, step: int) -> str:
-  return storage.join(workdir, ANALYSIS_DIR, f"step_{step}")
 
 
 # ---- summaries and positions (pure functions over records / arrays) --------------------------
@@ -280,7 +275,7 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
   init_params = jax.device_put(init_model(config.model, config.train.seed)[1],
                                jax.tree.leaves(params)[0].sharding)
 
-  out_dir = out_dir or step_directory(workdir, step)
+  out_dir = out_dir or RunDir(workdir).analysis_dir(step)
   storage.makedirs(out_dir)
   main = measure(config, seq_len, model_def, params, step=step, init_params=init_params,
                  train_seq_len=train_T, rows_per_call=rows_per_call)
@@ -297,8 +292,9 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
                              lambda seed: place(init_model(config.model, seed)[1]),
                              summarize, init_seeds)
     analysis["init_null"] = null["summary"]
-    _write_json(storage.join(out_dir, f"{init_null.INIT_NULL_FILE}_T{seq_len}.json"), null)
-  files = [_write_json(storage.join(out_dir, f"analysis_T{seq_len}.json"), analysis)]
+    _write_json(storage.join(out_dir, run_dir.INIT_NULL_FILE.format(seq_len=seq_len)), null)
+  files = [_write_json(storage.join(out_dir, run_dir.ANALYSIS_FILE.format(seq_len=seq_len)),
+                       analysis)]
   if figures:
     files += plots.run_figures(analysis, out_dir, suffix=f"_T{seq_len}")
 
@@ -312,7 +308,7 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
       rows.append({"factor": k, **at["eval"], **summarize(at["records"])})
     extrapolation = {"workdir": where, "step": step,
                      "train_seq_len": train_T, "lengths": rows}
-    files.append(_write_json(storage.join(out_dir, EXTRAPOLATION_FILE), extrapolation))
+    files.append(_write_json(storage.join(out_dir, run_dir.EXTRAPOLATION_FILE), extrapolation))
     if figures:
       files.append(plots.extrapolation(extrapolation, storage.join(out_dir, "extrapolation.png")))
   return {"step": step, "out_dir": out_dir, "files": files, "analysis": analysis,

@@ -31,6 +31,7 @@ from hybrid_nope.analysis.evidence import run_files, seed_stats
 from hybrid_nope.analysis.present import sweep_plots
 from hybrid_nope.analysis.evidence.compare_table import cell, table
 from hybrid_nope.analysis.evidence.run_files import read_jsonl
+from hybrid_nope.run_dir import RunDir
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
@@ -88,12 +89,13 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   seed, config_key = seed_and_config_key(config)
   m = config.model
   swa = "S" in m.pattern
-  evals = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
+  rd = RunDir(workdir)
+  evals = [r for r in read_jsonl(rd.metrics) if "eval_loss" in r]
   by_step_records = collections.defaultdict(list)
-  for r in read_jsonl(os.path.join(workdir, "recency.jsonl")):
+  for r in read_jsonl(rd.recency):
     by_step_records[r["step"]].append(r)
   if not by_step_records:
-    raise checkpoints.WorkdirError(f"{os.path.join(workdir, 'recency.jsonl')} has no records")
+    raise checkpoints.WorkdirError(f"{rd.recency} has no records")
   by_step = [(s, report.summarize(by_step_records[s])) for s in sorted(by_step_records)]
   final_step, final = by_step[-1]
   at_init = dict(by_step).get(0, {})

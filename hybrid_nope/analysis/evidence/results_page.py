@@ -19,6 +19,7 @@ import numpy as np
 from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import compare, compare_table, run_files
 from hybrid_nope.analysis.evidence.findings import Verdict, clustered_correlation, paired
+from hybrid_nope.run_dir import RunDir
 
 INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
 # The smallest effects the findings mean, for "refuted with the power to have seen it": a
@@ -48,7 +49,7 @@ class Run:
   def __init__(self, workdir: str, name: str):
     self.summary = compare.load_run(workdir, name)
     self.by_step = collections.defaultdict(list)
-    for r in run_files.read_jsonl(os.path.join(workdir, "recency.jsonl")):
+    for r in run_files.read_jsonl(RunDir(workdir).recency):
       self.by_step[r["step"]].append(r)
     self.final = max(self.by_step)
 

@@ -2,15 +2,16 @@
 extrapolation and init-null analyses, and the per-cluster sums that pair two steps of a run."""
 from __future__ import annotations
 
+import fnmatch
 import json
-import re
 from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope import storage
-from hybrid_nope.analysis.checkpoint import checkpoints, init_null, report
+from hybrid_nope import run_dir, storage
+from hybrid_nope.analysis.checkpoint import checkpoints, report
 from hybrid_nope.analysis.measure import records
+from hybrid_nope.run_dir import RunDir
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -22,34 +23,30 @@ def read_jsonl(path: str) -> list[dict]:
 
 def latest_extrapolation(workdir: str) -> dict | None:
   """The newest analysis/step_<N>/extrapolation.json (through storage: workdirs may be URLs)."""
-  root = storage.join(workdir, report.ANALYSIS_DIR)
-  steps = [int(m.group(1)) for name in (storage.listdir(root) if storage.isdir(root) else [])
-           if (m := re.fullmatch(r"step_(\d+)", name))
-           and storage.exists(storage.join(root, name, report.EXTRAPOLATION_FILE))]
-  if not steps:
-    return None
-  return json.loads(storage.read_text(
-      storage.join(root, f"step_{max(steps)}", report.EXTRAPOLATION_FILE)))
+  rd = RunDir(workdir)
+  for step in reversed(rd.analysis_steps()):
+    path = storage.join(rd.analysis_dir(step), run_dir.EXTRAPOLATION_FILE)
+    if storage.exists(path):
+      return json.loads(storage.read_text(path))
+  return None
 
 
 def latest_init_null(workdir: str) -> dict | None:
   """The summary moments of the newest analysis/step_<N>/init_null_T<T>.json at the training
   length, or None."""
-  root = storage.join(workdir, report.ANALYSIS_DIR)
-  for name in sorted((storage.listdir(root) if storage.isdir(root) else []),
-                     key=lambda n: -int(n.split("_")[-1]) if n.startswith("step_") else 0):
-    if not name.startswith("step_"):
-      continue
-    files = [f for f in storage.listdir(storage.join(root, name))
-             if f.startswith(init_null.INIT_NULL_FILE)]
+  rd = RunDir(workdir)
+  for step in reversed(rd.analysis_steps()):
+    files = fnmatch.filter(storage.listdir(rd.analysis_dir(step)),
+                           run_dir.wildcard(run_dir.INIT_NULL_FILE))
     if files:
-      return json.loads(storage.read_text(storage.join(root, name, sorted(files)[0])))["summary"]
+      path = storage.join(rd.analysis_dir(step), sorted(files)[0])
+      return json.loads(storage.read_text(path))["summary"]
   return None
 
 
 def read_sums(workdir: str, step: int) -> tuple[dict, tuple, int] | None:
   """The per-cluster sums of one measurement (recency_sums/step_<N>.npz), or None."""
-  path = storage.join(workdir, records.sums_file(step))
+  path = RunDir(workdir).recency_sums_file(step)
   if not storage.exists(path):
     return None
   return records.decode_sums(storage.read_bytes(path))

@@ -25,9 +25,8 @@ from hybrid_nope.analysis.measure import records as records_lib
 from hybrid_nope.analysis.measure.records import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE  # noqa: F401
 from hybrid_nope.model.pattern import layer_kinds, layer_type, window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
+from hybrid_nope.run_dir import RECENCY, RunDir
 
-RECORD_FILE = "recency.jsonl"
-PROBE_FILE = "recency_probe.json"
 SHUFFLE_SEED = 0  # The shuffled control's permutation: fixed, so runs and steps pair.
 
 
@@ -49,7 +48,7 @@ def _token_mean(values_BT_, segment_ids_BT):
 class RecencyHook:
 
   name = "recency"
-  record_files = (RECORD_FILE,)  # Its records at a step are redone whole if it was cut short.
+  record_files = (RECENCY,)  # Its records at a step are redone whole if it was cut short.
 
   def __init__(self, config, model_def, eval_batches, writer, lags=None, place=None,
                compiler_options=None):
@@ -104,7 +103,7 @@ class RecencyHook:
     recency_probe.json once."""
     hook = cls(run.config, run.model_def, run.probe_rows, run.writer, place=run.replicate)
     if run.writer is not None and run.writer.active:
-      path = storage.join(run.writer.workdir, PROBE_FILE)
+      path = RunDir(run.writer.workdir).recency_probe
       if not storage.exists(path):
         storage.write_text(path, json.dumps(hook.describe()) + "\n")
     return hook
@@ -188,7 +187,7 @@ class RecencyHook:
     sums = self.sums(params)
     records = self.build_records(step, sums, data_control=step == 0)
     if self.writer.active:  # Per-cluster sums, for paired comparisons across steps and runs.
-      storage.write_bytes(storage.join(self.writer.workdir, records_lib.sums_file(step)),
+      storage.write_bytes(RunDir(self.writer.workdir).recency_sums_file(step),
                           records_lib.encode_sums(sums, self.lags, self.far))
     scalars = {}
     for r in records:
@@ -200,7 +199,7 @@ class RecencyHook:
         scalars[f"recency/L{r['layer']:02d}/logit_gap_stderr"] = float(
             np.mean(r["logit_gap_stderr"]))
         scalars[f"recency/L{r['layer']:02d}/alignment"] = float(np.mean(r["alignment"]))
-      self.writer.write_record(RECORD_FILE, r)
+      self.writer.write_record(RECENCY, r)
     self.writer.write_scalars(step, scalars)
     if self.writer.active:  # Host-side figures, on process 0 only.
       self.writer.write_table("recency", step, records)

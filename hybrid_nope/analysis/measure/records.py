@@ -2,8 +2,8 @@
 
 The hook reduces the probe to per-cluster sums (a cluster is a probe document) and this module
 turns them into the records docs/analysis.md defines. The same sums are kept in a side file per
-measurement (`recency_sums/step_<N>.npz`), so step-vs-step and run-vs-run differences can be
-paired later over the same clusters with `paired_stderr`.
+measurement (`RunDir.recency_sums_file`: recency_sums/step_<N>.npz), so step-vs-step and
+run-vs-run differences can be paired later over the same clusters with `paired_stderr`.
 
 A sums dict holds, for lags Λ (with 1 and the far lag L), C clusters and N heads:
   counts [Λ, C]                       pairs counted per lag and cluster
@@ -175,10 +175,6 @@ def build(step: int, sums: dict, *, kinds, layer_types, boundaries, final_bounda
         record.update(change_fields(sums, key, f"{layer}/{COMPARED_WITH[module]}", lags, far))
       records.append({**record, **extra})
   return records
-
-
-def sums_file(step: int) -> str:
-  return f"recency_sums/step_{int(step):08d}.npz"
 
 
 def encode_sums(sums: dict, lags, far: int) -> bytes:

@@ -32,10 +32,9 @@ from hybrid_nope.analysis.evidence import run_files
 from hybrid_nope.analysis.evidence.compare_table import cell
 from hybrid_nope.analysis.present.html_tables import esc as _esc, markdown_html, missing as _missing
 from hybrid_nope.analysis.present.html_tables import table as _table
-from hybrid_nope.analysis.measure.hook import PROBE_FILE, RECORD_FILE
 from hybrid_nope.analysis.measure.records import DATA_LAYER
+from hybrid_nope.run_dir import CONFIG, METRICS, RECENCY, RECENCY_PROBE, RunDir
 
-METRICS_FILE = "metrics.jsonl"
 READOUT_MODULE = "pre_mixer_norm"  # Where the logit read-out of a global NoPE layer is measured.
 # Extra keys of gated linear attention (L) and delta rule (D: mean_beta too) records.
 STYLE = """
@@ -103,17 +102,16 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   if not storage.isdir(workdir):
     raise checkpoints.WorkdirError(f"workdir {workdir} does not exist or is not a directory")
   if not storage.listdir(workdir):
-    raise checkpoints.WorkdirError(f"workdir {workdir} is empty: expected {METRICS_FILE} from "
+    raise checkpoints.WorkdirError(f"workdir {workdir} is empty: expected {METRICS} from "
                                    f"`python launch/train.py --workdir={workdir}`")
-  metrics = run_files.read_jsonl(storage.join(workdir, METRICS_FILE))
-  recency, notes = complete_steps(_optional(storage.join(workdir, RECORD_FILE),
-                                            storage.read_jsonl) or [])
-  has_config = storage.exists(storage.join(workdir, checkpoints.CONFIG_FILE))
+  rd = RunDir(workdir)
+  metrics = run_files.read_jsonl(rd.metrics)
+  recency, notes = complete_steps(_optional(rd.recency, storage.read_jsonl) or [])
+  has_config = storage.exists(rd.config)
   return Run(name=name or os.path.basename(workdir.rstrip("/")), workdir=workdir,
              metrics=metrics, recency=recency,
              config=checkpoints.load_config(workdir) if has_config else None,
-             probe=_optional(storage.join(workdir, PROBE_FILE),
-                             lambda p: json.loads(storage.read_text(p))),
+             probe=_optional(rd.recency_probe, lambda p: json.loads(storage.read_text(p))),
              notes=notes)
 
 
@@ -183,7 +181,7 @@ def _overview(run: Run) -> str:
   parts = [f'<p class="meta">{_esc(run.workdir)}</p>']
   trained = max((r["step"] for r in run.metrics if "loss" in r), default=None)
   if run.config is None:
-    parts.append(_missing(f"{checkpoints.CONFIG_FILE} (the run's config)"))
+    parts.append(_missing(f"{CONFIG} (the run's config)"))
   else:
     m, c = run.config.model, run.config
     parts.append(_table(
@@ -192,7 +190,7 @@ def _overview(run: Run) -> str:
         [[m.pattern, m.num_layers, m.d_model, m.num_heads, m.window, m.swa_pos, m.global_pos,
           c.data.seq_len, c.data.batch_size, plots.fmt(trained, ""), c.train.steps]]))
   if run.probe is None:
-    parts.append(_missing(f"{PROBE_FILE} (the recency probe)"))
+    parts.append(_missing(f"{RECENCY_PROBE} (the recency probe)"))
   else:
     p = run.probe
     parts.append(f'<p class="meta">recency probe: {p["documents"]} documents, {p["tokens"]} '
@@ -229,7 +227,7 @@ def _multiples_section(run: Run, fig: Figures) -> list[str]:
 def _loss_sections(run: Run, fig: Figures) -> list[str]:
   parts = ["<h3>Loss and eval curves</h3>"]
   if not any("loss" in r for r in run.metrics):
-    parts.append(_missing(f"training loss: {METRICS_FILE} has no record with a loss yet"))
+    parts.append(_missing(f"training loss: {METRICS} has no record with a loss yet"))
   else:
     parts.append(fig(training_plots.loss_curves, [(run.name, run.metrics)], alt="loss curves"))
   parts.append("<h3>Eval loss by position bucket</h3>")
@@ -251,7 +249,7 @@ def _analysis(run: Run) -> dict:
 
 def _recency_sections(run: Run, fig: Figures) -> list[str]:
   if not run.recency:
-    return ["<h3>Recency</h3>", _missing(f"{RECORD_FILE} is missing or empty (the recency "
+    return ["<h3>Recency</h3>", _missing(f"{RECENCY} is missing or empty (the recency "
                                          f"hook writes it at step 0 and every "
                                          f"metrics.every_steps)")]
   a = _analysis(run)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope import run_config
+from hybrid_nope import run_config, run_dir
 from hybrid_nope.analysis.present.html_tables import esc, missing, table
 
 THROUGHPUT_KEYS = ("tokens_per_second", "seconds_per_step", "mfu", "memory_bytes")
@@ -71,7 +71,7 @@ def _shown(value) -> str:
 def config_html(workdir: str, config) -> str:
   """The run-defining keys of the config in force as key = value pairs, and its history."""
   if config is None:
-    return missing(f"{run_config.CONFIG_FILE} (the run's config)")
+    return missing(f"{run_dir.CONFIG} (the run's config)")
   pairs = list(run_config.defining(config).items())
   width = PAIRS_PER_ROW * 2
   cells = [cell for key, value in pairs for cell in (key, _shown(value))]
@@ -81,8 +81,8 @@ def config_html(workdir: str, config) -> str:
   lines = [f"step {e['step']}: {e['event'].replace('_', ' ')}"
            + "".join(f"; {k} {json.dumps(c['from'])} → {json.dumps(c['to'])}"
                      for k, c in e.get("changes", {}).items()) for e in changes]
-  said = (f"config in force: {run_config.CONFIG_FILE}"
-          + (f" and {len(changes)} later events of {run_config.HISTORY_FILE}: "
+  said = (f"config in force: {run_dir.CONFIG}"
+          + (f" and {len(changes)} later events of {run_dir.CONFIG_HISTORY}: "
              + " | ".join(lines) if changes else ", unchanged since the start")
           + "; the keys a resume may not change without train.allow_changes")
   return (table(["key", "value"] * PAIRS_PER_ROW, rows)
