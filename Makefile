@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
-.PHONY: demo test analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval
+.PHONY: demo test test-all analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval
 
 CUDA ?= 13  # CUDA major version of the GPU jax build; current H100/H200 drivers run CUDA 13.
 
@@ -27,8 +27,14 @@ demo: install
 analyze: install
 	$(PY) launch/analyze.py --workdir=$(DEMO_WORKDIR)
 
+# Two workers: the 2-core machines CI and users have. `test` is the everyday tier (every module's
+# unit and property tests); `test-all` adds the integration and slow tests, and is what CI runs
+# (.ci/run). Markers: pytest.ini.
 test: install
-	$(PY) -m pytest -q -n 2  # two workers: the 2-core machines CI and users have
+	$(PY) -m pytest -q -n 2 -m "not slow and not integration"
+
+test-all: install
+	$(PY) -m pytest -q -n 2 -m ""
 
 # The Hugging Face export against transformers itself (tests/hf/check_hf.py), in a venv of its
 # own so torch and transformers stay out of .venv; reinstalled when the lock changes. torch

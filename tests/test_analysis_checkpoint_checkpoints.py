@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): the tests marked integration here run launch/analyze.py in a subprocess, so
+# they are `make test-all` only.
+# test-all only: launch/analyze.py refuses a flipped checkpoint in one line and writes nothing
+# (test_analyze_refuses_a_flipped_checkpoint_in_one_line), and says in one line that a checkpoint
+# has no state item (test_analyze_without_the_state_item_says_so_in_one_line; the errors
+# themselves are checked in process here in `make test`).
 """Restoring a run for analysis, and the errors for unusable workdirs, steps, configs and
 checkpoints (corrupt, truncated or missing state: refused in one line, as the trainer does)."""
 import os
@@ -218,6 +224,7 @@ def _files(root: str) -> dict[str, int]:
           for d, _, fs in os.walk(root) for f in fs}
 
 
+@pytest.mark.integration
 def test_analyze_refuses_a_flipped_checkpoint_in_one_line(flipped):
   before = _files(flipped)
   proc = _analyze(flipped)
@@ -229,6 +236,7 @@ def test_analyze_refuses_a_flipped_checkpoint_in_one_line(flipped):
   assert _files(flipped) == before  # Nothing written from a corrupt checkpoint.
 
 
+@pytest.mark.integration
 def test_analyze_without_the_state_item_says_so_in_one_line(run, tmp_path):
   workdir = _copy(run, tmp_path)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "8", "state"))

@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_cli_reports_an_empty_workdir runs launch/analyze.py in a subprocess, so
+# it is integration, `make test-all` only.
+# test-all only: launch/analyze.py on an empty workdir ends in one line with exit code 2
+# (test_cli_reports_an_empty_workdir).
 """Checkpoint analysis against what the training loop recorded, at and beyond its length."""
 import json
 import os
@@ -183,6 +187,7 @@ def test_summarize_reads_global_inputs_only_with_noise_and_the_data_control():
   assert set(report.summarize(records[:1]).values()) == {None}
 
 
+@pytest.mark.integration
 def test_cli_reports_an_empty_workdir(tmp_path):
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   proc = subprocess.run([sys.executable, os.path.join(repo, "launch", "analyze.py"),

@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_the_command_refuses_a_missing_file_in_one_line runs launch/score.py in
+# a subprocess, so it is integration, `make test-all` only.
+# test-all only: launch/score.py refuses a missing file in one line with exit code 2
+# (test_the_command_refuses_a_missing_file_in_one_line).
 """Scoring files on a checkpoint: every token after the first scored once, against an
 independent log-softmax of the model's logits; bits per byte; any length."""
 import math
@@ -61,6 +65,7 @@ def test_rows_cover_each_target_once_and_buckets_recombine(run, tmp_path):
   assert len(losses) == 64 // 16 and np.all(np.isfinite(losses))
 
 
+@pytest.mark.integration
 def test_the_command_refuses_a_missing_file_in_one_line(run, tmp_path):
   path = tmp_path / "file.py"
   path.write_bytes(TEXT)

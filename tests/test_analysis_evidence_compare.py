@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_cli_writes_the_table runs launch/compare.py in a subprocess, so it is
+# integration, `make test-all` only.
+# test-all only: launch/compare.py prints the table it writes to compare.md
+# (test_cli_writes_the_table; the table's values are checked in process here in `make test`).
 """The sweep table, figures and correlations against the numbers in the runs' files."""
 import json
 import os
@@ -386,6 +390,7 @@ def test_group_names():
   assert compare._group_name(["a", "b"]) == "a"
 
 
+@pytest.mark.integration
 def test_cli_writes_the_table(sweep, tmp_path):
   workdirs, _ = sweep
   out = tmp_path / "cli"

@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): test_a_paper_config_writes_every_field runs configs/swa256_350m.py's shapes
+# at seq_len 8192 (a paper-config shape), so it is integration, `make test-all` only.
+# test-all only: at a paper config's seq_len and far lag every record carries every field,
+# finite, with pairs that never cross padding, and the global layer's nulls at its d_model
+# (test_a_paper_config_writes_every_field; `make test` checks tiny configs' records against
+# loops over pairs and that their fields are documented).
 """The in-loop hook's records against recomputation from saved activations, by loops over pairs
 inside documents (float64)."""
 import json
@@ -221,6 +227,7 @@ def chapter_rows(num_rows, seq_len, vocab, seed=0):
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_a_paper_config_writes_every_field():
   """configs/swa256_350m.py's shapes at its seq_len 8192 and far lag 4096, its d_model and
   heads (two layers, a small vocabulary and MLP and two probe rows, for CPU time and memory), on

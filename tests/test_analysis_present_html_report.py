@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_the_command_writes_the_page_and_fails_in_one_line runs launch/report.py
+# in a subprocess, so it is integration, `make test-all` only.
+# test-all only: launch/report.py writes the page and fails in one line with exit code 2 on a
+# missing workdir (test_the_command_writes_the_page_and_fails_in_one_line).
 """The HTML report: one self-contained page per run or sweep, from the run files only."""
 import base64
 import html.parser
@@ -228,6 +232,7 @@ def test_no_run_there_is_one_line_naming_the_path(tmp_path, case):
   assert f"{expected} " in message
 
 
+@pytest.mark.integration
 def test_the_command_writes_the_page_and_fails_in_one_line(tmp_path):
   workdir = fake_run(str(tmp_path), "run", window=4)
   out = tmp_path / "report.html"

@@ -1,3 +1,8 @@
+# Tiers (pytest.ini): test_train_refuses_a_repeated_tuple_override_before_anything_runs runs
+# launch/train.py in a subprocess, so it is integration, `make test-all` only.
+# test-all only: launch/train.py itself refuses a repeated override in one line (exit 2) before
+# creating the workdir (test_train_refuses_a_repeated_tuple_override_before_anything_runs;
+# cli._parse's refusals are checked here in `make test`).
 """Launch scripts' error handling: user errors and stopped runs are one line with their code."""
 import os
 import subprocess
@@ -133,6 +138,7 @@ def test_define_config_dict_fails_in_one_line_too(dict_flag, monkeypatch, capsys
   assert capsys.readouterr().err.startswith(f"prog.py: {expected}")
 
 
+@pytest.mark.integration
 def test_train_refuses_a_repeated_tuple_override_before_anything_runs(tmp_path):
   """The wiring, end to end: launch/train.py with the real config (one subprocess, ~3 s)."""
   proc = subprocess.run(

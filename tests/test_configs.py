@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2 runs
+# launch/train.py in a subprocess for each case, so it is integration, `make test-all` only.
+# test-all only: launch/train.py's bad values, unknown keys and unusable workdirs end the command
+# in one line with exit code 2 and no traceback
+# (test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2; the messages themselves are
+# checked in process here in `make test`).
 """Every experiment config loads, validates, and names its size correctly."""
 import glob
 import importlib
@@ -160,6 +166,7 @@ def test_experiment_builds_each_local_mixer_and_ratio():
     ("", "file", "is a file: expected a directory"),
     ("", "under_a_file", "cannot be created"),
 ])
+@pytest.mark.integration
 def test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2(tmp_path, flag,
                                                                     workdir_kind, message):
   import subprocess

@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_the_command_exits_2_with_one_line runs launch/check_data.py in a
+# subprocess, so it is integration, `make test-all` only.
+# test-all only: launch/check_data.py ends a failed check in one line with exit code 2
+# (test_the_command_exits_2_with_one_line; the checks themselves are in `make test`).
 """launch/check_data.py's checks (hybrid_nope.data.check) on the committed MDS fixtures (two
 packed domains, one zstd-compressed, and a raw domain) and a prepared TextbookChapters set."""
 import json
@@ -101,6 +105,7 @@ def test_what_is_missing_or_wrong_is_one_line_naming_it(data, eval_path, problem
   assert "\n" not in message and expected.format(data=data) in message
 
 
+@pytest.mark.integration
 def test_the_command_exits_2_with_one_line(data, eval_path):  # noqa: F811
   os.remove(data / "book-65536" / "index.json")
   flags = tiny_flags(data__source="mds", data__path=data, data__domains=repr(DOMAINS),

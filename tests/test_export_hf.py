@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): the tests marked integration here run launch/export_hf.py in a subprocess,
+# so they are `make test-all` only.
+# test-all only: launch/export_hf.py refuses a recurrent-only pattern before reading a checkpoint
+# (test_cli_refuses_a_recurrent_only_pattern_in_one_line_before_reading_a_checkpoint), ends its
+# errors in one line with exit code 2 (test_cli_errors_are_one_line), and refuses a flipped
+# checkpoint in one line writing nothing (test_cli_refuses_a_flipped_checkpoint_in_one_line).
 """The Hugging Face export without torch: config.json (and auto_map with the remote-code files
 for L and D layers), the safetensors file, the weight mapping (by a numpy re-implementation of
 transformers' SmolLM3 forward and of modeling_hybrid_nope.py's recurrent mixers), the tokenizer
@@ -350,6 +356,7 @@ def test_unexportable_configs_name_the_key(key, value, match):
     hf.hf_config(config)
 
 
+@pytest.mark.integration
 def test_cli_refuses_a_recurrent_only_pattern_in_one_line_before_reading_a_checkpoint(tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()  # A config and no checkpoint: the refusal comes first.
@@ -392,6 +399,7 @@ def test_export_writes_what_hf_state_dict_gives(run, tmp_path):
     hf.export(run, "gs://bucket/x")
 
 
+@pytest.mark.integration
 def test_cli_errors_are_one_line(run, tmp_path):
   (tmp_path / "taken").mkdir()
   (tmp_path / "taken" / "x").write_text("")
@@ -404,6 +412,7 @@ def test_cli_errors_are_one_line(run, tmp_path):
       f"it or name a new one")
 
 
+@pytest.mark.integration
 def test_cli_refuses_a_flipped_checkpoint_in_one_line(run, tmp_path):
   workdir = flipped_copy(run, str(tmp_path))
   out = tmp_path / "hf"

@@ -1,5 +1,14 @@
+# Tiers (pytest.ini): the whole module is integration (8 simulated devices in a subprocess),
+# so `make test-all` only.
+# test-all only: kernels.attention under shard_map over batch and heads gives one device's
+# values and gradients, stays whole when the tensor axis splits nothing, and names an unknown
+# axis (test_per_shard_matches_one_device_and_falls_back_when_an_axis_is_unused).
 """kernels.attention per shard (shard_map over batch and heads) on 8 simulated devices."""
+import pytest
+
 from tests.helpers import run_8_devices
+
+pytestmark = pytest.mark.integration
 
 
 def test_per_shard_matches_one_device_and_falls_back_when_an_axis_is_unused():

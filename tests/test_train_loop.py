@@ -1,3 +1,28 @@
+# Tiers (pytest.ini): the tests marked integration here are end-to-end training runs (several
+# runs each, or the launch/train.py command line), `make test-all` only; `make test` keeps one
+# run end to end (test_train_writes_metrics_tensorboard_and_checkpoints) and the refusals that
+# come before anything is built.
+# test-all only: a SIGKILLed command-line run resumes on the identical trajectory
+# (test_kill_and_resume_continues_the_identical_trajectory); SIGTERM saves at the next step,
+# exits 0 and resumes identically (test_sigterm_saves_at_the_next_step_and_exits_cleanly); a
+# non-finite loss stops the run and keeps the last finite checkpoint, between log steps too
+# (test_non_finite_loss_stops_and_keeps_the_good_checkpoint,
+# test_non_finite_loss_is_caught_before_a_save_even_between_log_steps); a refused non-finite
+# update leaves every checkpoint finite
+# (test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite; test_train_step checks
+# the step's guard in `make test`); restore_step must name a
+# kept step and moves newer ones only once restored
+# (test_restore_step_must_be_a_kept_step_and_moves_newer_ones_only_once_restored); a preempted
+# step's eval and recency are redone on resume
+# (test_the_preempted_steps_eval_and_recency_are_redone_on_resume); a resume onto other data stops
+# unless allowed (test_a_resume_onto_other_data_stops_unless_allowed); a file:// workdir on the
+# command line, and a corrupt checkpoint failing there in one line
+# (test_a_file_url_run_then_a_corrupt_checkpoint_fails_in_one_line_on_the_command_line);
+# checkpoint.every_minutes on and off (test_checkpoint_every_minutes_saves_on_a_fake_clock,
+# test_checkpoint_every_minutes_off_saves_by_steps_only); a URL workdir gets every record and
+# analysis reads it (test_a_url_workdir_gets_every_record_and_analysis_reads_it);
+# eval.length_multiples score longer rows as a forward pass does
+# (test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_does).
 """End to end on the embedded corpus: metrics, checkpoints, kill and resume, non-finite loss."""
 import glob
 import json
@@ -23,6 +48,7 @@ from hybrid_nope.model import decode
 from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train import evaluation, loop
 from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
+from hybrid_nope.train.resume import WorkdirInUseError
 from hybrid_nope.train.step import train_step_for
 from hybrid_nope.errors import ConfigError
 from tests.helpers import tiny_config, tiny_flags
@@ -152,6 +178,7 @@ def assert_resumes_identically(workdir, reference_losses):
                                 [reference_losses[s] for s in sorted(reference_losses)])
 
 
+@pytest.mark.integration
 def test_kill_and_resume_continues_the_identical_trajectory(tmp_path, reference_losses):
   proc = start_cli_run(tmp_path)
   proc.send_signal(signal.SIGKILL)
@@ -162,6 +189,7 @@ def test_kill_and_resume_continues_the_identical_trajectory(tmp_path, reference_
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tmp_path, reference_losses):
   proc = start_cli_run(tmp_path)
   proc.send_signal(signal.SIGTERM)
@@ -188,6 +216,7 @@ def nan_from_step(first_bad_step):
   return factory
 
 
+@pytest.mark.integration
 def test_non_finite_loss_stops_and_keeps_the_good_checkpoint(tmp_path, monkeypatch):
   monkeypatch.setattr(loop, "train_step_for", nan_from_step(6))
   with pytest.raises(loop.NonFiniteLossError, match="step 6.*last checkpoint, step 4, has finite"):
@@ -197,6 +226,7 @@ def test_non_finite_loss_stops_and_keeps_the_good_checkpoint(tmp_path, monkeypat
   assert sorted(losses_by_step(tmp_path)) == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.integration
 def test_non_finite_loss_is_caught_before_a_save_even_between_log_steps(tmp_path, monkeypatch):
   monkeypatch.setattr(loop, "train_step_for", nan_from_step(3))
   with pytest.raises(loop.NonFiniteLossError, match="step 3"):
@@ -215,11 +245,21 @@ def saved_params_finite(workdir, config):
 
 
 # End to end for lr=1e6 by default; the NaN hyperparameters take the same refusal path, which
-# test_train_step checks per step, so their end-to-end runs are `pytest -m slow` only.
+# test_train_step checks per step, so their end-to-end runs are `make test-all` only. There the
+# first update is refused before any save, and the rerun the refusal advises is refused in turn
+# ("holds records but no checkpoint"): issue 38's bug 5, kept visible as a strict xfail until
+# a requeue without a checkpoint resumes.
+_NO_CHECKPOINT_RERUN = pytest.mark.xfail(
+    strict=True, raises=WorkdirInUseError,
+    reason="issue 38: a run stopped before its first checkpoint cannot be rerun as advised")
+
+
 @pytest.mark.parametrize("bad", [
     dict(train__learning_rate=1e6),
-    pytest.param(dict(train__b2=float("nan")), marks=pytest.mark.slow),
-    pytest.param(dict(train__weight_decay=float("nan")), marks=pytest.mark.slow)])
+    pytest.param(dict(train__b2=float("nan")), marks=[pytest.mark.slow, _NO_CHECKPOINT_RERUN]),
+    pytest.param(dict(train__weight_decay=float("nan")),
+                 marks=[pytest.mark.slow, _NO_CHECKPOINT_RERUN])])
+@pytest.mark.integration
 def test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite(tmp_path, monkeypatch, bad):
   # The guard must hold whatever validation lets through, so validation is bypassed here.
   monkeypatch.setattr(loop, "validate", lambda config: None)
@@ -246,6 +286,7 @@ def test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite(tmp_path, 
   assert sorted(losses_by_step(tmp_path)) == list(range(1, sane.train.steps + 1))
 
 
+@pytest.mark.integration
 def test_restore_step_must_be_a_kept_step_and_moves_newer_ones_only_once_restored(tmp_path):
   loop.train(tiny_config(), str(tmp_path))
   reference = losses_by_step(tmp_path)
@@ -271,6 +312,7 @@ def sigterm_during_eval_of(step_to_interrupt):
   return evaluate
 
 
+@pytest.mark.integration
 def test_the_preempted_steps_eval_and_recency_are_redone_on_resume(tmp_path, monkeypatch):
   config = tiny_config(eval__every_steps=1, checkpoint__every_steps=1, metrics__every_steps=1,
                        train__steps=9)
@@ -290,6 +332,7 @@ def test_the_preempted_steps_eval_and_recency_are_redone_on_resume(tmp_path, mon
   assert per_step.count(7) == per_step.count(8)  # Redone whole, not appended twice.
 
 
+@pytest.mark.integration
 def test_a_resume_onto_other_data_stops_unless_allowed(tmp_path, caplog):
   loop.train(tiny_config(train__steps=4), str(tmp_path))
   other = dict(train__steps=8, data__eval_fraction=0.2,  # Another split of the corpus.
@@ -301,6 +344,7 @@ def test_a_resume_onto_other_data_stops_unless_allowed(tmp_path, caplog):
   assert summary["step"] == 8 and "resuming step 4 on other data" in caplog.text
 
 
+@pytest.mark.integration
 def test_a_file_url_run_then_a_corrupt_checkpoint_fails_in_one_line_on_the_command_line(tmp_path):
   def cli(steps):
     return subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
@@ -324,6 +368,7 @@ def test_a_file_url_run_then_a_corrupt_checkpoint_fails_in_one_line_on_the_comma
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.integration
 def test_checkpoint_every_minutes_saves_on_a_fake_clock(tmp_path, monkeypatch):
   now = [0.0]
 
@@ -338,12 +383,14 @@ def test_checkpoint_every_minutes_saves_on_a_fake_clock(tmp_path, monkeypatch):
   assert Checkpointer(str(tmp_path), keep=100).all_steps() == [2, 4, 6, 8]
 
 
+@pytest.mark.integration
 def test_checkpoint_every_minutes_off_saves_by_steps_only(tmp_path, monkeypatch):
   monkeypatch.setattr(loop, "_clock", lambda: float("inf"))  # Would be due at every step.
   loop.train(tiny_config(checkpoint__every_minutes=0.0), str(tmp_path))
   assert Checkpointer(str(tmp_path), keep=100).all_steps() == [4, 8]
 
 
+@pytest.mark.integration
 def test_a_url_workdir_gets_every_record_and_analysis_reads_it(tmp_path):
   import uuid
   from hybrid_nope import storage
@@ -370,6 +417,7 @@ def test_a_url_workdir_needs_a_checkpoint_directory_orbax_can_write(tmp_path):
     loop.train(tiny_config(), "memory://runs/no_checkpoints")
 
 
+@pytest.mark.integration
 def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_does(tmp_path):
   from hybrid_nope.analysis.checkpoint import checkpoints
   from hybrid_nope.data import pipeline

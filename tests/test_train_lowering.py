@@ -1,3 +1,11 @@
+# Tiers (pytest.ini): the tests marked integration here run launch/lower.py end to end (paper
+# shapes, an 8-device mesh), so they are `make test-all` only; kernels_in's parsing stays in
+# `make test`.
+# test-all only: the train step lowers for TPU and CUDA on one device and on fsdp 2 x tensor 4
+# with each platform's forward and backward attention kernels
+# (test_the_train_step_lowers_with_each_platforms_kernels); the CPU lowering has no custom calls
+# (test_the_cpu_lowering_has_no_custom_calls); a GLA hybrid lowers for TPU with the chosen
+# linear kernel (test_a_gla_hybrid_lowers_for_tpu_with_the_chosen_linear_kernel).
 """launch/lower.py: the full train step lowers for TPU and CUDA on this CPU-only machine, on one
 device and on an 8-way fsdp x tensor mesh, and carries each platform's attention kernels."""
 import json
@@ -26,6 +34,7 @@ EXPECTED = {"tpu": ("tpu_custom_call", ("splash_mha_fwd", "splash_mha_dq", "spla
 @pytest.mark.parametrize("config, mesh", [
     *((c, m) for c in ("demo", "350m_slice") for m in ("one_device", "fsdp2_tensor4")),
     ("gdn_slice", "fsdp2_tensor4"), ("kda_slice", "one_device")])
+@pytest.mark.integration
 def test_the_train_step_lowers_with_each_platforms_kernels(config, mesh):
   args = [*CONFIGS[config], *(MESH_8 if mesh != "one_device" else [])]
   if config == "demo" and mesh != "one_device":  # Tensor 4 splits kv heads and the vocabulary.
@@ -47,6 +56,7 @@ def test_the_train_step_lowers_with_each_platforms_kernels(config, mesh):
   assert proc.stdout.count("attention kernels: ") == 2
 
 
+@pytest.mark.integration
 def test_the_cpu_lowering_has_no_custom_calls():
   proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=cpu", *DEMO], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
@@ -66,6 +76,7 @@ def test_kernels_in_counts_calls_and_kernel_names():
     ("auto", ("splash_mha_fwd",)),  # auto keeps the L layers on XLA (no TPU timing yet).
     ("pallas", ("splash_mha_fwd", "gla_chunk_fwd")),
 ])
+@pytest.mark.integration
 def test_a_gla_hybrid_lowers_for_tpu_with_the_chosen_linear_kernel(linear_impl, tpu_kernels):
   args = ["--config=configs/gla_120m.py", "--config.model.num_layers=2",
           "--config.data.seq_len=2048", "--config.metrics.far_lag=1024",

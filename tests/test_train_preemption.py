@@ -1,3 +1,8 @@
+# Tiers (pytest.ini): test_a_failed_async_save_stops_the_run_at_the_next_step_in_one_line trains
+# in a subprocess with a file-size limit (a full disk), so it is integration, `make test-all` only.
+# test-all only: a failed asynchronous checkpoint save stops the run at the next step, or at the
+# end when it was the last save, in one line with exit code 2
+# (test_a_failed_async_save_stops_the_run_at_the_next_step_in_one_line).
 """Signals: SIGTERM or Ctrl-C save and exit; inside an eval or a hook they stop it at once; a
 second Ctrl-C aborts."""
 import json
@@ -99,6 +104,7 @@ cli.run(main)
 # 8 steps: the save at step 4 fails and step 5 stops the run. 4 steps: the run's last save
 # fails, and the run ends with that error too, in one line.
 @pytest.mark.parametrize("steps", [8, 4])
+@pytest.mark.integration
 def test_a_failed_async_save_stops_the_run_at_the_next_step_in_one_line(tmp_path, steps):
   import subprocess
   import sys

@@ -1,3 +1,8 @@
+# Tiers (pytest.ini): test_swa256_to_swa512_relaunch_is_refused_on_the_command_line runs
+# launch/train.py in a subprocess, so it is integration, `make test-all` only.
+# test-all only: a relaunch that changes model.window is refused by launch/train.py in one line
+# with exit code 2 (test_swa256_to_swa512_relaunch_is_refused_on_the_command_line; the refusal
+# itself is checked in process here in `make test`).
 """A run stays one run: what a resume refuses, allows and records; fresh starts, rollbacks and
 skips that happen once. End to end on the tiny config; refusals come before anything compiles."""
 import json
@@ -77,6 +82,7 @@ def test_implementation_and_eval_keys_change_freely(run_copy):
   assert summary["step"] == 8
 
 
+@pytest.mark.integration
 def test_swa256_to_swa512_relaunch_is_refused_on_the_command_line(tmp_path):
   loop.train(tiny_config(model__window=256, train__steps=4), str(tmp_path))
   proc = subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",

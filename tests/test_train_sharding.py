@@ -1,3 +1,12 @@
+# Tiers (pytest.ini): the tests marked integration here run 8-device meshes or two processes,
+# so they are `make test-all` only; the mesh shape and divisibility checks stay in `make test`.
+# test-all only: every mesh gives one device's losses and recency profiles
+# (test_same_losses_and_recency_on_every_mesh); L and D layers under remat on fsdp 2 x tensor 4
+# match one device (test_recurrent_mixers_under_remat_on_a_mesh_match_one_device); parameter
+# shardings follow the logical rules and a checkpoint restores onto another mesh
+# (test_shardings_follow_the_rules_and_restore_onto_another_mesh); two processes give the losses,
+# recency, samples and data position of one, and their run resumes on one process
+# (test_two_processes_match_one).
 """Meshes, shardings and multi-device training (8 simulated CPU devices in a subprocess)."""
 import json
 import os
@@ -62,6 +71,7 @@ def one_device(tmp_path_factory):
 @pytest.mark.long
 @pytest.mark.parametrize("mesh", [pytest.param(m, marks=pytest.mark.slow) if m == "data8" else m
                                   for m in MESHES])
+@pytest.mark.integration
 def test_same_losses_and_recency_on_every_mesh(mesh, one_device, tmp_path):
   want, want_profiles = one_device
   out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path), mesh)
@@ -71,6 +81,7 @@ def test_same_losses_and_recency_on_every_mesh(mesh, one_device, tmp_path):
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_recurrent_mixers_under_remat_on_a_mesh_match_one_device(one_device, tmp_path):
   """L and D layers (one LDG model) under remat on fsdp 2 × tensor 4, against one device
   without remat."""
@@ -84,6 +95,7 @@ def test_recurrent_mixers_under_remat_on_a_mesh_match_one_device(one_device, tmp
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_shardings_follow_the_rules_and_restore_onto_another_mesh(tmp_path):
   out = run_8_devices("tests.scripts.mesh_runs", str(tmp_path), "layout")
   # LOGICAL_RULES: embed -> fsdp, vocab/heads/mlp -> tensor, kv (head_dim) unsharded.
@@ -97,6 +109,7 @@ def test_shardings_follow_the_rules_and_restore_onto_another_mesh(tmp_path):
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_two_processes_match_one(tmp_path):
   import socket
   from tests.scripts.two_process import TWO_PROCESS
