@@ -20,6 +20,7 @@ def run(tmp_path_factory):
   return trained_run(tmp_path_factory)
 
 
+@pytest.mark.integration
 def test_greedy_continuations_are_the_forward_pass_argmax_and_the_command_prints_them(run):
   result = generate.generate_text(run, PROMPTS, max_new_tokens=12)
   config = checkpoints.load_config(run)

@@ -1,9 +1,14 @@
 # Tiers (pytest.ini): test_a_paper_config_writes_every_field runs configs/swa256_350m.py's shapes
-# at seq_len 8192 (a paper-config shape), so it is integration, `make test-all` only.
+# at seq_len 8192 (a paper-config shape), and the GLA and delta-rule mixer tests compile a hook
+# and a model of their own (~16 s each cold on 2 cores), so they are integration, `make test-all`
+# only.
 # test-all only: at a paper config's seq_len and far lag every record carries every field,
 # finite, with pairs that never cross padding, and the global layer's nulls at its d_model
 # (test_a_paper_config_writes_every_field; `make test` checks tiny configs' records against
-# loops over pairs and that their fields are documented).
+# loops over pairs and that their fields are documented); GLA layers are local mixers with their
+# mean decay (test_gated_linear_attention_layers_are_local_mixers_with_their_mean_decay); delta
+# rule layers with their mean decay, beta and recency scale
+# (test_delta_rule_layers_are_local_mixers_with_their_mean_decay_beta_and_recency_scale).
 """The in-loop hook's records against recomputation from saved activations, by loops over pairs
 inside documents (float64)."""
 import json
@@ -293,6 +298,7 @@ def records_and_first_mixer(config):
   return records, model.blocks[0].attn, seen[(0, "pre_mixer_norm")], rows["segment_ids"] != 0
 
 
+@pytest.mark.integration
 def test_gated_linear_attention_layers_are_local_mixers_with_their_mean_decay():
   config = tiny_config(model__pattern="LG", metrics__probe_batch_size=4)
   records, mixer, x, real = records_and_first_mixer(config)
@@ -327,6 +333,7 @@ def test_gate_means_average_heads_and_channels_over_real_tokens(gate):
     assert got == pytest.approx(np.mean(tokens), rel=1e-6)
 
 
+@pytest.mark.integration
 def test_delta_rule_layers_are_local_mixers_with_their_mean_decay_beta_and_recency_scale():
   """D layers (per-head gate, Gated DeltaNet): layer_type "delta" with the gate's mean α and the
   mean β over the probe's real tokens and heads, computed here from the layer, and the recency

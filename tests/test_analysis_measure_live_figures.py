@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_no_global_nope_layer_no_logit_figure compiles two more hook
+# measurements (~30 s cold on 2 cores), so by cost it is integration, `make test-all` only.
+# test-all only: a run without a global NoPE layer draws no logit figure, and one with a global
+# RoPE layer no logit figure either (test_no_global_nope_layer_no_logit_figure).
 """Figures of one recency measurement: from the real hook's records on a tiny model, and from
 those records with chosen values (to check what the pixels say)."""
 import copy
@@ -107,6 +111,7 @@ def test_gaps_within_noise_are_hatched(hybrid):
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_no_global_nope_layer_no_logit_figure():
   config, records = measure(model__pattern="S")
   assert list(live_figures.figures(records, config)) == [HEAT, FLOOR]

@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_logit_gap_at_init_has_mean_zero_and_the_random_m_spread measures 128
+# init seeds (~11 s cold on 2 cores), so by cost it is integration, `make test-all` only.
+# test-all only: layer 1's head-mean logit gap at init has mean 0 and the random-M null's spread
+# over seeds (test_logit_gap_at_init_has_mean_zero_and_the_random_m_spread).
 """The theory's predictions (DESIGN.md stages 1-3): checked by simulation, then against the real
 model at init on packed documents: the demo-shaped layer 0's SWA mixer, a global NoPE layer with
 uniform attention, RMSNorm and its gains on the residual stream, the SwiGLU MLP, and the global
@@ -1247,6 +1251,7 @@ def init_logit_gaps(seeds, layer=1):
   return out, config.model
 
 
+@pytest.mark.integration
 def test_logit_gap_at_init_has_mean_zero_and_the_random_m_spread():
   """The head-mean logit gap ḡ = mean_h ⟨ΔG, M_h⟩ of layer 1 (global NoPE) of the real tiny
   model, over 128 init seeds, on a fixed probe of packed documents (ΔG = G_X(1) − G_X(L) of the

@@ -1,7 +1,12 @@
 # Tiers (pytest.ini): test_the_command_writes_the_page_and_fails_in_one_line runs launch/report.py
-# in a subprocess, so it is integration, `make test-all` only.
+# in a subprocess, and the three page tests marked integration draw every figure of a run or of
+# four (10-20 s each cold on 2 cores), so they are `make test-all` only.
 # test-all only: launch/report.py writes the page and fails in one line with exit code 2 on a
-# missing workdir (test_the_command_writes_the_page_and_fails_in_one_line).
+# missing workdir (test_the_command_writes_the_page_and_fails_in_one_line); a trained run's page
+# has every section, table and figure (test_a_trained_run_gets_every_section); a sweep's page has
+# the compare table with seeds in one row and a section per run
+# (test_a_sweep_has_the_compare_table_and_a_section_per_run); a sweep on an object store gives
+# the page, written there too (test_url_workdirs).
 """The HTML report: one self-contained page per run or sweep, from the run files only."""
 import base64
 import html.parser
@@ -98,6 +103,7 @@ def _rewrite(workdir, name, records):
     f.writelines(json.dumps(r) + "\n" for r in records)
 
 
+@pytest.mark.integration
 def test_a_trained_run_gets_every_section(tmp_path_factory):
   workdir = trained_run(tmp_path_factory)
   page = Page(html_report.page([workdir]))
@@ -143,6 +149,7 @@ def _sweep(root):
   return [fake_run(root, name, **kw) for name, kw in specs]
 
 
+@pytest.mark.integration
 def test_a_sweep_has_the_compare_table_and_a_section_per_run(tmp_path):
   workdirs = _sweep(str(tmp_path))
   page = Page(html_report.page(workdirs))
@@ -200,6 +207,7 @@ def test_a_live_run_shows_its_last_complete_step(tmp_path):
   assert len(page.table("layer")[0]) == 15
 
 
+@pytest.mark.integration
 def test_url_workdirs(tmp_path):
   """A sweep on an object store (memory:// stands in for gs://), the page written there too."""
   fs = fsspec.filesystem("memory")

@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_analyze_writes_every_figure draws every figure of an analysed run (~14 s
+# cold on 2 cores), so by cost it is integration, `make test-all` only.
+# test-all only: the analysis writes every figure it names (test_analyze_writes_every_figure; the
+# figures' contents are checked here in `make test`).
 """The analysis figures: written, readable PNGs with something drawn in them."""
 import os
 
@@ -20,6 +24,7 @@ def _assert_drawn(path, min_width=500):
   assert 0.02 < np.mean(rgb.mean(-1) < 0.9) < 0.9, path
 
 
+@pytest.mark.integration
 def test_analyze_writes_every_figure(tmp_path_factory):
   _, result = analyzed_run(tmp_path_factory)
   names = sorted(os.path.basename(p) for p in result["files"])

@@ -41,6 +41,7 @@ def test_the_sweep_is_complete():
 
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)
+@pytest.mark.integration
 def test_config_validates_and_size_matches_its_name(name, tmp_path):
   config = with_data_paths(load(name), tmp_path)
   validate(config)

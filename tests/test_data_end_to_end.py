@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): test_trains_on_the_mds_fixtures is an end-to-end training run, so it is
+# integration, `make test-all` only (its fixtures stay shared with test_data_check.py).
+# test-all only: a run trains on the committed MDS fixtures (test_trains_on_the_mds_fixtures; the
+# MDS reader and the mix are checked in `make test` by test_data_mds.py).
 """Training runs end to end on CPU on the committed MDS fixtures (a ProLong-like directory with
 packed, zstd-compressed and raw domains) with TextbookChapters eval."""
 
@@ -42,6 +46,7 @@ def records(workdir):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.integration
 def test_trains_on_the_mds_fixtures(eval_path, tmp_path, monkeypatch):
   """Resuming exactly is covered by test_data_prolong (the iterator through orbax) and
   test_train_loop (the loop); here one short run goes through every part on real files."""

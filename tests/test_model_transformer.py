@@ -1,3 +1,8 @@
+# Tiers (pytest.ini): the remat tests compile 3-6 layer models' backward passes (with and without
+# remat; ~60 s cold on 2 cores together), so by cost they are integration, `make test-all` only.
+# test-all only: remat gives the plain model's loss and gradients (test_remat_matches_plain), and
+# each extra block under remat stores little more than the residual stream
+# (test_remat_stores_only_the_residual_stream_between_repeats).
 import numpy as np
 import pytest
 import jax
@@ -111,6 +116,7 @@ def test_tied_and_untied_heads():
 
 
 @pytest.mark.parametrize("pattern,num_layers", [("SG", 6), ("G", 3), ("SSG", 6)])
+@pytest.mark.integration
 def test_remat_matches_plain(pattern, num_layers):
   t = tokens()
   plain, remat = (build(remat=r, pattern=pattern, num_layers=num_layers) for r in (False, True))
@@ -125,6 +131,7 @@ def test_remat_matches_plain(pattern, num_layers):
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_remat_stores_only_the_residual_stream_between_repeats():
   """What each extra block adds to the compiled backward pass's peak temporaries: all its
   activations without remat, and little more than one [T, D] residual with it."""

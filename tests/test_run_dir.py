@@ -109,6 +109,7 @@ def test_the_docstring_tree_names_every_entry_and_the_architecture_doc_copies_it
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_every_file_of_a_trained_and_analysed_run_is_one_the_layout_names(tmp_path,
                                                                            monkeypatch):
   from hybrid_nope.analysis.checkpoint import report

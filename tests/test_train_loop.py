@@ -1,8 +1,11 @@
 # Tiers (pytest.ini): the tests marked integration here are end-to-end training runs (several
-# runs each, or the launch/train.py command line), `make test-all` only; `make test` keeps one
-# run end to end (test_train_writes_metrics_tensorboard_and_checkpoints) and the refusals that
-# come before anything is built.
-# test-all only: a SIGKILLed command-line run resumes on the identical trajectory
+# runs each, or the launch/train.py command line), `make test-all` only; `make test` keeps the
+# refusals that come before anything is built (tiny runs still train in `make test` as other
+# modules' fixtures: tests/analysis_runs.py, test_train_hooks.py, test_train_resume.py).
+# test-all only: a run writes its metrics, samples, evals, unigram entropy, tensorboard events,
+# config, checkpoints and recency records, and a rerun on the finished workdir trains nothing
+# and redoes a hook cut short whole (test_train_writes_metrics_tensorboard_and_checkpoints); a
+# SIGKILLed command-line run resumes on the identical trajectory
 # (test_kill_and_resume_continues_the_identical_trajectory); SIGTERM saves at the next step,
 # exits 0 and resumes identically (test_sigterm_saves_at_the_next_step_and_exits_cleanly); a
 # non-finite loss stops the run and keeps the last finite checkpoint, between log steps too
@@ -77,6 +80,7 @@ SAMPLED = dict(eval__sample_every_steps=4, eval__sample_prompts=("def ", "import
                eval__sample_max_new_tokens=6)
 
 
+@pytest.mark.integration
 def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   summary = loop.train(tiny_config(**SAMPLED), str(tmp_path), hooks=[RecencyHook.for_run])
   records = read_metrics(tmp_path)

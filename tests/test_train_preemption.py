@@ -1,8 +1,11 @@
-# Tiers (pytest.ini): test_a_failed_async_save_stops_the_run_at_the_next_step_in_one_line trains
-# in a subprocess with a file-size limit (a full disk), so it is integration, `make test-all` only.
+# Tiers (pytest.ini): the tests marked integration here train in a subprocess with a file-size
+# limit (a full disk), or twice end to end around a signal, so they are `make test-all` only;
+# the watcher's own checks and a signal inside a hook's write stay in `make test`.
 # test-all only: a failed asynchronous checkpoint save stops the run at the next step, or at the
 # end when it was the last save, in one line with exit code 2
-# (test_a_failed_async_save_stops_the_run_at_the_next_step_in_one_line).
+# (test_a_failed_async_save_stops_the_run_at_the_next_step_in_one_line); a signal during the init
+# hook saves step 0 within seconds and the resume redoes the hook
+# (test_a_signal_during_the_init_hook_saves_step_0_within_seconds).
 """Signals: SIGTERM or Ctrl-C save and exit; inside an eval or a hook they stop it at once; a
 second Ctrl-C aborts."""
 import json
@@ -70,6 +73,7 @@ def slow_hook_signalled_by(signum, sent):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM,  # Ctrl-C takes the same path (above).
                                     pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+@pytest.mark.integration
 def test_a_signal_during_the_init_hook_saves_step_0_within_seconds(tmp_path, signum):
   sent = []
   summary = loop.train(tiny_config(), str(tmp_path), hooks=[slow_hook_signalled_by(signum, sent)])

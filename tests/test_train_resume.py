@@ -1,8 +1,16 @@
-# Tiers (pytest.ini): test_swa256_to_swa512_relaunch_is_refused_on_the_command_line runs
-# launch/train.py in a subprocess, so it is integration, `make test-all` only.
+# Tiers (pytest.ini): the tests marked integration here run launch/train.py in a subprocess or
+# train again end to end on a copy of the run (several runs each), so they are `make test-all`
+# only; the refusals, which come before anything compiles, stay in `make test`.
 # test-all only: a relaunch that changes model.window is refused by launch/train.py in one line
-# with exit code 2 (test_swa256_to_swa512_relaunch_is_refused_on_the_command_line; the refusal
-# itself is checked in process here in `make test`).
+# with exit code 2 (test_swa256_to_swa512_relaunch_is_refused_on_the_command_line); an allowed
+# batch change is recorded and reads on from the exact row
+# (test_an_allowed_batch_change_is_recorded_and_reads_on_from_the_exact_row); a fresh start over
+# a run's records is refused unless train.overwrite, which moves them aside
+# (test_a_fresh_start_over_a_runs_records_refuses_unless_overwrite); a relative
+# checkpoint.directory is found from another working directory
+# (test_a_relative_checkpoint_directory_run_from_elsewhere_finds_its_checkpoints); restore_step
+# rolls back once and skip_batches skips once
+# (test_restore_step_rolls_back_once_and_skip_batches_skips_once).
 """A run stays one run: what a resume refuses, allows and records; fresh starts, rollbacks and
 skips that happen once. End to end on the tiny config; refusals come before anything compiles."""
 import json
@@ -95,6 +103,7 @@ def test_swa256_to_swa512_relaunch_is_refused_on_the_command_line(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_an_allowed_batch_change_is_recorded_and_reads_on_from_the_exact_row(run_copy, caplog):
   config_json = (run_copy / "config.json").read_text()
   changed = tiny_config(data__batch_size=4, train__steps=10, checkpoint__every_steps=2,
@@ -131,6 +140,7 @@ def test_lowering_train_steps_warns_and_raising_it_needs_the_opt_in(run_copy, ca
   assert "nothing to train" in caplog.text
 
 
+@pytest.mark.integration
 def test_a_fresh_start_over_a_runs_records_refuses_unless_overwrite(run_copy, caplog):
   shutil.move(run_copy / "checkpoints", run_copy.parent / "moved_checkpoints")
   lines = (run_copy / "metrics.jsonl").read_text()
@@ -146,6 +156,7 @@ def test_a_fresh_start_over_a_runs_records_refuses_unless_overwrite(run_copy, ca
   assert max(r["step"] for r in metrics(run_copy)) == 4  # The new run's own records.
 
 
+@pytest.mark.integration
 def test_a_relative_checkpoint_directory_run_from_elsewhere_finds_its_checkpoints(
     tmp_path, monkeypatch, caplog):
   config = tiny_config(train__steps=4, checkpoint__directory="ckpts")
@@ -158,6 +169,7 @@ def test_a_relative_checkpoint_directory_run_from_elsewhere_finds_its_checkpoint
   assert "resumed from " + str(tmp_path / "run" / "ckpts") in caplog.text
 
 
+@pytest.mark.integration
 def test_restore_step_rolls_back_once_and_skip_batches_skips_once(run_copy, caplog):
   reference = {r["step"]: r["loss"] for r in metrics(run_copy) if "loss" in r}
   rollback = tiny_config(checkpoint__restore_step=4)

@@ -113,6 +113,7 @@ def _recorded(workdir, key):
     return [r["step"] for r in map(json.loads, f) if key in r]
 
 
+@pytest.mark.integration
 def test_a_user_entry_runs_every_3_steps_and_at_the_last_not_on_a_preempted_step(
     tmp_path, monkeypatch):
   EveryThirdStep.calls = []

@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): test_gradient_accumulation_gives_the_updates_of_the_whole_batch compiles the
+# train step three times (1, 2 and 4 microbatches; ~30 s cold on 2 cores), so by cost it is
+# integration, `make test-all` only.
+# test-all only: 2 and 4 microbatches give the losses and parameters of the whole batch, and not
+# the mean of microbatch means (test_gradient_accumulation_gives_the_updates_of_the_whole_batch;
+# the microbatch split itself is checked here in `make test`).
 import jax
 import numpy as np
 import optax
@@ -77,6 +83,7 @@ def padded_batches(config, count):
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
   """Three updates with 1, 2 and 4 microbatches: the same parameters (float32, relative 1e-6).
   A mean of microbatch means would weigh a padded microbatch's tokens more and fail this."""
