@@ -1,9 +1,19 @@
-# Tiers (pytest.ini): the tests marked integration here run launch/analyze.py in a subprocess, so
-# they are `make test-all` only.
-# test-all only: launch/analyze.py refuses a flipped checkpoint in one line and writes nothing
-# (test_analyze_refuses_a_flipped_checkpoint_in_one_line), and says in one line that a checkpoint
-# has no state item (test_analyze_without_the_state_item_says_so_in_one_line; the errors
-# themselves are checked in process here in `make test`).
+# Tiers (pytest.ini): the tests marked integration here restore a run that
+# tests/analysis_runs.py trains end to end (8 steps, once per process), or run launch/analyze.py
+# in a subprocess, so they are `make test-all` only; `make test` keeps the refusals of workdirs
+# with no run, no checkpoints or a broken config.json.
+# test-all only: config.json round-trips (test_config_round_trips_through_json); a missing step
+# lists those there (test_missing_step_lists_available); the latest and a given step restore
+# (test_restore_latest_and_given_step); an incompatible config names the parameter
+# (test_incompatible_config_names_the_parameter); overrides are applied to a copy and unknown
+# keys named (test_apply_overrides_copies_and_names_unknown_keys); a flipped byte is refused
+# naming the step and leaf (test_a_flipped_byte_in_the_params_is_refused_naming_the_step_and_leaf);
+# a truncated state is refused in one line (test_a_truncated_state_is_refused_in_one_line); a
+# checkpoint without meta/ restores with one warning
+# (test_a_checkpoint_without_meta_restores_with_one_warning); launch/analyze.py refuses a flipped
+# checkpoint in one line and writes nothing (test_analyze_refuses_a_flipped_checkpoint_in_one_line),
+# and says in one line that a checkpoint has no state item
+# (test_analyze_without_the_state_item_says_so_in_one_line).
 """Restoring a run for analysis, and the errors for unusable workdirs, steps, configs and
 checkpoints (corrupt, truncated or missing state: refused in one line, as the trainer does)."""
 import os
@@ -50,12 +60,14 @@ def test_no_checkpoints(tmp_path):
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_config_round_trips_through_json(run):
   config = checkpoints.load_config(run)
   assert config.model.to_dict() == tiny_config().model.to_dict()
   assert config.data.seq_len == 64 and config.metrics.far_lag == 32
 
 
+@pytest.mark.integration
 def test_missing_step_lists_available(run):
   config = checkpoints.load_config(run)
   assert checkpoints.available_steps(run, config) == [4, 8]
@@ -64,6 +76,7 @@ def test_missing_step_lists_available(run):
     checkpoints.restore_params(run, config, step=5)
 
 
+@pytest.mark.integration
 def test_restore_latest_and_given_step(run):
   config = checkpoints.load_config(run)
   step, model_def, params = checkpoints.restore_params(run, config)
@@ -80,6 +93,7 @@ def test_restore_latest_and_given_step(run):
   assert model_def.bind(params).blocks[1].attn.wq_DNH[...].shape == (32, 4, 8)
 
 
+@pytest.mark.integration
 def test_incompatible_config_names_the_parameter(run):
   config = checkpoints.apply_overrides(checkpoints.load_config(run), {"model.d_model": 48})
   with pytest.raises(checkpoints.IncompatibleCheckpointError) as e:
@@ -95,6 +109,7 @@ def test_incompatible_config_names_the_parameter(run):
     checkpoints.restore_params(run, deeper)
 
 
+@pytest.mark.integration
 def test_apply_overrides_copies_and_names_unknown_keys(run):
   config = checkpoints.load_config(run)
   changed = checkpoints.apply_overrides(config, {"eval.path": "/x", "metrics.far_lag": 16})
@@ -170,6 +185,7 @@ def flipped(run, tmp_path_factory):
   return flipped_copy(run, str(tmp_path_factory.mktemp("flipped")))
 
 
+@pytest.mark.integration
 def test_a_flipped_byte_in_the_params_is_refused_naming_the_step_and_leaf(flipped):
   with pytest.raises(checkpoints.CorruptCheckpointError) as e:
     checkpoints.restore_params(flipped, checkpoints.load_config(flipped), step=8)
@@ -187,6 +203,7 @@ def _copy(run, tmp_path) -> str:
   return workdir
 
 
+@pytest.mark.integration
 def test_a_truncated_state_is_refused_in_one_line(run, tmp_path):
   workdir = _copy(run, tmp_path)
   path, offset, length = _stored_value(workdir, 8, EMBEDDING)
@@ -202,6 +219,7 @@ def test_a_truncated_state_is_refused_in_one_line(run, tmp_path):
   assert message.endswith("; other steps with a checkpoint: [4] (--step=N picks one)")
 
 
+@pytest.mark.integration
 def test_a_checkpoint_without_meta_restores_with_one_warning(run, tmp_path, caplog):
   workdir = _copy(run, tmp_path)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "8", "meta"))  # As written before meta.

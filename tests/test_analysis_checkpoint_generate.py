@@ -1,3 +1,11 @@
+# Tiers (pytest.ini): both tests here generate on a run that tests/analysis_runs.py trains end to
+# end (8 steps, once per process), and the greedy test runs launch/generate.py in a subprocess,
+# so they are integration, `make test-all` only.
+# test-all only: greedy continuations on a checkpoint are the forward pass's argmax and the
+# command prints them
+# (test_greedy_continuations_are_the_forward_pass_argmax_and_the_command_prints_them; the
+# sampler's greedy path is checked in `make test` by test_model_sampling.py and
+# test_model_decode.py); no prompt is refused (test_no_prompt_is_refused).
 """Generating text on a checkpoint: greedy continuations are the forward pass's argmax, as the
 command prints them."""
 import subprocess
@@ -47,6 +55,7 @@ def test_greedy_continuations_are_the_forward_pass_argmax_and_the_command_prints
   assert "tokens/s" in printed.stdout.splitlines()[-1]
 
 
+@pytest.mark.integration
 def test_no_prompt_is_refused(run):
   with pytest.raises(checkpoints.AnalysisError, match="--prompt"):
     generate.generate_text(run, [])

@@ -1,7 +1,15 @@
-# Tiers (pytest.ini): test_cli_reports_an_empty_workdir runs launch/analyze.py in a subprocess, so
-# it is integration, `make test-all` only.
-# test-all only: launch/analyze.py on an empty workdir ends in one line with exit code 2
-# (test_cli_reports_an_empty_workdir).
+# Tiers (pytest.ini): the tests marked integration here analyse a run that tests/analysis_runs.py
+# trains end to end (8 steps, once per process), or run launch/analyze.py in a subprocess, so
+# they are `make test-all` only; `make test` keeps the unit checks of context positions, lags and
+# summarize.
+# test-all only: a checkpoint's analysis reproduces recency.jsonl at the training length
+# (test_reproduces_recency_jsonl_at_the_training_length) and the loop's eval loss
+# (test_eval_loss_matches_the_training_loop), scores twice the training length
+# (test_extrapolation_scores_twice_the_training_length), gives longer profiles at a longer
+# length (test_longer_length_gives_longer_profiles), names what is wrong
+# (test_errors_name_what_is_wrong) and states the noise levels and the data control
+# (test_summary_text_states_the_noise_levels_and_the_data_control); launch/analyze.py on an
+# empty workdir ends in one line with exit code 2 (test_cli_reports_an_empty_workdir).
 """Checkpoint analysis against what the training loop recorded, at and beyond its length."""
 import json
 import os
@@ -50,6 +58,7 @@ def _assert_same_records(ours, theirs):
       np.testing.assert_allclose(r["logit_profile"], t["logit_profile"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_reproduces_recency_jsonl_at_the_training_length(analyzed):
   workdir, result = analyzed
   a = result["analysis"]
@@ -65,6 +74,7 @@ def test_reproduces_recency_jsonl_at_the_training_length(analyzed):
 
 
 @pytest.mark.long
+@pytest.mark.integration
 def test_eval_loss_matches_the_training_loop(analyzed):
   workdir, result = analyzed
   ev = result["analysis"]["eval"]
@@ -80,6 +90,7 @@ def test_eval_loss_matches_the_training_loop(analyzed):
   assert ev["loss_near"] == pytest.approx((losses * w)[2:].sum() / w[2:].sum(), rel=1e-6)
 
 
+@pytest.mark.integration
 def test_extrapolation_scores_twice_the_training_length(analyzed):
   workdir, result = analyzed
   ext = result["extrapolation"]
@@ -104,6 +115,7 @@ def test_extrapolation_scores_twice_the_training_length(analyzed):
   assert two["gap"] is not None and two["logit_gap"] is not None
 
 
+@pytest.mark.integration
 def test_longer_length_gives_longer_profiles(tmp_path_factory, tmp_path):
   workdir = trained_run(tmp_path_factory)
   result = report.analyze(workdir, step=4, seq_len=128, lengths=(), out_dir=str(tmp_path),
@@ -119,6 +131,7 @@ def test_longer_length_gives_longer_profiles(tmp_path_factory, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["analysis_T128.json"]
 
 
+@pytest.mark.integration
 def test_errors_name_what_is_wrong(tmp_path_factory, tmp_path):
   workdir = trained_run(tmp_path_factory)
   with pytest.raises(checkpoints.StepNotFoundError, match=r"available steps: \[4, 8\]"):
@@ -198,6 +211,7 @@ def test_cli_reports_an_empty_workdir(tmp_path):
       f"analyze.py: workdir {tmp_path} is empty: expected config.json and checkpoints/")
 
 
+@pytest.mark.integration
 def test_summary_text_states_the_noise_levels_and_the_data_control(analyzed):
   _, result = analyzed
   a = result["analysis"]

@@ -1,6 +1,10 @@
-# Tiers (pytest.ini): test_the_command_refuses_a_missing_file_in_one_line runs launch/score.py in
-# a subprocess, so it is integration, `make test-all` only.
-# test-all only: launch/score.py refuses a missing file in one line with exit code 2
+# Tiers (pytest.ini): every test here scores a run that tests/analysis_runs.py trains end to end
+# (8 steps, once per process), and one runs launch/score.py in a subprocess, so the module is
+# integration, `make test-all` only.
+# test-all only: a file scored in one row matches a whole forward pass
+# (test_a_file_scored_in_one_row_matches_a_whole_forward_pass); rows cover each target once and
+# buckets recombine (test_rows_cover_each_target_once_and_buckets_recombine); launch/score.py
+# refuses a missing file in one line with exit code 2
 # (test_the_command_refuses_a_missing_file_in_one_line).
 """Scoring files on a checkpoint: every token after the first scored once, against an
 independent log-softmax of the model's logits; bits per byte; any length."""
@@ -38,6 +42,7 @@ def reference_nats(workdir, ids):
   return -float(logp[np.arange(len(ids) - 1), ids[1:]].sum())
 
 
+@pytest.mark.integration
 def test_a_file_scored_in_one_row_matches_a_whole_forward_pass(run, tmp_path):
   path = tmp_path / "file.py"
   path.write_bytes(TEXT)
@@ -50,6 +55,7 @@ def test_a_file_scored_in_one_row_matches_a_whole_forward_pass(run, tmp_path):
   assert result["seq_len"] == 256 > result["training_seq_len"] == 64  # Past training length.
 
 
+@pytest.mark.integration
 def test_rows_cover_each_target_once_and_buckets_recombine(run, tmp_path):
   rows = score.file_rows(np.arange(131), 64)  # 130 targets: rows of 64, 64 and 2.
   assert rows["weights"].sum() == 130 and rows["weights"].shape == (3, 64)

@@ -1,7 +1,11 @@
-# Tiers (pytest.ini): test_cli_writes_the_table runs launch/compare.py in a subprocess, so it is
-# integration, `make test-all` only.
-# test-all only: launch/compare.py prints the table it writes to compare.md
-# (test_cli_writes_the_table; the table's values are checked in process here in `make test`).
+# Tiers (pytest.ini): the tests marked integration here read a run that tests/analysis_runs.py
+# trains and analyses end to end (8 steps, once per process), or run launch/compare.py in a
+# subprocess, so they are `make test-all` only; the fake-run sweeps stay in `make test`.
+# test-all only: a real run's table row matches its files (test_real_run_table_matches_its_files);
+# the gap since init is paired over the probe documents from the sums files
+# (test_gap_since_init_is_paired_over_the_probe_documents_from_the_sums_files); launch/compare.py
+# prints the table it writes to compare.md (test_cli_writes_the_table; the table's values are
+# checked in process here in `make test`).
 """The sweep table, figures and correlations against the numbers in the runs' files."""
 import json
 import os
@@ -223,6 +227,7 @@ def test_figures_are_written(sweep, tmp_path):
       assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300, p
 
 
+@pytest.mark.integration
 def test_real_run_table_matches_its_files(tmp_path_factory, tmp_path):
   workdir, analysis = analyzed_run(tmp_path_factory)
   result = compare.compare([workdir], out_dir=str(tmp_path))
@@ -430,6 +435,7 @@ def test_rows_are_paired_by_seed_against_the_baseline_and_set_against_the_init_n
   assert "| swa4 (3 seeds) | " in text.split("## Paired by seed")[1]
 
 
+@pytest.mark.integration
 def test_gap_since_init_is_paired_over_the_probe_documents_from_the_sums_files(
     tmp_path_factory, tmp_path):
   """A real run: the change of the run gap from step 0 to the last step, and its SE from the

@@ -1,7 +1,11 @@
 # Tiers (pytest.ini): test_logit_gap_at_init_has_mean_zero_and_the_random_m_spread measures 128
-# init seeds (~11 s cold on 2 cores), so by cost it is integration, `make test-all` only.
+# init seeds, and test_the_models_swiglu_follows_its_hermite_kernel_and_preserves_order 32 seeds
+# of a 4096-wide MLP (~11 s each cold on 2 cores), so by cost they are integration,
+# `make test-all` only; theory.hermite_kernel itself is checked here in `make test`.
 # test-all only: layer 1's head-mean logit gap at init has mean 0 and the random-M null's spread
-# over seeds (test_logit_gap_at_init_has_mean_zero_and_the_random_m_spread).
+# over seeds (test_logit_gap_at_init_has_mean_zero_and_the_random_m_spread); the model's SwiGLU
+# follows its Hermite kernel and preserves order
+# (test_the_models_swiglu_follows_its_hermite_kernel_and_preserves_order).
 """The theory's predictions (DESIGN.md stages 1-3): checked by simulation, then against the real
 model at init on packed documents: the demo-shaped layer 0's SWA mixer, a global NoPE layer with
 uniform attention, RMSNorm and its gains on the residual stream, the SwiGLU MLP, and the global
@@ -1179,6 +1183,7 @@ def swiglu_output_cosines(seeds=32, pairs=32, rhos=SWIGLU_RHOS, D=64, F=4096):
   return np.array(out, np.float64), D, F
 
 
+@pytest.mark.integration
 def test_the_models_swiglu_follows_its_hermite_kernel_and_preserves_order():
   """The model's MLP is SwiGLU, W_down (silu(W_gate x) ⊙ W_up x), not a single activation: its
   kernel is k(p) = k_silu(p) · p (theory.hermite_kernel("swiglu")): for unit-RMS inputs (the

@@ -1,7 +1,13 @@
-# Tiers (pytest.ini): test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2 runs
-# launch/train.py in a subprocess for each case, so it is integration, `make test-all` only.
-# test-all only: launch/train.py's bad values, unknown keys and unusable workdirs end the command
-# in one line with exit code 2 and no traceback
+# Tiers (pytest.ini): test_config_validates_and_size_matches_its_name builds every paper config's
+# model shapes (paper-config shapes, one test per config), and
+# test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2 runs launch/train.py in a
+# subprocess for each case, so both are integration, `make test-all` only.
+# test-all only: every experiment config validates, its non-embedding parameter count is within
+# 15% of its name, its pattern and positions are the ones its name says, and the recurrent
+# hybrids train on the data of the SWA run of their size
+# (test_config_validates_and_size_matches_its_name; `make test` checks the sweep is complete and
+# the demo config); launch/train.py's bad values, unknown keys and unusable workdirs end the
+# command in one line with exit code 2 and no traceback
 # (test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2; the messages themselves are
 # checked in process here in `make test`).
 """Every experiment config loads, validates, and names its size correctly."""

@@ -1,6 +1,10 @@
-# Tiers (pytest.ini): the tests marked integration here run launch/export_hf.py in a subprocess,
-# so they are `make test-all` only.
-# test-all only: launch/export_hf.py refuses a recurrent-only pattern before reading a checkpoint
+# Tiers (pytest.ini): the tests marked integration here export a run that tests/analysis_runs.py
+# trains end to end (8 steps, once per process), or run launch/export_hf.py in a subprocess, so
+# they are `make test-all` only; the mapping, config.json, safetensors and tokenizer checks on
+# initialised parameters stay in `make test`.
+# test-all only: an export of a trained checkpoint writes what hf_state_dict gives and refuses a
+# taken or remote --out (test_export_writes_what_hf_state_dict_gives); launch/export_hf.py
+# refuses a recurrent-only pattern before reading a checkpoint
 # (test_cli_refuses_a_recurrent_only_pattern_in_one_line_before_reading_a_checkpoint), ends its
 # errors in one line with exit code 2 (test_cli_errors_are_one_line), and refuses a flipped
 # checkpoint in one line writing nothing (test_cli_refuses_a_flipped_checkpoint_in_one_line).
@@ -376,6 +380,7 @@ def run(tmp_path_factory):
   return trained_run(tmp_path_factory)
 
 
+@pytest.mark.integration
 def test_export_writes_what_hf_state_dict_gives(run, tmp_path):
   from hybrid_nope.analysis.checkpoint import checkpoints
   out = str(tmp_path / "hf")

@@ -1,3 +1,10 @@
+# Tiers (pytest.ini): test_xla_matches_reference's grid of ten shapes (T up to 1000) costs ~55 s
+# cold on 2 cores, so by cost it is integration, `make test-all` only; the chunked form against
+# the reference on identical keys, packed segments on and off chunk edges, bfloat16, extreme
+# decays, prefill states and the sequential form stays in `make test`.
+# test-all only: the chunked "xla" form matches the float64 recurrence across T (1 to 1000),
+# GQA, decays, betas, per-head and per-channel gates and chunk sizes
+# (test_xla_matches_reference).
 """hybrid_nope.kernels.delta_attention (dispatch, argument checks, lowering), its "xla" chunked
 form and delta_step, against the float64 recurrence of delta_reference.py on fresh random
 inputs each run.
@@ -102,6 +109,7 @@ XLA_CASES = [
 
 
 @pytest.mark.parametrize("T, gqa, segments, decay, beta, per_channel, chunk", XLA_CASES)
+@pytest.mark.integration
 def test_xla_matches_reference(T, gqa, segments, decay, beta, per_channel, chunk):
   # T = 1000: one batch row and H = 16 keep the float64 recurrence fast.
   kw = dict(B=1, H=16) if T == 1000 else {}

@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): the two reference grids, in interpret mode (slow), cost ~30 s cold on 2
+# cores, so by cost they are integration, `make test-all` only; each kernel's bfloat16, block,
+# padding and x64 checks stay in `make test`.
+# test-all only: the Triton GPU kernel (test_gpu_kernel_matches_reference) and the TPU splash
+# wrapper (test_tpu_splash_matches_reference) match the float64 reference, forward and dq, dk,
+# dv, over ragged T, T = 1, window 1, multi-block and global windows, segments and GQA 1, 2, 4.
 """The Pallas kernels in interpret mode on CPU: our Triton GPU kernel and the TPU splash wrapper,
 forward and dq, dk, dv against the float64 reference.
 
@@ -38,6 +44,7 @@ def tpu_kernel(q, k, v, **kwargs):
 
 
 @pytest.mark.parametrize("T, window, gqa, segments", CASES)
+@pytest.mark.integration
 def test_gpu_kernel_matches_reference(T, window, gqa, segments):
   # 16 is Triton's smallest dot tile, so T = 100..256 spans 7..16 blocks.
   check_against_reference(gpu_kernel(pallas_gpu.BlockSizes(16, 16)), T, window, gqa, segments)
@@ -60,6 +67,7 @@ def test_gpu_kernel_pads_small_head_dims():
 
 
 @pytest.mark.parametrize("T, window, gqa, segments", CASES)
+@pytest.mark.integration
 def test_tpu_splash_matches_reference(T, window, gqa, segments):
   check_against_reference(tpu_kernel, T, window, gqa, segments)
 

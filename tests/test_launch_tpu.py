@@ -1,3 +1,13 @@
+# Tiers (pytest.ini): the tests marked integration here run launch/tpu.py end to end in a
+# subprocess against a fake gcloud, so they are `make test-all` only; the relaunch logic stays in
+# `make test`.
+# test-all only: each command runs exactly what --dry-run prints
+# (test_commands_run_exactly_what_dry_run_prints); create with a config copies, installs and
+# starts on every worker (test_create_with_config_copies_installs_and_starts_on_every_worker);
+# docs/scaling.md shows the current dry-run output (test_docs_show_the_current_dry_run_output);
+# bad arguments fail with a message (test_bad_arguments_fail_with_a_message); fetch copies
+# records, not checkpoints (test_fetch_copies_records_not_checkpoints); a single-host slice may
+# keep a local workdir (test_a_single_host_slice_may_keep_a_local_workdir).
 """launch/tpu.py against a fake gcloud that records its arguments."""
 import json
 import os
@@ -37,6 +47,7 @@ def fake_gcloud(tmp_path):
     ["run", "--config=configs/swa256_350m.py", "--", "--config.data.path=/mnt/prolong"],
     ["status"], ["status", "--queued"], ["logs"], ["delete"], ["delete", "--queued"],
 ])
+@pytest.mark.integration
 def test_commands_run_exactly_what_dry_run_prints(fake_gcloud, args):
   dry, calls = fake_gcloud(*args[:1], *COMMON, "--dry-run", *args[1:])
   assert dry.returncode == 0, dry.stderr
@@ -48,6 +59,7 @@ def test_commands_run_exactly_what_dry_run_prints(fake_gcloud, args):
   assert calls and all(c[:2] == ["compute", "tpus"] and "--zone=us-east5-a" in c for c in calls)
 
 
+@pytest.mark.integration
 def test_create_with_config_copies_installs_and_starts_on_every_worker(fake_gcloud):
   dry, _ = fake_gcloud("create", *COMMON, "--dry-run", "--tpu-type=v5p-64",
                        "--config=configs/swa256_350m.py", "--workdir=gs://b/run")
@@ -60,6 +72,7 @@ def test_create_with_config_copies_installs_and_starts_on_every_worker(fake_gclo
   assert "launch/train.py --config=configs/swa256_350m.py" in lines[5]
 
 
+@pytest.mark.integration
 def test_docs_show_the_current_dry_run_output(fake_gcloud):
   dry, _ = fake_gcloud("create", "--dry-run", "--config=configs/swa256_350m.py",
                        "--tpu-type=v5p-64", "--zone=us-east5-a",
@@ -84,17 +97,20 @@ def test_docs_show_the_current_dry_run_output(fake_gcloud):
     (["relaunch", "--zone=z", "--tpu-type=v4-32"], "relaunch needs --config"),
     (["fetch", "--zone=z"], "fetch needs --dest"),
 ])
+@pytest.mark.integration
 def test_bad_arguments_fail_with_a_message(fake_gcloud, args, message):
   proc, calls = fake_gcloud(*args, "--dry-run")
   assert proc.returncode == 2 and message in proc.stderr and calls == []
 
 
+@pytest.mark.integration
 def test_fetch_copies_records_not_checkpoints(fake_gcloud):
   dry, _ = fake_gcloud("fetch", *COMMON, "--dry-run", "--workdir=gs://b/run", "--dest=/tmp/r")
   assert dry.stdout.strip() == ("gcloud storage rsync --recursive '--exclude=^checkpoints/' "
                                 "gs://b/run /tmp/r")
 
 
+@pytest.mark.integration
 def test_a_single_host_slice_may_keep_a_local_workdir(fake_gcloud):
   dry, _ = fake_gcloud("create", *COMMON, "--dry-run", "--tpu-type=v5p-8",
                        "--config=configs/swa256_350m.py")

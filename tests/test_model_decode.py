@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): test_greedy_decoding_gives_the_forward_pass_logits_and_tokens prefills and
+# decodes a whole model for each pattern (~30 s cold on 2 cores together), so by cost it is
+# integration, `make test-all` only.
+# test-all only: for every decodable pattern, greedy cached decoding gives the full forward
+# pass's logits and tokens (test_greedy_decoding_gives_the_forward_pass_logits_and_tokens; each
+# layer's decoder against the layer is checked in `make test` by test_model_decode_layers.py).
 """Cached decoding gives the full forward pass's logits and tokens, for every decodable pattern."""
 import functools
 
@@ -47,6 +53,7 @@ NEW = 9
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
+@pytest.mark.integration
 def test_greedy_decoding_gives_the_forward_pass_logits_and_tokens(name):
   model, prompts, new = tiny_model(name), PROMPTS, NEW
   tokens, start = decode.left_pad(prompts)

@@ -1,3 +1,8 @@
+# Tiers (pytest.ini): test_every_file_of_a_trained_and_analysed_run_is_one_the_layout_names trains
+# and analyses a run end to end, so it is integration, `make test-all` only.
+# test-all only: every file a trained, sampled, profiled and analysed run writes is one the layout
+# names (test_every_file_of_a_trained_and_analysed_run_is_one_the_layout_names; the paths
+# themselves are checked here in `make test`).
 """The run-directory layout: paths on a local path and on URLs, `describe`, and a real tiny run
 whose every file is one the layout names."""
 import importlib.util

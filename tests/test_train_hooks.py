@@ -1,6 +1,14 @@
+# Tiers (pytest.ini): test_hooks_run_at_step_zero_every_metrics_steps_and_the_last_step trains a
+# run end to end, so it is integration, `make test-all` only.
+# test-all only: the loop runs its hooks at step 0, every metrics.every_steps and the last step,
+# hands them the eval batches and records their seconds
+# (test_hooks_run_at_step_zero_every_metrics_steps_and_the_last_step; the schedule's rules are
+# checked in `make test` by test_train_schedule.py).
 """The loop runs the hooks it is handed, at their cadence; the trainer imports no analysis."""
 import json
 import pathlib
+
+import pytest
 
 from hybrid_nope.train import loop
 from hybrid_nope.train.hooks import hook_name
@@ -9,6 +17,7 @@ from tests.helpers import tiny_config
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration
 def test_hooks_run_at_step_zero_every_metrics_steps_and_the_last_step(tmp_path):
   calls, contexts = [], []
 

@@ -1,3 +1,8 @@
+# Tiers (pytest.ini): test_a_profile_of_two_steps_is_written_and_the_run_trains_to_the_end trains a
+# run end to end, so it is integration, `make test-all` only.
+# test-all only: train.profile_start_step / profile_steps write one trace and the run trains to
+# the end (test_a_profile_of_two_steps_is_written_and_the_run_trains_to_the_end; the keys'
+# validation stays in `make test`).
 """train.profile_start_step / profile_steps: a trace of those steps, and the run goes on."""
 import glob
 import json
@@ -11,6 +16,7 @@ from hybrid_nope.validate import validate
 from tests.helpers import tiny_config
 
 
+@pytest.mark.integration
 def test_a_profile_of_two_steps_is_written_and_the_run_trains_to_the_end(tmp_path):
   summary = loop.train(tiny_config(train__profile_start_step=3, train__profile_steps=2),
                        str(tmp_path))

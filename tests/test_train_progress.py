@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): test_each_logged_step_carries_seconds_per_step_eta_and_memory trains a run
+# end to end, so it is integration, `make test-all` only.
+# test-all only: each logged step of a run carries seconds per step, tokens/s, memory and an ETA
+# in its record and log line, and no trace is written unless asked
+# (test_each_logged_step_carries_seconds_per_step_eta_and_memory; the ETA arithmetic, duration
+# text and memory reading stay in `make test`).
 """The progress line: throughput, MFU, seconds per step, ETA and memory, in the log and records."""
 import json
 import logging
@@ -23,6 +29,7 @@ def test_duration_text(seconds, text):
   assert progress._duration(seconds) == text
 
 
+@pytest.mark.integration
 def test_each_logged_step_carries_seconds_per_step_eta_and_memory(tmp_path, caplog):
   config = tiny_config(train__log_every_steps=2)
   with caplog.at_level(logging.INFO):

@@ -1,16 +1,22 @@
-# Tiers (pytest.ini): the tests marked integration here run launch/train.py in a subprocess or
-# train again end to end on a copy of the run (several runs each), so they are `make test-all`
-# only; the refusals, which come before anything compiles, stay in `make test`.
-# test-all only: a relaunch that changes model.window is refused by launch/train.py in one line
-# with exit code 2 (test_swa256_to_swa512_relaunch_is_refused_on_the_command_line); an allowed
-# batch change is recorded and reads on from the exact row
+# Tiers (pytest.ini): every test here but the fresh-start refusal of skip_batches needs a run
+# trained end to end (the `trained` fixture) or trains again on a copy of it, and one runs
+# launch/train.py in a subprocess, so they are integration, `make test-all` only.
+# test-all only: a resume that would change the run is refused naming each key, before anything
+# is written (test_a_resume_that_would_change_the_run_is_refused_naming_each_key); implementation
+# and eval keys change freely (test_implementation_and_eval_keys_change_freely); lowering
+# train.steps warns and raising it needs the opt-in
+# (test_lowering_train_steps_warns_and_raising_it_needs_the_opt_in); a relaunch that changes
+# model.window is refused by launch/train.py in one line with exit code 2
+# (test_swa256_to_swa512_relaunch_is_refused_on_the_command_line); an allowed batch change is
+# recorded and reads on from the exact row
 # (test_an_allowed_batch_change_is_recorded_and_reads_on_from_the_exact_row); a fresh start over
 # a run's records is refused unless train.overwrite, which moves them aside
 # (test_a_fresh_start_over_a_runs_records_refuses_unless_overwrite); a relative
 # checkpoint.directory is found from another working directory
 # (test_a_relative_checkpoint_directory_run_from_elsewhere_finds_its_checkpoints); restore_step
 # rolls back once and skip_batches skips once
-# (test_restore_step_rolls_back_once_and_skip_batches_skips_once).
+# (test_restore_step_rolls_back_once_and_skip_batches_skips_once). The run-identity rules
+# themselves are checked in `make test` by test_train_run_identity.py.
 """A run stays one run: what a resume refuses, allows and records; fresh starts, rollbacks and
 skips that happen once. End to end on the tiny config; refusals come before anything compiles."""
 import json
@@ -73,6 +79,7 @@ def run_copy(trained, tmp_path):
     (dict(train__learning_rate=1e-2), "train.learning_rate: 0.003 -> 0.01"),
     (dict(train__steps=12), "train.steps: 8 -> 12"),
 ])
+@pytest.mark.integration
 def test_a_resume_that_would_change_the_run_is_refused_naming_each_key(run_copy, override,
                                                                       listed):
   before = sorted(os.listdir(run_copy))
@@ -84,6 +91,7 @@ def test_a_resume_that_would_change_the_run_is_refused_naming_each_key(run_copy,
   assert (run_copy / "config.json").read_text() == config_json
 
 
+@pytest.mark.integration
 def test_implementation_and_eval_keys_change_freely(run_copy):
   summary = loop.train(tiny_config(model__attention_impl="xla", eval__every_steps=2,
                                    checkpoint__keep=50), str(run_copy))
@@ -133,6 +141,7 @@ def test_an_allowed_batch_change_is_recorded_and_reads_on_from_the_exact_row(run
   assert len(history(run_copy)) == 2
 
 
+@pytest.mark.integration
 def test_lowering_train_steps_warns_and_raising_it_needs_the_opt_in(run_copy, caplog):
   with caplog.at_level(logging.WARNING, logger="absl"):
     summary = loop.train(tiny_config(train__steps=6), str(run_copy))

@@ -1,3 +1,9 @@
+# Tiers (pytest.ini): test_a_user_entry_runs_every_3_steps_and_at_the_last_not_on_a_preempted_step
+# trains twice end to end around a preemption, so it is integration, `make test-all` only.
+# test-all only: a user's hook with its own period runs through the loop every 3 steps and at the
+# last, is skipped on a preempted step and owed on resume, with its records
+# (test_a_user_entry_runs_every_3_steps_and_at_the_last_not_on_a_preempted_step; the entries'
+# due/resume rules are checked here in `make test`).
 """The loop's side work as one schedule (train/schedule.py): when each entry is due, what a
 preempted step and a resumed step do with it, and a user's hook with its own period."""
 import json
