@@ -41,7 +41,7 @@ def is_int(x) -> bool:
 def checked_int(key: str, x, low: int, high: int | None = None, allowed: str = "") -> int:
   """`x`, the value of `key`, checked to be an integer in [low, high)."""
   require(is_int(x) and x >= low and (high is None or x < high), key, x,
-           allowed or f"an integer >= {low}")
+          allowed or f"an integer >= {low}")
   return int(x)
 
 
@@ -101,7 +101,7 @@ def split_sample_ref(entry: str) -> tuple[str, int]:
   where, _, sample = entry.rpartition(":") if isinstance(entry, str) else ("", "", "")
   domain, _, shard = where.partition("/")
   require(bool(domain and shard and re.fullmatch(r"[0-9]+", sample)),
-           "data.exclude_samples", entry, EXCLUDE_SAMPLES_FORM)
+          "data.exclude_samples", entry, EXCLUDE_SAMPLES_FORM)
   return where, int(sample)
 
 
@@ -110,9 +110,9 @@ def exclude_samples(config) -> tuple[str, ...]:
   mds (only MDS samples are named by shard)."""
   x = value(config, "data.exclude_samples")
   require(isinstance(x, (tuple, list)) and all(isinstance(e, str) for e in x)
-           and len(set(x)) == len(x), "data.exclude_samples", x, EXCLUDE_SAMPLES_FORM)
+          and len(set(x)) == len(x), "data.exclude_samples", x, EXCLUDE_SAMPLES_FORM)
   for entry in x:
     split_sample_ref(entry)
   require(not x or value(config, "data.source") == "mds", "data.exclude_samples", x,
-           "() unless data.source='mds' (it names samples of MDS shards)")
+          "() unless data.source='mds' (it names samples of MDS shards)")
   return tuple(x)

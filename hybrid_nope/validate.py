@@ -37,38 +37,38 @@ def validate(config, *, check_paths: bool = True) -> None:
     positive_int(config, key)
   accum = config.train.grad_accum_steps
   require(config.data.batch_size % accum == 0, "train.grad_accum_steps", accum,
-           f"a divisor of data.batch_size={config.data.batch_size} (each microbatch holds "
-           "data.batch_size / train.grad_accum_steps rows)")
+          f"a divisor of data.batch_size={config.data.batch_size} (each microbatch holds "
+          "data.batch_size / train.grad_accum_steps rows)")
   try:
     layer_kinds(m.pattern, m.num_layers)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   if window_of(m) is not None:
     require(isinstance(m.window, int) and m.window >= 1, "model.window", m.window,
-             "an integer >= 1 (the sliding window, in tokens)")
+            "an integer >= 1 (the sliding window, in tokens)")
   require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", m.num_kv_heads,
-           f"a divisor of model.num_heads={m.num_heads} (grouped-query attention)")
+          f"a divisor of model.num_heads={m.num_heads} (grouped-query attention)")
   require(m.head_dim % 2 == 0 or "rope" not in (m.swa_pos, m.global_pos), "model.head_dim",
-           m.head_dim, "an even number (RoPE rotates pairs of channels)")
+          m.head_dim, "an even number (RoPE rotates pairs of channels)")
   require(m.swa_pos in POSITION_ENCODINGS, "model.swa_pos", m.swa_pos, f"one of {POSITION_ENCODINGS}")
   require(m.global_pos in POSITION_ENCODINGS, "model.global_pos", m.global_pos,
-           f"one of {POSITION_ENCODINGS}")
+          f"one of {POSITION_ENCODINGS}")
   require(m.attention_impl in IMPLS, "model.attention_impl", m.attention_impl,
-           f"one of {IMPLS}")
+          f"one of {IMPLS}")
   require(m.linear_impl in LINEAR_IMPLS, "model.linear_impl", m.linear_impl,
-           f"one of {LINEAR_IMPLS}")
+          f"one of {LINEAR_IMPLS}")
   one_of(config, "model.delta_impl", DELTA_IMPLS)
   one_of(config, "model.delta_gate", DELTA_GATES)
   require(m.dtype == "auto" or m.dtype in DTYPES, "model.dtype", m.dtype,
-           f"'auto' or one of {sorted(DTYPES)}")
+          f"'auto' or one of {sorted(DTYPES)}")
   require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,
-           "metrics.far_lag", config.metrics.far_lag,
-           f"an integer in [1, data.seq_len={d.seq_len}) (the far lag L must fit in a sequence)")
+          "metrics.far_lag", config.metrics.far_lag,
+          f"an integer in [1, data.seq_len={d.seq_len}) (the far lag L must fit in a sequence)")
   pool = int_in(config, "metrics.probe_pool_rows", 1, None,
                 "a positive int (eval rows the recency probe is chosen from)")
   require(config.metrics.probe_batch_size <= pool,
-           "metrics.probe_batch_size", config.metrics.probe_batch_size,
-           f"at most metrics.probe_pool_rows = {pool} (the probe is chosen from those eval rows)")
+          "metrics.probe_batch_size", config.metrics.probe_batch_size,
+          f"at most metrics.probe_pool_rows = {pool} (the probe is chosen from those eval rows)")
   int_in(config, "metrics.query_positions", 0, None, "an integer >= 0 (0 = every position)")
   one_of(config, "data.source", DATA_SOURCES)
   data_seed(config)
@@ -82,22 +82,22 @@ def validate(config, *, check_paths: bool = True) -> None:
     mixture.parse_domains(value(config, "data.domains"))
   if d.source == "mds" and check_paths:
     require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
-             "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
+            "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
     require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
-             config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
+            config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
   multiples = value(config, "eval.length_multiples")
   require(isinstance(multiples, (tuple, list)) and all(is_int(k) and k >= 1 for k in multiples)
-           and len(set(multiples)) == len(multiples) and 1 in multiples,
-           "eval.length_multiples", multiples, "distinct integers >= 1 including 1, e.g. (1, 2, 4) "
-           "(eval rows of k × data.seq_len)")
+          and len(set(multiples)) == len(multiples) and 1 in multiples,
+          "eval.length_multiples", multiples, "distinct integers >= 1 including 1, e.g. (1, 2, 4) "
+          "(eval rows of k × data.seq_len)")
   for key in ("data.verify_hashes", "data.allow_changed_data", "metrics.figures"):
     boolean(config, key)
   samples_every = int_in(config, "eval.sample_every_steps", 0, None,
                          "an integer >= 0 (0 = no samples during training)")
   prompts = value(config, "eval.sample_prompts")
   require(isinstance(prompts, (tuple, list)) and all(isinstance(p, str) and p for p in prompts)
-           and (bool(prompts) or not samples_every), "eval.sample_prompts", prompts,
-           "a tuple of non-empty strings, at least one when eval.sample_every_steps > 0")
+          and (bool(prompts) or not samples_every), "eval.sample_prompts", prompts,
+          "a tuple of non-empty strings, at least one when eval.sample_every_steps > 0")
   positive_int(config, "eval.sample_max_new_tokens")
   int_in(config, "checkpoint.restore_step", 0, None, "an integer >= 0 (0 = the newest checkpoint)")
   int_in(config, "train.profile_steps", 0, None, "an integer >= 0 (0 = no profile)")
@@ -105,7 +105,7 @@ def validate(config, *, check_paths: bool = True) -> None:
          None, "an integer >= 1 (the first profiled step) when train.profile_steps > 0")
   t = config.train
   require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", t.warmup_steps,
-           f"an integer in [0, train.steps={t.steps})")
+          f"an integer in [0, train.steps={t.steps})")
   for key, low, high, allowed in (
       ("train.learning_rate", 0, None, "a finite float > 0"),
       ("train.b1", 0, 1, "a float in [0, 1) (Adam's first-moment decay)"),
@@ -125,8 +125,8 @@ def validate(config, *, check_paths: bool = True) -> None:
   project = string(config, "logging.wandb_project", 'a W&B project name, or "" (off)')
   string(config, "logging.wandb_entity", 'a W&B team or user name, or "" (the default)')
   require(not project or importlib.util.find_spec("wandb") is not None,
-           "logging.wandb_project", project, '"" (off) unless wandb is installed: '
-           "pip install '.[wandb]'")
+          "logging.wandb_project", project, '"" (off) unless wandb is installed: '
+          "pip install '.[wandb]'")
 
 
 MESH_AXES = ("data", "fsdp", "tensor")  # config.mesh.<axis>: the trainer's mesh axes.

@@ -198,9 +198,9 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
 
   `hooks`: factories `RunContext -> hook(step, params)` (`train/hooks.py`), run at step 0 of a
   fresh run and every `metrics.every_steps` (or the hook's own `every_steps`) and at the last
-  step, as entries of the one schedule of side work (`train/schedule.py`). A preempted step skips eval
-  and hooks; the resumed run redoes what its first step owed and is not on record. Before
-  anything is built, the workdir is locked to this trainer and the resume is planned
+  step, as entries of the one schedule of side work (`train/schedule.py`). A preempted step
+  skips eval and hooks; the resumed run redoes what its first step owed and is not on record.
+  Before anything is built, the workdir is locked to this trainer and the resume is planned
   (`train/resume.py`): a config that would make it another run, or a fresh start over another
   run's records, is refused.
 

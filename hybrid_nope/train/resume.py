@@ -21,11 +21,10 @@ import jax
 from absl import logging
 
 from hybrid_nope import run_config, run_dir, storage
-from hybrid_nope.errors import UserError
+from hybrid_nope.errors import ConfigError, UserError
 from hybrid_nope.run_dir import RunDir
 from hybrid_nope.train import run_identity
 from hybrid_nope.train.checkpoint import Checkpointer
-from hybrid_nope.errors import ConfigError
 
 RECORD_FILES = (run_dir.METRICS, run_dir.RECENCY)  # A run has begun once these hold a line.
 # What a train.overwrite leaves in place: the folder it moves into, the lock this trainer
@@ -53,9 +52,9 @@ def _now() -> str:
 
 
 def _has_records(workdir: str) -> list[str]:
-  found = []
+  found, rd = [], RunDir(workdir)
   for name in RECORD_FILES:
-    path = RunDir(workdir).path(name)
+    path = rd.path(name)
     if storage.exists(path) and storage.read_text(path).strip():
       found.append(name)
   return found

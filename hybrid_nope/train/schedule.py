@@ -85,7 +85,8 @@ class Schedule:
     names = [e.name for e in entries]
     if len(set(names)) != len(names):
       raise UserError(f"side work {names} repeats a name: each hook needs its own `name`")
-    self.entries, self.writer, self.progress, self.watcher = list(entries), writer, progress, watcher
+    self.entries, self.writer = list(entries), writer
+    self.progress, self.watcher = progress, watcher
     for e in self.entries:
       progress.track(e.kind, e.every)
 
