@@ -1,5 +1,6 @@
-"""Verdicts over seeds: each rule can fail, and the error rate of 'reproduced' under the null is
-what the t test promises."""
+"""Verdicts over seeds: each rule can fail (reproduced, negligible, refuted by direction or by
+TOST inside the margin, inconclusive), the error rate of 'reproduced' under the null is what the
+t test promises, and Holm's adjustment over a page decides."""
 import numpy as np
 import pytest
 import scipy.stats
@@ -7,9 +8,8 @@ import scipy.stats
 from hybrid_nope.analysis.evidence import findings
 
 
-def verdict(values, sign=1, min_effect=None):
-  return findings.Verdict("claim", "stat", "null", list(values), sign=sign,
-                          min_effect=min_effect)
+def verdict(values, sign=1, margin=None):
+  return findings.Verdict("claim", "stat", "null", list(values), sign=sign, margin=margin)
 
 
 def test_mean_se_and_t_are_the_seed_level_ones():
@@ -28,11 +28,34 @@ def test_direction_decides_reproduced_against_refuted():
   assert "opposite" in verdict(values, sign=+1).note
 
 
-def test_refuted_with_power_only_when_the_interval_excludes_the_minimal_effect():
+def test_refuted_with_power_only_when_tost_puts_the_effect_inside_the_margin():
   tight = [0.001, -0.002, 0.0005, 0.0015, -0.001]
-  assert verdict(tight).verdict == "inconclusive"  # no minimal effect named: no power claim
-  assert verdict(tight, min_effect=0.05).verdict == "refuted"
-  assert verdict(tight, min_effect=0.001).verdict == "inconclusive"
+  assert verdict(tight).verdict == "inconclusive"  # no margin named: no power claim
+  assert verdict(tight, margin=0.05).verdict == "refuted"
+  assert "TOST" in verdict(tight, margin=0.05).note
+  assert verdict(tight, margin=0.001).verdict == "inconclusive"
+
+
+def test_significant_but_inside_the_margin_is_negligible_not_reproduced():
+  small = [0.0010, 0.0012, 0.0011, 0.0009, 0.0010]
+  assert verdict(small).verdict == "reproduced"
+  assert verdict(small, margin=0.01).verdict == "negligible"
+  assert verdict(small, margin=0.0011).verdict == "reproduced"  # not wholly inside
+  assert verdict([-x for x in small], margin=0.01).verdict == "negligible"  # either direction
+
+
+def test_the_holm_adjusted_p_decides():
+  values = [0.1, 0.3, 0.2, 0.4, 0.25]  # t ≈ 5.3 on 4 df: p ≈ 0.006
+  lone = verdict(values)
+  page = [verdict(values)] + [verdict([0.1, -0.1, 0.05, -0.05, 0.0]) for _ in range(19)]
+  findings.adjust(page)
+  assert lone.verdict == "reproduced" and page[0].p_adjusted > 0.05
+  assert page[0].verdict == "inconclusive" and "Holm p" in page[0].note
+
+
+def test_an_exact_p_replaces_the_t_tests():
+  v = findings.Verdict("c", "s", "n", [0.1, 0.2, 0.3], p_exact=0.5)
+  assert v.p == 0.5 and v.verdict == "inconclusive" and "exact permutation" in v.note
 
 
 def test_too_few_seeds_is_inconclusive_and_nan_is_not_a_seed():

@@ -488,3 +488,98 @@ def test_alignment_null_matches_monte_carlo_against_a_real_delta_g():
     assert abs(values.mean()) < 4 * null[0] / np.sqrt(samples)
     # The sample std of n normal-ish draws has relative SE ≈ 1/sqrt(2n) ≈ 0.011.
     assert values.std() == pytest.approx(null[0], rel=0.05)
+
+
+def parts_by_hand(a):
+  """(tr A, ‖S_A‖, ‖K_A‖) in float64: A's trace, symmetric traceless and antisymmetric parts."""
+  D = a.shape[-1]
+  sym = (a + a.T) / 2 - np.trace(a) / D * np.eye(D)
+  return np.trace(a), np.linalg.norm(sym), np.linalg.norm((a - a.T) / 2)
+
+
+def test_m_parts_and_matrix_parts_match_the_explicit_split():
+  """From H x H products (GQA: query head n reads kv head n // 2) as from the D x D M_h."""
+  D, N, K, H = 9, 4, 2, 3
+  wq, wk = weights(11, D=D, N=N, K=K, H=H)
+  wk[:, 0] = wq[:, 0] + 0.3 * wk[:, 0]  # a head with a large trace
+  m_NDD = np.einsum("dnh,enh->nde", wq, np.repeat(wk, N // K, axis=1)) / np.sqrt(H)
+  got = np.asarray(recency.m_parts(jnp.asarray(wq, jnp.float32), jnp.asarray(wk, jnp.float32)))
+  want = np.array([parts_by_hand(m) for m in m_NDD]).T
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+  assert want[0, 0] > 2 * np.abs(want[0, 1:]).max()  # the trace is what head 0 has most of
+  for m in m_NDD:
+    np.testing.assert_allclose(recency.matrix_parts(jnp.asarray(m, jnp.float32)),
+                               parts_by_hand(m), rtol=1e-5)
+  # The three pieces are orthogonal: they add up to ‖M‖².
+  np.testing.assert_allclose(want[0]**2 / D + want[1]**2 + want[2]**2,
+                             np.linalg.norm(m_NDD, axis=(1, 2))**2, rtol=1e-10)
+
+
+def trace_heavy_delta(D, seed=12):
+  """ΔG = G_X(1) − G_X(40) of x_t = e_t + A e_{t−1} + μ with A = 0.8 I + a non-symmetric,
+  anisotropic part: a large positive trace, symmetric and antisymmetric traceless parts."""
+  rng = np.random.default_rng(seed)
+  A = 0.8 * np.eye(D) + rng.standard_normal((D, D)) * np.linspace(0.1, 0.6, D) / np.sqrt(D)
+  e = rng.standard_normal((4, 301, D))
+  x = e[:, 1:] + e[:, :-1] @ A.T + rng.standard_normal(D)
+  delta = np.asarray(recency.delta_g(jnp.asarray(x, jnp.float32), 1, 40), np.float64)
+  trace, sym, antisym = parts_by_hand(delta)
+  assert trace / np.sqrt(D) > 2 * sym and antisym > 0.2 * sym  # trace-heavy, not symmetric
+  return delta
+
+
+def test_logit_gap_null_trace_matches_conjugation_monte_carlo_and_the_trace_blind_null_fails():
+  """⟨U M_h Uᵀ, ΔG⟩ over Haar U on O(D) (QR with the sign fix): mean and SD are
+  logit_gap_null_trace's within Monte Carlo error, for heads that read position-blind content
+  (W_K = W_Q), mixed heads and random ones. The Haar-both-sides null (mean 0, SD ‖M‖‖ΔG‖/D),
+  the right mean with that SD, and one isotropic coefficient for the whole traceless part all
+  fail the same check."""
+  rng = np.random.default_rng(13)
+  D, N, H, S = 10, 4, 4, 4000
+  delta = trace_heavy_delta(D)
+  wq, wk = weights(14, D=D, N=N, K=N, H=H)
+  wk[:, 1] = wq[:, 1]  # M symmetric positive: content matching
+  wk[:, 2] = wq[:, 2] + 0.7 * wk[:, 2]  # trace, symmetric and antisymmetric parts
+  wk[:, 3] = -wq[:, 3] + 0.3 * wk[:, 3]  # a negative trace
+  m_NDD = np.einsum("dnh,enh->nde", wq, wk) / np.sqrt(H)
+  parts_3N = np.array([parts_by_hand(m) for m in m_NDD]).T
+  mean_N, sd_N = recency.logit_gap_null_trace(*parts_3N, *parts_by_hand(delta), D)
+  u_SDD = haar(rng, (S,), D)
+  gap_SN = np.einsum("sai,nij,sbj,ab->sn", u_SDD, m_NDD, u_SDD, delta, optimize=True)
+  tol_N = sd_tolerance(gap_SN)
+  se_N = gap_SN.std(0) / np.sqrt(S)
+
+  def passes(mean, sd):  # per head: mean within 4 MC SEs, SD within 4 MC SEs of the sample SD
+    return (np.abs(gap_SN.mean(0) - mean) < 4 * se_N) & (np.abs(gap_SN.std(0) / sd - 1) < tol_N)
+
+  assert passes(mean_N, sd_N).all(), (gap_SN.mean(0), mean_N, gap_SN.std(0), sd_N)
+  haar_sd_N = recency.logit_gap_null(np.linalg.norm(m_NDD, axis=(1, 2)), np.linalg.norm(delta), D)
+  assert not passes(0.0, haar_sd_N)[1:].any()  # every head with a trace
+  assert not passes(mean_N, haar_sd_N)[1:].any()
+  traceless = lambda a: a - np.trace(a) / D * np.eye(D)
+  lumped_N = np.array([np.linalg.norm(traceless(m)) for m in m_NDD]) * np.linalg.norm(
+      traceless(delta)) / np.sqrt(D**2 - 1)
+  assert not passes(mean_N, lumped_N).all()
+  # A head with a trace sits far from 0: the trace part is most of its null mean's scale.
+  assert np.all(np.abs(mean_N[1:]) > 5 * sd_N[1:])
+
+
+def test_content_matching_m_scores_its_trace_null_mean_and_far_above_the_haar_null():
+  """M = c I (W_Q = W_K = a multiple of the identity, H = D) reads no position: its logit gap is
+  c tr ΔG, which is the trace-preserving null's mean exactly (SD 0: U c I Uᵀ = c I), while the
+  Haar-both-sides null puts it sqrt(D) tr ΔG / ‖ΔG‖ of its SDs above 0."""
+  D, c = 10, 0.7
+  delta = trace_heavy_delta(D)
+  w = jnp.asarray(np.sqrt(c * np.sqrt(D)) * np.eye(D)[:, None], jnp.float32)  # [D, 1, H = D]
+  gap = c * np.trace(delta)
+  mean, sd = recency.logit_gap_null_trace(c * D, 0.0, 0.0, *parts_by_hand(delta), D)
+  assert mean[()] == pytest.approx(gap, rel=1e-12) and sd[()] == 0.0
+  # The hook's pieces (float32, from W_Q and W_K): the same up to rounding.
+  trace_N, sym_N, antisym_N = (np.asarray(v) for v in recency.m_parts(w, w))
+  mean_N, sd_N = recency.logit_gap_null_trace(trace_N, sym_N, antisym_N, *parts_by_hand(delta), D)
+  haar_N = recency.logit_gap_null(np.asarray(recency.m_norms(w, w)), np.linalg.norm(delta), D)
+  np.testing.assert_allclose(mean_N, gap, rtol=1e-5)
+  assert sd_N[0] < 0.01 * haar_N[0]
+  assert gap / haar_N[0] == pytest.approx(np.sqrt(D) * np.trace(delta) / np.linalg.norm(delta),
+                                          rel=1e-5)
+  assert gap / haar_N[0] > 5

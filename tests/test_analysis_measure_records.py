@@ -107,8 +107,14 @@ def test_change_fields_are_paired_differences_of_the_two_boundaries():
 
 def readout_sums(rng, n):
   logit = np.stack([cosine_like(rng, n, level) for level in (0.1, -0.3, 2.0)], -1)  # [Λ, C, N]
+  shuffled = np.stack([cosine_like(rng, n[[NEAR_I, FAR_I]], level) for level in (0.05, 0.2, 1.0)],
+                      -1)  # [2, C, N]
   return {"counts": n, "1/logit": logit, "1/m_norms": np.array([0.5, 1.0, 4.0]),
-          "1/delta_norm": np.float64(2.5)}
+          "1/delta_norm": np.float64(2.5),
+          "1/m_traces": np.array([0.3, -0.8, 6.0]), "1/m_sym_norms": np.array([0.2, 0.5, 1.5]),
+          "1/m_antisym_norms": np.array([0.1, 0.6, 0.0]), "1/delta_trace": np.float64(4.0),
+          "1/delta_sym_norm": np.float64(0.9), "1/delta_antisym_norm": np.float64(0.4),
+          "1/logit/shuffled": shuffled, "1/shuffled_delta_norm": np.float64(1.25)}
 
 
 def test_readout_fields_match_numpy_from_the_same_sums():
@@ -130,6 +136,45 @@ def test_readout_fields_match_numpy_from_the_same_sums():
   np.testing.assert_allclose(got["alignment_stderr"], se / (m * delta))
   np.testing.assert_allclose(got["alignment_null"], [1 / D] * HEADS)
   assert got["alignment_mean_null"] == pytest.approx(1 / (D * np.sqrt(HEADS)))
+
+
+def test_readout_trace_null_and_shuffled_control_match_numpy_from_the_same_sums():
+  rng = np.random.default_rng(8)
+  n = random_counts(rng)
+  sums = readout_sums(rng, n)
+  got = records.readout_fields(sums, 1, LAGS, FAR, D)
+  tr, sym, anti = (sums[f"1/{k}"] for k in ("m_traces", "m_sym_norms", "m_antisym_norms"))
+  mean = tr * 4.0 / D
+  sd = np.sqrt(2 * sym**2 * 0.9**2 / ((D - 1) * (D + 2)) + 2 * anti**2 * 0.4**2 / (D * (D - 1)))
+  np.testing.assert_allclose(got["logit_gap_null_trace_mean"], mean)
+  np.testing.assert_allclose(got["logit_gap_null_trace"], sd)
+  np.testing.assert_allclose(got["logit_gap_null_trace_z"],
+                             (np.array(got["logit_gap"]) - mean) / sd)
+  logit, sh, two = sums["1/logit"], sums["1/logit/shuffled"], n[[NEAR_I, FAR_I]]
+  for h in range(HEADS):
+    want = gap_by_hand(sh[..., h], two, 0, 1)
+    assert got["shuffled_logit_gap"][h] == pytest.approx(want)
+    assert got["shuffled_alignment"][h] == pytest.approx(want / (sums["1/m_norms"][h] * 1.25))
+    shuffled_terms = gap_terms_by_hand(sh[..., h], two, near=0, far=1)
+    assert got["shuffled_logit_gap_stderr"][h] == pytest.approx(
+        contrast_se_by_loop(shuffled_terms))
+    assert got["shuffled_alignment_stderr"][h] == pytest.approx(
+        got["shuffled_logit_gap_stderr"][h] / (sums["1/m_norms"][h] * 1.25))
+    # Paired: the model's gap and its control share documents.
+    paired = contrast_se_by_loop(gap_terms_by_hand(logit[..., h], n)
+                                 + gap_terms_by_hand(sh[..., h], two, -1.0, 0, 1))
+    assert got["logit_gap_over_shuffled_stderr"][h] == pytest.approx(paired)
+  # M = c I reads no position: its gap is the trace null's mean, its SD 0, its z undefined.
+  content = {**sums, "1/m_sym_norms": np.zeros(3), "1/m_antisym_norms": np.zeros(3)}
+  content_fields = records.readout_fields(content, 1, LAGS, FAR, D)
+  assert np.all(np.isnan(content_fields["logit_gap_null_trace_z"]))
+  assert content_fields["logit_gap_null_trace"] == [0.0] * HEADS
+  # Sums written before these pieces existed still give the other fields.
+  old = {k: sums[k] for k in ("counts", "1/logit", "1/m_norms", "1/delta_norm")}
+  assert set(records.readout_fields(old, 1, LAGS, FAR, D)) == set(got) - {
+      "logit_gap_null_trace", "logit_gap_null_trace_mean", "logit_gap_null_trace_z",
+      "shuffled_logit_gap", "shuffled_logit_gap_stderr", "logit_gap_over_shuffled_stderr",
+      "shuffled_alignment", "shuffled_alignment_stderr"}
 
 
 def test_readout_alignment_from_real_sums_is_recency_alignment():
@@ -190,6 +235,7 @@ def test_build_gives_one_record_per_layer_and_boundary(data_control):
     assert r["layer_type"] == types[r["layer"]]
     assert r.get("compared_with") == records.COMPARED_WITH.get(r["module"])
     assert ("logit_gap" in r) == (r["layer"] == 1) and ("mean_decay" in r) == (r["layer"] == 2)
+    assert ("shuffled_logit_gap" in r) == ("logit_gap_null_trace" in r) == (r["layer"] == 1)
     key = f"{r['layer']}/{r['module']}"
     assert r["gap"] == pytest.approx(gap_by_hand(sums[key], sums["counts"]))
     if "compared_with" in r:
@@ -205,7 +251,7 @@ def test_encode_decode_sums_round_trip_and_give_the_same_records():
   decoded, lags, far = records.decode_sums(records.encode_sums(sums, LAGS, FAR))
   assert lags == LAGS and far == FAR and set(decoded) == set(sums)
   for key, value in sums.items():
-    exact = np.float64 if key.endswith("delta_norm") else np.float32
+    exact = np.float64 if key.endswith(("delta_norm",) + records.DELTA_PARTS) else np.float32
     np.testing.assert_array_equal(decoded[key], np.asarray(value, exact))
   build = lambda s: records.build(0, s, kinds=kinds, layer_types=["swa", "global"],
                                   boundaries=BOUNDARIES, final_boundary=FINAL_BOUNDARY,
@@ -213,6 +259,7 @@ def test_encode_decode_sums_round_trip_and_give_the_same_records():
                                   linear_layers=set(), data_control=True)
   for a, b in zip(build(sums), build(decoded)):
     assert a.keys() == b.keys()
-    for k in ("gap", "gap_stderr", "gap_change", "logit_gap", "alignment"):
+    for k in ("gap", "gap_stderr", "gap_change", "logit_gap", "alignment",
+              "logit_gap_null_trace", "shuffled_logit_gap", "shuffled_alignment"):
       if k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)

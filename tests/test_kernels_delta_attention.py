@@ -1,10 +1,12 @@
 # Tiers (pytest.ini): test_xla_matches_reference's grid of ten shapes (T up to 1000) costs ~55 s
 # cold on 2 cores, so by cost it is integration, `make test-all` only; the chunked form against
-# the reference on identical keys, packed segments on and off chunk edges, bfloat16, extreme
-# decays, prefill states and the sequential form stays in `make test`.
+# the reference on packed segments on and off chunk edges, extreme decays, prefill states and
+# the sequential form stays in `make test`.
 # test-all only: the chunked "xla" form matches the float64 recurrence across T (1 to 1000),
 # GQA, decays, betas, per-head and per-channel gates and chunk sizes
-# (test_xla_matches_reference).
+# (test_xla_matches_reference); on identical keys with no decay
+# (test_identical_keys_no_decay); in bfloat16 (test_bfloat16_close_to_reference);
+# under jax_enable_x64 (test_xla_runs_under_x64). By cost (10-30 s cold each).
 """hybrid_nope.kernels.delta_attention (dispatch, argument checks, lowering), its "xla" chunked
 form and delta_step, against the float64 recurrence of delta_reference.py on fresh random
 inputs each run.
@@ -119,6 +121,7 @@ def test_xla_matches_reference(T, gqa, segments, decay, beta, per_channel, chunk
 ONE_DOCUMENT = np.ones((2, 64), np.int32)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
 def test_identical_keys_no_decay(per_channel):
   # Each write erases a fraction β of the last along the one key direction: the triangular
@@ -139,6 +142,7 @@ def test_segment_boundaries_off_and_on_chunk_edges(per_channel):
   check(xla_fn(16), 64, 2, PACKED, "mixed", per_channel=per_channel)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
 def test_bfloat16_close_to_reference(per_channel):
   check(xla_fn(16), 64, 2, True, "moderate", per_channel=per_channel, dtype=jnp.bfloat16,
@@ -306,6 +310,7 @@ def test_bad_heads_and_step_arguments():
                        jnp.zeros((1, 2, 4)), jnp.zeros((1, 2)), jnp.zeros((1, 2, 1)))
 
 
+@pytest.mark.integration
 def test_xla_runs_under_x64():
   with jax.enable_x64(True):
     check(xla_fn(8), 30, 2, True, "mixed")

@@ -2,7 +2,8 @@
 # cold on 2 cores) is integration by cost, `make test-all` only; the Pallas kernel's segment
 # boundaries, bfloat16 and extreme decays stay in `make test`.
 # test-all only: the Pallas GLA kernel in interpret mode matches the float64 recurrence across
-# T, GQA, segments, decays and chunks (test_pallas_interpret_matches_reference).
+# T, GQA, segments, decays and chunks (test_pallas_interpret_matches_reference); the xla form
+# under jax_enable_x64 (test_xla_runs_under_x64).
 """hybrid_nope.kernels.linear_attention (dispatch, argument checks, lowering) and its "xla" and
 "pallas" (interpret mode) implementations, against the float64 recurrence of linear_reference.py
 on fresh random inputs each run.
@@ -244,6 +245,7 @@ def test_bad_heads_shapes_dtypes_and_chunks():
     linear_pallas.linear_attention(q, k, k, k, chunk=4, interpret=True)
 
 
+@pytest.mark.integration
 def test_xla_runs_under_x64():
   with jax.enable_x64(True):
     check(xla_fn(8), 30, 2, True, "mixed")

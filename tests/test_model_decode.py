@@ -3,7 +3,9 @@
 # integration, `make test-all` only.
 # test-all only: for every decodable pattern, greedy cached decoding gives the full forward
 # pass's logits and tokens (test_greedy_decoding_gives_the_forward_pass_logits_and_tokens; each
-# layer's decoder against the layer is checked in `make test` by test_model_decode_layers.py).
+# layer's decoder against the layer is checked in `make test` by test_model_decode_layers.py);
+# each row stops at its own EOS and a tiny nucleus is greedy
+# (test_each_row_stops_at_its_own_eos_and_a_tiny_nucleus_is_greedy, ~20 s cold).
 """Cached decoding gives the full forward pass's logits and tokens, for every decodable pattern."""
 import functools
 
@@ -79,6 +81,7 @@ def test_greedy_decoding_gives_the_forward_pass_logits_and_tokens(name):
     np.testing.assert_array_equal(np.stack(decode.generate(model, prompts, new)), chosen)
 
 
+@pytest.mark.integration
 def test_each_row_stops_at_its_own_eos_and_a_tiny_nucleus_is_greedy():
   model, prompts = tiny_model("SG_rope"), PROMPTS
   free = decode.generate(model, prompts, NEW)

@@ -2,15 +2,19 @@
 
 Every finding is one statistic per seed (a paired difference where two numbers share a seed:
 two steps of one run, two configs started from one initialisation, two modules of one forward
-pass). Its verdict is a test over seeds: with n seeds, mean m and seed-level SE s,
-t = m / s against Student's t with n − 1 degrees of freedom (the null: no effect, or the value a
-fresh initialisation or a shuffled-token control gives, named per finding).
+pass). Its error has two levels where the statistic is built from the probe's per-document sums
+(seed × document, `analysis.evidence.two_level`), else the seed level alone (eval losses). Its
+test is Student's t on the error's degrees of freedom against no effect (or the null named per
+finding), and every p on a page is Holm-adjusted as one family (`adjust`). Each finding carries
+a margin, the smallest effect the claim means, fixed by one rule before the data are read
+(`MARGIN_FRACTION` of a named reference magnitude, written beside it), and an equivalence test
+(TOST) against it, Holm-adjusted as the page's second family:
 
-- reproduced: t beyond the two-sided 95% critical value in the claimed direction;
-- refuted: beyond it in the opposite direction, or the 95% interval lies wholly below
-  `min_effect` in the claimed direction (an effect that size would have been seen: power);
-- inconclusive: neither; the note says roughly how many seeds would decide it at the observed
-  mean and spread.
+- reproduced: adjusted p < 0.05 in the claimed direction, and not inside the margin;
+- negligible: adjusted p < 0.05, but TOST puts the effect wholly inside the margin;
+- refuted: significant in the opposite direction (beyond the margin), or not significant and
+  TOST inside the margin (an effect as large as the claim means would have been seen);
+- inconclusive: none of these; the note says roughly how many seeds would decide it.
 """
 from __future__ import annotations
 
@@ -21,7 +25,12 @@ from typing import Sequence
 import numpy as np
 import scipy.stats
 
-CONFIDENCE = 0.95
+from hybrid_nope.analysis.evidence import multiplicity
+
+ALPHA = 0.05
+# The margin rule, one for every finding: a tenth of what the local layers themselves do to the
+# statistic's quantity (results_page names each reference).
+MARGIN_FRACTION = 0.1
 
 
 @dataclasses.dataclass
@@ -31,7 +40,12 @@ class Verdict:
   null: str             # what it is tested against
   values: list          # one per seed
   sign: int = 1         # +1: the claim says the statistic is positive; −1: negative
-  min_effect: float | None = None  # smallest effect the claim means (for refuted-with-power)
+  margin: float | None = None  # smallest effect the claim means (fixed before the data)
+  margin_rule: str = ""        # where the margin comes from, in words
+  estimate: object = None      # two_level.Estimate (mean, se, df) where documents are a level
+  p_adjusted: float | None = None       # Holm over the page (`adjust`)
+  p_tost_adjusted: float | None = None  # Holm over the page's equivalence tests
+  p_exact: float | None = None  # an exact test's two-sided p (a permutation), in place of t's
 
   @property
   def n(self) -> int:
@@ -42,12 +56,26 @@ class Verdict:
     return v[np.isfinite(v)]
 
   @property
+  def levels(self) -> str:
+    return "seed × document" if self.estimate is not None else "seed"
+
+  @property
   def mean(self) -> float | None:
+    if self.estimate is not None:
+      return self.estimate.mean
     return float(self._known().mean()) if self.n else None
 
   @property
   def se(self) -> float | None:
+    if self.estimate is not None:
+      return self.estimate.se
     return float(self._known().std(ddof=1) / math.sqrt(self.n)) if self.n >= 2 else None
+
+  @property
+  def df(self) -> int | None:
+    if self.estimate is not None:
+      return self.estimate.df
+    return self.n - 1 if self.n >= 2 else None
 
   @property
   def t(self) -> float | None:
@@ -55,28 +83,41 @@ class Verdict:
 
   @property
   def critical(self) -> float | None:
-    return float(scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, self.n - 1)) if self.n >= 2 else None
+    return float(scipy.stats.t.ppf(1 - ALPHA / 2, self.df)) if self.df else None
 
   @property
   def interval(self) -> tuple[float, float] | None:
-    if self.se is None:
+    if not self.se:
       return None
     return self.mean - self.critical * self.se, self.mean + self.critical * self.se
 
   @property
+  def p(self) -> float | None:
+    if self.p_exact is not None:
+      return self.p_exact
+    return multiplicity.two_sided_p(self.mean, self.se, self.df) if self.se else None
+
+  @property
+  def p_tost(self) -> float | None:
+    if not self.se or self.margin is None or not self.margin > 0:
+      return None
+    return multiplicity.tost_p(self.mean, self.se, self.df, self.margin)
+
+  def _decides(self, adjusted, raw) -> float | None:
+    return adjusted if adjusted is not None else raw
+
+  @property
   def verdict(self) -> str:
-    if self.se is None or not self.se > 0:
+    p = self._decides(self.p_adjusted, self.p)
+    if p is None or not self.se > 0:
       return "inconclusive"
-    directed = self.sign * self.t
-    if directed > self.critical:
-      return "reproduced"
-    if directed < -self.critical:
-      return "refuted"
-    lo, hi = self.interval
-    upper = hi if self.sign > 0 else -lo  # the largest effect in the claimed direction allowed
-    if self.min_effect is not None and upper < self.min_effect:
-      return "refuted"
-    return "inconclusive"
+    p_eq = self._decides(self.p_tost_adjusted, self.p_tost)
+    inside = p_eq is not None and p_eq < ALPHA
+    if p < ALPHA:
+      if inside:
+        return "negligible"
+      return "reproduced" if self.sign * self.mean > 0 else "refuted"
+    return "refuted" if inside else "inconclusive"
 
   @property
   def note(self) -> str:
@@ -85,33 +126,58 @@ class Verdict:
       return f"{self.n} seed(s): no seed-level error"
     if not self.se > 0:
       return f"{self.n} seeds with identical values: no seed-level spread to test against"
+    p = self._decides(self.p_adjusted, self.p)
+    test = ("exact permutation" if self.p_exact is not None
+            else f"t = {self.t:+.1f} on {self.df} df")
+    where = f"{test}, Holm p {p:.2g}"
     if v == "reproduced":
-      return f"t = {self.t:+.1f} on {self.n - 1} df (critical {self.critical:.2f})"
+      return where
+    if v == "negligible":
+      return f"{where}, but wholly inside the margin ±{self.margin:.3g} (TOST)"
     if v == "refuted":
-      if self.sign * self.t < -self.critical:
-        return (f"significant in the opposite direction: t = {self.t:+.1f} on {self.n - 1} "
-                f"df")
-      return (f"the 95% interval excludes effects ≥ {self.min_effect:.3g} in the claimed "
-              f"direction (power to have seen one)")
+      if p < ALPHA:
+        return f"significant in the opposite direction: {where}"
+      return (f"{where}; TOST puts it inside the margin ±{self.margin:.3g}: an effect the claim "
+              "means would have been seen")
     if self.sign * self.mean > 0:
       needed = self.seeds_to_decide()
-      return (f"t = {self.t:+.1f} on {self.n - 1} df; at this mean and spread about "
+      return (f"{where}; at this mean and spread about "
               f"{needed if needed else 'more than 1000'} seeds would decide it")
-    return (f"t = {self.t:+.1f} on {self.n - 1} df, against the claim's direction but not "
-            f"significant; a minimal effect of interest would decide it")
+    return f"{where}, against the claim's direction but not significant"
 
   def seeds_to_decide(self, most: int = 1000) -> int | None:
-    """The fewest seeds at which the observed mean and seed SD would pass the t test."""
-    sd = self.se * math.sqrt(self.n)
+    """The fewest seeds at which the observed mean and per-seed spread would pass the t test
+    (unadjusted; the spread is the error's, scaled as if it were all at the seed level)."""
+    sd = self.se * math.sqrt(max(self.n, 2))
     for n in range(max(self.n, 2), most + 1):
-      if abs(self.mean) / (sd / math.sqrt(n)) > scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1):
+      if abs(self.mean) / (sd / math.sqrt(n)) > scipy.stats.t.ppf(1 - ALPHA / 2, n - 1):
         return n
     return None
 
   def row(self) -> dict:
     return {"finding": self.finding, "statistic": self.statistic, "null": self.null,
-            "n_seeds": self.n, "mean": self.mean, "se": self.se, "t": self.t,
-            "verdict": self.verdict, "note": self.note, "values": list(self.values)}
+            "n_seeds": self.n, "mean": self.mean, "se": self.se, "df": self.df,
+            "levels": self.levels, "t": self.t, "p": self.p, "p_holm": self.p_adjusted,
+            "margin": self.margin, "margin_rule": self.margin_rule, "p_tost": self.p_tost,
+            "p_tost_holm": self.p_tost_adjusted, "verdict": self.verdict, "note": self.note,
+            "se_seed": getattr(self.estimate, "se_seed", None),
+            "se_doc": getattr(self.estimate, "se_doc", None), "values": list(self.values)}
+
+
+def adjust(verdicts: Sequence[Verdict]) -> None:
+  """Holm over the page: the difference tests as one family, the equivalence tests as the
+  second; each verdict then reads its adjusted p."""
+  for raw, field in (([v.p for v in verdicts], "p_adjusted"),
+                     ([v.p_tost for v in verdicts], "p_tost_adjusted")):
+    for v, p in zip(verdicts, multiplicity.holm(raw)):
+      setattr(v, field, p)
+
+
+def margin_of(reference: float | None) -> float | None:
+  """The margin from its reference magnitude (None where the reference was not measured)."""
+  if reference is None or not math.isfinite(reference):
+    return None
+  return MARGIN_FRACTION * abs(reference)
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> list[float]:

@@ -12,24 +12,14 @@ import glob
 import os
 import subprocess
 import tempfile
-from typing import Callable
 
 import numpy as np
 
 from hybrid_nope import sweep
-from hybrid_nope.analysis.evidence import compare, compare_table, run_files
-from hybrid_nope.analysis.evidence.findings import Verdict, clustered_correlation, paired
-from hybrid_nope.run_dir import RunDir
-
-INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
-# The smallest effects the findings mean, for "refuted with the power to have seen it": a
-# cosine gap or floor moved by 0.01, an eval loss by 0.01 nats, one more significant flip.
-MIN_COSINE, MIN_LOSS, MIN_FLIPS = 0.01, 0.01, 1.0
-# configs/small.py's experiments with a local mixer, in the page's order.
-LOCAL_EXPERIMENTS = ("swa16", "swa64", "swa256", "nopeswa64", "nopeswa256", "gla", "gdn", "gdn3")
-# The local mixers set side by side: (experiment, the one it is compared with), paired by seed.
-MIXER_PAIRS = (("gdn", "gla"), ("gdn", "swa16"), ("gdn", "swa64"), ("gla", "swa64"),
-               ("gdn3", "gdn"))
+from hybrid_nope.analysis.evidence import (compare, compare_table, extrapolation, findings,
+                                           flip_counts, verdicts)
+from hybrid_nope.analysis.evidence.findings import Verdict, adjust
+from hybrid_nope.analysis.evidence.published_findings import NORMS, Run, paired_paths
 
 
 def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, str]]:
@@ -43,226 +33,56 @@ def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, str]]:
   return dict(runs)
 
 
-class Run:
-  """One run's recency records by step, and its compare summary."""
-
-  def __init__(self, workdir: str, name: str):
-    self.summary = compare.load_run(workdir, name)
-    self.by_step = collections.defaultdict(list)
-    for r in run_files.read_jsonl(RunDir(workdir).recency):
-      self.by_step[r["step"]].append(r)
-    self.final = max(self.by_step)
-
-  def records(self, step: int, module: str, layer_type: str | None = None) -> list[dict]:
-    return [r for r in self.by_step[step] if r["module"] == module
-            and (layer_type is None or r["layer_type"] == layer_type)]
-
-  def mean(self, step: int, module: str, key: str, layer_type: str | None = None) -> float:
-    values = [float(np.mean(r[key])) for r in self.records(step, module, layer_type) if key in r]
-    return float(np.mean(values)) if values else float("nan")
-
-  def local_type(self) -> str:
-    """The layer_type of the run's local mixer ("swa", "linear", "delta"); "" for none."""
-    types = {r["layer_type"] for r in self.by_step[self.final]} - {"global", "data"}
-    return next(iter(types)) if len(types) == 1 else ""
-
-  def global_input(self, step: int, key: str) -> float:
-    return self.mean(step, INPUT, key, "global")
-
-  def steepness(self, step: int, lag: int) -> float:
-    """f(1) − f(lag) at the global layers' input."""
-    values = [r["profile"][0] - r["profile"][r["lags"].index(lag)]
-              for r in self.records(step, INPUT, "global") if lag in r["lags"]]
-    return float(np.mean(values)) if values else float("nan")
-
-
-def per_seed(runs: dict[int, Run], fn: Callable[[Run], float]) -> dict[int, float]:
-  return {seed: fn(run) for seed, run in sorted(runs.items())}
-
-
-def verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]) -> list[Verdict]:
-  """Each published finding (DESIGN.md) that the runs present can decide."""
-  out = []
-  have = lambda *names: all(n in runs and len(runs[n]) >= 2 for n in names)
-  local = [e for e in LOCAL_EXPERIMENTS if have(e)]
-  for e in local + (["nope"] if have("nope") else []):
-    rs = runs[e]
-    out.append(Verdict(
-        f"{e}: recency exists at init", "gap − shuffled-token gap at the global layers' "
-        "input, step 0", "the same model on tokens shuffled within documents",
-        list(per_seed(rs, lambda r: r.global_input(0, "gap")
-                      - r.global_input(0, "shuffled_gap")).values()), min_effect=MIN_COSINE))
-    out.append(Verdict(
-        f"{e}: recency strengthens with training", "gap(final) − gap(step 0), global input",
-        "no change (paired within each run)",
-        list(per_seed(rs, lambda r: r.global_input(r.final, "gap")
-                      - r.global_input(0, "gap")).values()), min_effect=MIN_COSINE))
-    depths = list(per_seed(rs, _depth).values())
-    if not np.all(np.isnan(depths)):  # One global layer (gdn3's DDDG) has no depth to compare.
-      out.append(Verdict(
-          f"{e}: recency strengthens with depth", "gap at the last global layer's input − at "
-          "the first, final step", "no change with depth", depths, min_effect=MIN_COSINE))
-  for e in local:
-    rs = runs[e]
-    out.append(Verdict(
-        f"{e}: norms lower the floor", "floor change of pre_mixer_norm and pre_mlp_norm "
-        "(norm output − its input), mean over layers, final", "no change", list(per_seed(
-            rs, lambda r: np.mean([r.mean(r.final, m, "floor_change")
-                                   for m in ("pre_mixer_norm", "pre_mlp_norm")])).values()),
-        sign=-1, min_effect=MIN_COSINE))
-    out.append(Verdict(
-        f"{e}: norms raise the gap", "gap change of the two norms, mean over layers, final",
-        "no change", list(per_seed(rs, lambda r: np.mean([
-            r.mean(r.final, m, "gap_change") for m in ("pre_mixer_norm", "pre_mlp_norm")
-        ])).values()), min_effect=MIN_COSINE))
-    kind = next(iter(rs.values())).local_type()
-    out.append(Verdict(
-        f"{e}: the local mixer raises the gap most", "gap change of the local mixer branch − "
-        "the largest of the other modules' (norms, MLP, global mixer), final",
-        "the local mixer is not above the rest", list(per_seed(
-            rs, lambda r: r.mean(r.final, "mixer", "gap_change", kind) - max(
-                r.mean(r.final, "mixer", "gap_change", "global"),
-                r.mean(r.final, "mlp", "gap_change"),
-                r.mean(r.final, "pre_mixer_norm", "gap_change"),
-                r.mean(r.final, "pre_mlp_norm", "gap_change"))).values()),
-        min_effect=MIN_COSINE))
-    for module, what in (("residual_1", "the mixer's residual add"),
-                         ("residual_2", "the MLP's residual add")):
-      out.append(Verdict(
-          f"{e}: {what} lowers the gap", f"gap of {module} − gap of the stream it adds to, "
-          "mean over layers, final", "no change", list(per_seed(
-              rs, lambda r, m=module: r.mean(r.final, m, "gap_change")).values()), sign=-1,
-          min_effect=MIN_COSINE))
-      out.append(Verdict(
-          f"{e}: {what} raises the floor", f"floor of {module} − floor of the stream it adds "
-          "to, final", "no change", list(per_seed(
-              rs, lambda r, m=module: r.mean(r.final, m, "floor_change")).values()),
-          min_effect=MIN_COSINE))
-    out.append(Verdict(
-        f"{e}: the MLP lowers the gap", "gap of the MLP output − of its normalised input, "
-        "final", "no change", list(per_seed(
-            rs, lambda r: r.mean(r.final, "mlp", "gap_change")).values()), sign=-1,
-        min_effect=MIN_COSINE))
-    out.append(Verdict(
-        f"{e}: global NoPE attention raises the gap (weakly)", "gap of the global mixer output "
-        "− of its normalised input, final", "no change", list(per_seed(
-            rs, lambda r: r.mean(r.final, "mixer", "gap_change", "global")).values()),
-        min_effect=MIN_COSINE))
-  for e in local + (["nope"] if have("nope") else []):
-    null = (nulls.get(e) or {}).get("logit_gap") or {}
-    mu = null.get("mean") or 0.0
-    out.append(Verdict(
-        f"{e}: logit recency appears with training", "head- and layer-mean logit gap at the "
-        "final step − the init-null mean", f"the empirical init null (mean {mu:+.4f}, SD "
-        f"{null.get('sd') or float('nan'):.4f} over fresh initialisations)",
-        list(per_seed(runs[e], lambda r: r.summary["logit_gap"] - mu).values()),
-        min_effect=null.get("sd")))
-  if have("swa16", "swa256"):
-    out.append(Verdict(
-        "smaller windows give steeper profiles", "f(1) − f(16) at the global input, swa16 − "
-        "swa256, paired by seed, final", "no difference",
-        paired(per_seed(runs["swa16"], lambda r: r.steepness(r.final, 16)),
-               per_seed(runs["swa256"], lambda r: r.steepness(r.final, 16))),
-        min_effect=MIN_COSINE))
-    out.append(Verdict(
-        "smaller windows reach lower loss", "final eval loss, swa16 − swa256, paired by seed",
-        "no difference", paired(
-            per_seed(runs["swa16"], lambda r: r.summary["eval_loss"]),
-            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), sign=-1,
-        min_effect=MIN_LOSS))
-  if have("swa16_flops256", "swa256"):
-    out.append(Verdict(
-        "smaller windows reach lower loss at equal FLOPs", "final eval loss, swa16 trained for "
-        "swa256's FLOPs − swa256, paired by seed", "no difference", paired(
-            per_seed(runs["swa16_flops256"], lambda r: r.summary["eval_loss"]),
-            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), sign=-1,
-        min_effect=MIN_LOSS))
-  if have("nopeswa256", "swa256"):
-    out.append(Verdict(
-        "NoPE-in-SWA with a large window: the logit gap swings in sign",
-        "significant logit-gap sign flips, nopeswa256 − swa256, paired by seed",
-        "no difference", paired(
-            per_seed(runs["nopeswa256"], lambda r: r.summary["logit_gap_sign_flips"]),
-            per_seed(runs["swa256"], lambda r: r.summary["logit_gap_sign_flips"])),
-        min_effect=MIN_FLIPS))
-    out.append(Verdict(
-        "NoPE-in-SWA with a large window: the loss collapses (is worse)",
-        "final eval loss, nopeswa256 − swa256, paired by seed", "no difference", paired(
-            per_seed(runs["nopeswa256"], lambda r: r.summary["eval_loss"]),
-            per_seed(runs["swa256"], lambda r: r.summary["eval_loss"])), min_effect=MIN_LOSS))
-  return out
-
-
-def mixers_compared(runs: dict[str, dict[int, Run]]) -> list[dict]:
-  """The local mixers against each other (MIXER_PAIRS present with >= 2 common seeds): final
-  eval loss, gap and f(1) − f(16) at the global input, each a − b paired by seed."""
-  stats = (("final eval loss", lambda r: r.summary["eval_loss"]),
-           ("gap (global input)", lambda r: r.global_input(r.final, "gap")),
-           ("f(1) − f(16) (global input)", lambda r: r.steepness(r.final, 16)))
-  out = []
-  for a, b in MIXER_PAIRS:
-    if a not in runs or b not in runs or len(set(runs[a]) & set(runs[b])) < 2:
-      continue
-    for name, fn in stats:
-      v = Verdict(f"{a} − {b}", name, "no difference",
-                  paired(per_seed(runs[a], fn), per_seed(runs[b], fn)))
-      out.append({"pair": f"{a} − {b}", "statistic": name, "seeds": v.n, "mean": v.mean,
-                  "se": v.se, "t": v.t, "critical": v.critical,
-                  "reading": reading(a, b, v.t, v.critical, v.n)})
-  return out
-
-
-def _mixers_section(rows: list[dict]) -> list[str]:
-  if not rows:
-    return []
-  lines = ["## The local mixers compared", "",
-           "Each row is a − b per seed (same seed: same data order, and the same initialisation "
-           "of every weight whose shape the two configs share), then the mean over seeds ± the "
-           "seed-level SE, with Student's t against no difference (two-sided, 5%).", "",
-           "| pair | statistic | seeds | mean ± seed SE | t (critical) | reading |",
-           "|---|---|---|---|---|---|"]
-  for r in rows:
-    lines.append(f"| {r['pair']} | {r['statistic']} | {r['seeds']} | {_fmt(r['mean'], '+.4f')} "
-                 f"± {_fmt(r['se'], '.4f')} | {_fmt(r['t'], '+.1f')} "
-                 f"({_fmt(r['critical'], '.2f')}) | {r['reading']} |")
-  return lines + [""]
-
-
-def reading(a: str, b: str, t: float | None, critical: float | None, seeds: int) -> str:
-  """What a − b paired over seeds shows: which side is larger where |t| clears the critical
-  value."""
-  if t is None or critical is None or not np.isfinite(t) or abs(t) <= critical:
-    return f"no difference detected at {seeds} seeds"
-  return f"{a} {'>' if t > 0 else '<'} {b}"
-
-
-def _depth(r: Run) -> float:
-  recs = sorted(r.records(r.final, INPUT, "global"), key=lambda x: x["layer"])
-  return recs[-1]["gap"] - recs[0]["gap"] if len(recs) >= 2 else float("nan")
-
-
-def extrapolation_correlation(runs: dict[str, dict[int, Run]]) -> dict:
-  """Pearson r of the 2x extrapolation ratio with the gap, over all runs, seeds clustered by
-  config in the bootstrap."""
-  xs, ys = [], []
-  for rs in runs.values():
-    pairs = [(r.summary["extrapolation_gap"], r.summary["ratio"].get(2)) for r in rs.values()]
-    pairs = [p for p in pairs if p[0] is not None and p[1] is not None]
-    xs.append([p[0] for p in pairs])
-    ys.append([p[1] for p in pairs])
-  return clustered_correlation(xs, ys)
+def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, str]]
+               ) -> tuple[Verdict, dict] | None:
+  """NoPE-in-SWA against RoPE-in-SWA at the large window, as counts of heads whose logit gap
+  flips sign (`flip_counts`): an exact paired permutation test over seeds, in the page's
+  family."""
+  a, b = "nopeswa256", "swa256"
+  if not (a in runs and b in runs and len(set(runs[a]) & set(runs[b])) >= 2):
+    return None
+  result = flip_counts.compare_flips(
+      {s: flip_counts.load_layers(d) for s, d in dirs[a].items()},
+      {s: flip_counts.load_layers(d) for s, d in dirs[b].items()}, names=(a, b))
+  diff = result["difference"]
+  v = Verdict(f"NoPE-in-SWA with a large window: {flip_counts.CLAIM}", "fraction of global "
+              "heads whose logit gap flips sign significantly over training, nopeswa256 − "
+              "swa256, paired by seed", "exchangeable configs within a seed (exact sign-flip "
+              "permutation)", diff["per_seed"], margin=findings.MARGIN_FRACTION,
+              margin_rule="a tenth of the heads", p_exact=result["permutation"]["p_two_sided"])
+  return v, result
 
 
 def norm_effect_over_training(runs: dict[int, Run]) -> list[tuple[int, float, float | None]]:
   """(step, seed mean, seed SE) of the norms' floor change (mean of pre_mixer_norm and
   pre_mlp_norm over layers) at every step all seeds recorded: when the gains start to act."""
   steps = sorted(set.intersection(*(set(r.by_step) for r in runs.values())))
+  def floor_change(r, step):
+    return float(np.mean([np.mean(rec["floor_change"]) for m in NORMS
+                          for rec in r.records(step, m) if "floor_change" in rec]))
   out = []
   for step in steps:
-    v = Verdict("", "", "", [float(np.mean([r.mean(step, m, "floor_change")
-                                            for m in ("pre_mixer_norm", "pre_mlp_norm")]))
-                             for r in runs.values()])
+    v = Verdict("", "", "", [floor_change(r, step) for r in runs.values()])
     out.append((step, v.mean, v.se))
+  return out
+
+
+def extrapolation_points(runs: dict[str, dict[int, Run]]) -> dict[int, list[dict]]:
+  """Per factor k > 1: one point per config (seed means of the gap at the training length,
+  the final eval loss and the k× ratio)."""
+  factors = sorted({k for rs in runs.values() for r in rs.values()
+                    for k in r.summary["ratio"]})
+  mean = lambda xs: float(np.mean(xs)) if xs else float("nan")
+  out = {}
+  for k in factors:
+    out[k] = [{"config": e,
+               "gap": mean([r.summary["extrapolation_gap"] for r in rs.values()
+                            if r.summary["extrapolation_gap"] is not None]),
+               "eval_loss": mean([r.summary["eval_loss"] for r in rs.values()
+                                  if r.summary["eval_loss"] is not None]),
+               "ratio": mean([r.summary["ratio"][k] for r in rs.values()
+                              if r.summary["ratio"].get(k) is not None])}
+              for e, rs in sorted(runs.items())]
   return out
 
 
@@ -293,31 +113,83 @@ def _norm_section(name: str, series) -> list[str]:
   return lines
 
 
-def render(rows, found: list[Verdict], corr: dict, counts: dict[str, int], intro: str,
-           norm_series: dict | None = None, mixers: list[dict] | None = None) -> str:
+VERDICT_HEADER = ("| finding | statistic (per seed) | null | seeds | mean ± SE (levels) | margin "
+                  "(rule) | p / Holm p | verdict | why |")
+
+
+def verdict_row(v: Verdict) -> str:
+  margin = f"±{v.margin:.3g} ({v.margin_rule})" if v.margin is not None else "—"
+  return (f"| {v.finding} | {v.statistic} | {v.null} | {v.n} | {_fmt(v.mean, '+.4f')} ± "
+          f"{_fmt(v.se, '.4f')} ({v.levels}) | {margin} | {_fmt(v.p, '.2g')} / "
+          f"{_fmt(v.p_adjusted, '.2g')} | **{v.verdict}** | {v.note} |")
+
+
+def _verdicts_section(title: str, intro: str, rows: list[Verdict]) -> list[str]:
+  if not rows:
+    return []
+  return [f"## {title}", "", intro, "", VERDICT_HEADER, "|---|---|---|---|---|---|---|---|---|",
+          *(verdict_row(v) for v in rows), ""]
+
+
+def _extrapolation_section(regressions: dict[int, dict], corr: dict) -> list[str]:
+  lines = ["## Length extrapolation and recency, at fixed loss", "",
+           "Per factor k (evaluation length / training length): ratio_k = a + b·gap + c·loss "
+           "over configs (seed means), b's 95% interval by a bootstrap over whole configs, and "
+           "the partial correlation of ratio and gap given loss "
+           "(hybrid_nope/analysis/evidence/extrapolation.py).", "",
+           "| k | configs | slope b (gap) | 95% interval | partial r | ratios | reading |",
+           "|---|---|---|---|---|---|---|"]
+  for k, r in sorted(regressions.items()):
+    rng = r["ratio_range"] or [None, None]
+    lines.append(f"| {k} | {r['n']} | {_fmt(r['slope'], '+.3g')} | [{_fmt(r['low'], '+.3g')}, "
+                 f"{_fmt(r['high'], '+.3g')}] | {_fmt(r['partial_r'], '+.2f')} | "
+                 f"{_fmt(rng[0], '.3f')}–{_fmt(rng[1], '.3f')} | {extrapolation.decided(r)} |")
+  lines += ["", f"For comparison, the raw Pearson r of the 2× ratio with the gap over "
+            f"{corr.get('points', 0)} runs in {corr['groups']} configs: {_fmt(corr['r'], '+.3f')}"
+            f", 95% [{_fmt(corr['low'], '+.3f')}, {_fmt(corr['high'], '+.3f')}] (configs "
+            f"resampled whole); it does not hold the loss fixed.", ""]
+  return lines
+
+
+def render(rows, found: list[Verdict], mixers: list[Verdict], swing, regressions, corr: dict,
+           counts: dict[str, int], intro: str, norm_series: dict | None = None) -> str:
+  family = len([v for v in found + mixers if v.p is not None])
   lines = [intro, "", f"Records: {sum(counts.values())} runs — " + ", ".join(
       f"{e} ×{n}" for e, n in sorted(counts.items())) + ".", "", "## The sweep", "",
       compare_table.table(rows), "",
       "![gap and logit gap vs step](results/gap_vs_step.png)",
       "![loss vs window](results/loss_vs_window.png)",
-      "![gap vs window](results/gap_vs_window.png)", "", "## Verdicts", "",
-      "| finding | statistic (per seed) | null | seeds | mean ± seed SE | verdict | why |",
-      "|---|---|---|---|---|---|---|"]
-  for v in found:
-    lines.append(f"| {v.finding} | {v.statistic} | {v.null} | {v.n} | "
-                 f"{_fmt(v.mean, '+.4f')} ± {_fmt(v.se, '.4f')} | **{v.verdict}** | {v.note} |")
-  lines.append("")
-  lines += _mixers_section(mixers or [])
+      "![gap vs window](results/gap_vs_window.png)", ""]
+  lines += _verdicts_section(
+      "Verdicts", f"One family of {family} tests (this table, the sign-swing row and the "
+      "mixer rows), Holm-adjusted; a second family of the equivalence (TOST) tests against "
+      "each row's margin. Errors: seed × document where the statistic is built from the "
+      "probe's per-document sums, seed alone for eval losses (hybrid_nope/analysis/evidence/"
+      "findings.py defines the verdict kinds, two_level.py the error, published_findings.py "
+      "the margins' rule).", found)
+  if swing is not None:
+    lines += [f"Sign swing in detail: {flip_counts.verdict_text(swing[1], p=swing[0].p_adjusted)}",
+              ""]
+  lines += _verdicts_section(
+      "The local mixers compared", "Each row is a − b per seed (same seed: same data order, "
+      "and the same initialisation of every weight whose shape the two configs share), in the "
+      "page's Holm family.", mixers)
   for name, series in (norm_series or {}).items():
     lines += _norm_section(name, series)
-  lines += ["## Length extrapolation and recency", "",
-            f"Pearson r of the 2× extrapolation ratio with the gap (global input, training "
-            f"length), over {corr.get('points', 0)} runs in {corr['groups']} configs: "
-            f"{_fmt(corr['r'], '+.3f')}, 95% interval [{_fmt(corr['low'], '+.3f')}, "
-            f"{_fmt(corr['high'], '+.3f')}] by a bootstrap that resamples whole configs "
-            f"(seeds of one config are not independent evidence about configs; undefined below "
-            f"3 configs).", ""]
+  lines += _extrapolation_section(regressions, corr)
   return "\n".join(lines) + "\n"
+
+
+def extrapolation_correlation(runs: dict[str, dict[int, Run]]) -> dict:
+  """Pearson r of the 2x extrapolation ratio with the gap, over all runs, seeds clustered by
+  config in the bootstrap (the raw association, beside the regression at fixed loss)."""
+  xs, ys = [], []
+  for rs in runs.values():
+    pairs = [(r.summary["extrapolation_gap"], r.summary["ratio"].get(2)) for r in rs.values()]
+    pairs = [p for p in pairs if p[0] is not None and p[1] is not None]
+    xs.append([p[0] for p in pairs])
+    ys.append([p[1] for p in pairs])
+  return findings.clustered_correlation(xs, ys)
 
 
 def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) -> dict:
@@ -325,9 +197,10 @@ def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) ->
     dirs = unpack_all(records_dir, tmp)
     if not dirs:
       raise FileNotFoundError(f"no <experiment>/seed<k>.tar.gz under {records_dir}")
+    workdirs = [d for by_seed in dirs.values() for d in by_seed.values()]
+    paired_paths(workdirs)
     runs = {e: {s: Run(d, f"{e}_seed{s}") for s, d in by_seed.items()}
             for e, by_seed in dirs.items()}
-    workdirs = [d for by_seed in dirs.values() for d in by_seed.values()]
     names = [f"{e}_seed{s}" for e, by_seed in dirs.items() for s in by_seed]
     packs = [os.path.join(records_dir, e, f"seed{s}.tar.gz")
              for e, by_seed in dirs.items() for s in by_seed]
@@ -336,12 +209,21 @@ def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) ->
                              command="python launch/results.py", sources=packs)
     nulls = {e: next((r.summary["init_null"] for r in rs.values() if r.summary["init_null"]),
                      None) for e, rs in runs.items()}
-    found = verdicts(runs, nulls)
+    found, mixers = verdicts.all_verdicts(runs, nulls)
+    swing = sign_swing(runs, dirs)
+    if swing is not None:
+      found.append(swing[0])
+    adjust(found + mixers)
+    regressions = {k: extrapolation.regression(points)
+                   for k, points in extrapolation_points(runs).items()}
     corr = extrapolation_correlation(runs)
     norm_series = {e: norm_effect_over_training(rs) for e, rs in runs.items()
                    if e in ("swa16", "swa64") and len(rs) >= 2}
-    text = render(result["rows"], found, corr, {e: len(v) for e, v in runs.items()},
-                  intro.replace("{commit}", _git_head()), norm_series, mixers_compared(runs))
+    text = render(result["rows"], found, mixers, swing, regressions, corr,
+                  {e: len(v) for e, v in runs.items()}, intro.replace("{commit}", _git_head()),
+                  norm_series)
   with open(out_md, "w") as f:
     f.write(text)
-  return {"rows": result["rows"], "verdicts": [v.row() for v in found], "correlation": corr}
+  return {"rows": result["rows"], "verdicts": [v.row() for v in found],
+          "mixers": [v.row() for v in mixers], "sign_swing": swing[1] if swing else None,
+          "extrapolation": regressions, "correlation": corr}

@@ -193,11 +193,42 @@ def m_norms(wq_DNH: jax.Array, wk_DKH: jax.Array) -> jax.Array:
   return jnp.sqrt(jnp.einsum("nhg,ngh->n", gram_q, gram_k)) * H**-0.5
 
 
+def delta_g(x_BTD: jax.Array, near: int, far: int, positions=None,
+            segment_ids=None) -> jax.Array:
+  """ΔG = G_X(near) − G_X(far): one D x D matrix [D, D], formed from the two lags only."""
+  return (cross_moment(x_BTD, near, positions, segment_ids)
+          - cross_moment(x_BTD, far, positions, segment_ids))
+
+
 def delta_norm(x_BTD: jax.Array, near: int, far: int, positions=None,
                segment_ids=None) -> jax.Array:
-  """‖ΔG‖_F with ΔG = G_X(near) − G_X(far): one D x D matrix, formed from the two lags only."""
-  return jnp.linalg.norm(cross_moment(x_BTD, near, positions, segment_ids)
-                         - cross_moment(x_BTD, far, positions, segment_ids))
+  """‖ΔG‖_F with ΔG = G_X(near) − G_X(far)."""
+  return jnp.linalg.norm(delta_g(x_BTD, near, far, positions, segment_ids))
+
+
+def matrix_parts(m_DD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(tr A, ‖S_A‖_F, ‖K_A‖_F) of a D x D matrix A = (tr A / D) I + S_A + K_A, S_A symmetric
+  traceless, K_A antisymmetric: the pieces O(D) conjugation keeps apart (`logit_gap_null_trace`)."""
+  a = m_DD.astype(jnp.float32)
+  trace = jnp.trace(a)
+  sym = 0.5 * (a + a.T) - trace / a.shape[0] * jnp.eye(a.shape[0], dtype=a.dtype)
+  return trace, jnp.linalg.norm(sym), jnp.linalg.norm(0.5 * (a - a.T))
+
+
+def m_parts(wq_DNH: jax.Array, wk_DKH: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`matrix_parts` of every head's M_h = W_q W_kᵀ / sqrt(H), each [N], from H x H products only:
+  tr M = Σ W_q ⊙ W_k / sqrt(H), ⟨M, Mᵀ⟩ = tr(C C) / H with C = W_kᵀ W_q, and
+  ‖S‖² = (‖M‖² + ⟨M, Mᵀ⟩)/2 − (tr M)²/D, ‖K‖² = (‖M‖² − ⟨M, Mᵀ⟩)/2 (float32: a part below
+  ~1e-3 ‖M‖ is rounding)."""
+  D, N, H = wq_DNH.shape
+  wq = wq_DNH.astype(jnp.float32)
+  wk = jnp.repeat(wk_DKH.astype(jnp.float32), N // wk_DKH.shape[1], axis=1)
+  trace_N = jnp.einsum("dnh,dnh->n", wq, wk) * H**-0.5
+  c_NHH = jnp.einsum("dnh,dng->nhg", wk, wq)
+  transposed_N = jnp.einsum("nhg,ngh->n", c_NHH, c_NHH) / H
+  square_N = m_norms(wq_DNH, wk_DKH) ** 2
+  sym_N = jnp.sqrt(jnp.maximum(0.5 * (square_N + transposed_N) - trace_N**2 / D, 0.0))
+  return trace_N, sym_N, jnp.sqrt(jnp.maximum(0.5 * (square_N - transposed_N), 0.0))
 
 
 def alignment(x_BTD: jax.Array, wq_DNH: jax.Array, wk_DKH: jax.Array, near: int = 1,
@@ -229,6 +260,37 @@ def logit_gap_null(m_norms_N, delta_norm_value, d_model: int) -> np.ndarray:
   M_h's Frobenius norm (Haar-rotated, M' = U M_h Vᵀ): ‖M_h‖ ‖ΔG‖ / D, by the same identity as
   `alignment_null` (its mean is 0)."""
   return np.asarray(m_norms_N, np.float64) * float(delta_norm_value) / d_model
+
+
+def logit_gap_null_trace(m_traces_N, m_sym_norms_N, m_antisym_norms_N, delta_trace,
+                         delta_sym_norm, delta_antisym_norm, d_model: int):
+  """(mean [N], SD [N]) of the logit gap ⟨M'_h, ΔG⟩ under the trace-preserving random M'_h =
+  U M_h Uᵀ, U Haar on O(D): an M'_h with M_h's spectrum, trace and symmetry, at a random
+  orientation. It keeps what M reads without position (content matching: M = c I scores
+  c tr ΔG, the rest of ⟨M, ΔG⟩ comes from M's orientation); `logit_gap_null` (U M Vᵀ) does not.
+
+  Split A = (tr A / D) I + S_A + K_A (`matrix_parts`). Conjugation maps each piece to its own
+  kind, and the pieces are orthogonal, so ⟨U M Uᵀ, ΔG⟩ = tr M tr ΔG / D + ⟨U S_M Uᵀ, S_ΔG⟩
+  + ⟨U K_M Uᵀ, K_ΔG⟩. The symmetric traceless and the antisymmetric matrices carry inequivalent
+  irreducible real representations of O(D) of real type, of dimensions d_S = (D − 1)(D + 2)/2 and
+  d_K = D(D − 1)/2, so (Schur orthogonality) E⟨ρ(U) a, b⟩ = 0,
+  E[⟨ρ(U) a, b⟩⟨ρ(U) a', b'⟩] = ⟨a, a'⟩⟨b, b'⟩ / d_ρ and the cross terms vanish:
+
+    E = tr M tr ΔG / D,
+    Var = 2 ‖S_M‖² ‖S_ΔG‖² / ((D − 1)(D + 2)) + 2 ‖K_M‖² ‖K_ΔG‖² / (D (D − 1)).
+
+  O(D), not SO(D): SO(4) splits the antisymmetric piece in two, SO(2) fixes it (docs/theory.md).
+  tests/test_analysis_measure_recency.py checks both moments by Monte Carlo against a
+  non-symmetric ΔG with a large trace, and rejects the Haar-both-sides null there.
+  """
+  D = int(d_model)
+  if D < 2:
+    raise ValueError(f"d_model={D}: the trace-preserving null needs D >= 2")
+  f = lambda v: np.asarray(v, np.float64)
+  mean_N = f(m_traces_N) * float(delta_trace) / D
+  var_N = (2 * f(m_sym_norms_N)**2 * float(delta_sym_norm)**2 / ((D - 1) * (D + 2))
+           + 2 * f(m_antisym_norms_N)**2 * float(delta_antisym_norm)**2 / (D * (D - 1)))
+  return mean_N, np.sqrt(var_N)
 
 
 def null_of_mean(null_sds) -> float:

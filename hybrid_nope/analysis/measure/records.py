@@ -14,7 +14,15 @@ A sums dict holds, for lags Λ (with 1 and the far lag L), C clusters and N head
                                       Σ cos(x_i, x_{i−1}) over the queries that have the far lag
   "{layer}/{module}/shuffled" [2, C]  Σ cos at lags (1, L) with tokens shuffled in each document
   "{layer}/logit" [Λ, C, N]           Σ q_i · k_{i−d} / sqrt(H) (global NoPE layers)
-  "{layer}/m_norms" [N], "{layer}/delta_norm" []   ‖M_h‖_F and ‖G_X(1) − G_X(L)‖_F
+  "{layer}/m_norms" [N], "{layer}/delta_norm" []   ‖M_h‖_F and ‖ΔG‖_F, ΔG = G_X(1) − G_X(L)
+  "{layer}/m_traces", "{layer}/m_sym_norms", "{layer}/m_antisym_norms" [N]
+                                      tr M_h, ‖S_M‖_F, ‖K_M‖_F (trace part, symmetric traceless
+                                      and antisymmetric parts: the trace-preserving null)
+  "{layer}/delta_trace", "{layer}/delta_sym_norm", "{layer}/delta_antisym_norm" []
+                                      the same three for ΔG
+  "{layer}/logit/shuffled" [2, C, N]  Σ q_i · k_{i−d} / sqrt(H) at lags (1, L) on the shuffled
+                                      probe (same W_Q, W_K, same pairs)
+  "{layer}/shuffled_delta_norm" []    ‖ΔG‖_F of the shuffled probe's layer input
   "{layer}/decay" []                  mean gate α (linear and delta layers)
   "{layer}/beta" []                   mean write strength β (delta layers)
 """
@@ -28,6 +36,8 @@ from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.theory import delta_recency_scale, linear_recency_scale
 
 DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE = -1, "data", "tokens"
+M_PARTS = ("m_traces", "m_sym_norms", "m_antisym_norms")  # recency.m_parts, in its order
+DELTA_PARTS = ("delta_trace", "delta_sym_norm", "delta_antisym_norm")  # recency.matrix_parts
 
 # The stream (or branch input) each boundary is compared with: its effect is after − before.
 # Norms and branches against what they receive; residual adds against the stream they add to.
@@ -112,8 +122,9 @@ def change_fields(sums: dict, key: str, before_key: str, lags, far: int) -> dict
 
 
 def readout_fields(sums: dict, layer: int, lags, far: int, d_model: int) -> dict:
-  """Logit profile and gap per head, with the paired SE and the random-M null; alignment with
-  its SE and the null of one head and of the head mean."""
+  """Logit profile and gap per head, with the paired SE and the random-M nulls (Haar both sides,
+  and trace-preserving); alignment with its SE and the null of one head and of the head mean;
+  the shuffled-token read-out control."""
   near_i, far_i = near_far(lags, far)
   n = np.asarray(sums["counts"], np.float64)
   s_NLC = np.moveaxis(np.asarray(sums[f"{layer}/logit"], np.float64), -1, 0)
@@ -130,7 +141,45 @@ def readout_fields(sums: dict, layer: int, lags, far: int, d_model: int) -> dict
           # ΔG's own noise is left out: to first order it scales the alignment, not its sign.
           "alignment": _floats(gap_N / scale_N), "alignment_stderr": _floats(gap_se_N / scale_N),
           "alignment_null": _floats(align_null_N),
-          "alignment_mean_null": recency.null_of_mean(align_null_N)}
+          "alignment_mean_null": recency.null_of_mean(align_null_N),
+          **trace_null_fields(sums, layer, gap_N, d_model),
+          **shuffled_readout_fields(sums, layer, s_NLC[:, [near_i, far_i]], n[[near_i, far_i]])}
+
+
+def trace_null_fields(sums: dict, layer: int, gap_N, d_model: int) -> dict:
+  """The trace-preserving random-M null (M' = U M Uᵀ) per head, and the gap's z against it.
+  Empty for sums written before the hook recorded its pieces."""
+  keys = [f"{layer}/{part}" for part in M_PARTS + DELTA_PARTS]
+  if not all(k in sums for k in keys):
+    return {}
+  mean_N, sd_N = recency.logit_gap_null_trace(*(sums[k] for k in keys), d_model)
+  with np.errstate(invalid="ignore", divide="ignore"):  # SD 0 (M = c I): z undefined, NaN
+    z_N = np.where(sd_N > 0, (gap_N - mean_N) / sd_N, np.nan)
+  return {"logit_gap_null_trace": _floats(sd_N), "logit_gap_null_trace_mean": _floats(mean_N),
+          "logit_gap_null_trace_z": _floats(z_N)}
+
+
+def shuffled_readout_fields(sums: dict, layer: int, s_N2C, n_2C) -> dict:
+  """The shuffled-token read-out control per head: logit gap and alignment of the same heads on
+  the probe shuffled within documents, over the same pairs; paired SEs over the same documents.
+  `s_N2C`, `n_2C`: the model's logit sums and counts at lags (1, L). Empty for older sums."""
+  if f"{layer}/logit/shuffled" not in sums:
+    return {}
+  sh_N2C = np.moveaxis(np.asarray(sums[f"{layer}/logit/shuffled"], np.float64), -1, 0)
+  profile_N2 = recency.mean_and_stderr(sh_N2C, n_2C[None])[0]
+  gap_N = profile_N2[:, 0] - profile_N2[:, 1]
+  terms = lambda s, sign: [(sign, s[:, 0], n_2C[0]), (-sign, s[:, 1], n_2C[1])]
+  out = {"shuffled_logit_gap": _floats(gap_N),
+         "shuffled_logit_gap_stderr": _floats(recency.contrast_stderr(terms(sh_N2C, 1.0))),
+         "logit_gap_over_shuffled_stderr": _floats(recency.contrast_stderr(
+             terms(s_N2C, 1.0) + terms(sh_N2C, -1.0)))}
+  if f"{layer}/shuffled_delta_norm" in sums:
+    scale_N = (np.asarray(sums[f"{layer}/m_norms"], np.float64)
+               * float(sums[f"{layer}/shuffled_delta_norm"]))
+    out["shuffled_alignment"] = _floats(gap_N / scale_N)
+    out["shuffled_alignment_stderr"] = _floats(
+        np.asarray(out["shuffled_logit_gap_stderr"]) / scale_N)
+  return out
 
 
 def linear_fields(sums: dict, layer: int) -> dict:
@@ -180,7 +229,8 @@ def build(step: int, sums: dict, *, kinds, layer_types, boundaries, final_bounda
 def encode_sums(sums: dict, lags, far: int) -> bytes:
   """One measurement's sums as a compressed .npz (float32: sums of at most ~1e6 cosines)."""
   buffer = io.BytesIO()
-  arrays = {k: np.asarray(v, np.float64 if k.endswith("delta_norm") else np.float32)
+  exact = ("delta_norm",) + DELTA_PARTS  # ΔG's few summaries, kept as measured
+  arrays = {k: np.asarray(v, np.float64 if k.endswith(exact) else np.float32)
             for k, v in sums.items()}
   np.savez_compressed(buffer, lags=np.asarray(lags, np.int64), far_lag=np.int64(far), **arrays)
   return buffer.getvalue()

@@ -1,0 +1,210 @@
+"""Each published finding (DESIGN.md) as a statistic per seed, with its two-level error, its null
+and its margin: what docs/results.md's verdict table is made of.
+
+A statistic of the recency records is computed on the probe's per-document sums
+(`two_level.Replicates`: the estimate on all documents and with each one left out), so it
+carries a seed × document error; eval losses are not split by document and carry the seed
+level alone. Each finding names the part the local layers contribute where the claim is about
+them: a config against `nope` (global layers only, same seed, same shapes where they agree) at
+the same layers.
+
+Margins follow one rule (`findings.MARGIN_FRACTION` of a reference magnitude), the reference
+being what the local layers themselves do to the statistic's quantity in that config, final
+step, seed mean:
+- cosine statistics: the local mixer's own raise of the gap (mixer output − its input);
+- logit statistics: the config's head- and layer-mean logit gap − nope's (what the local
+  layers add to the read-out);
+- eval losses: nope's loss − the reference config's (what the local layers buy);
+- the configs without a local layer (nope) take the mean of that reference over the page's
+  local configs.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from typing import Callable
+
+import numpy as np
+
+from hybrid_nope import storage
+from hybrid_nope.analysis.evidence import compare, run_files, two_level
+from hybrid_nope.analysis.evidence.findings import Verdict, margin_of, paired
+from hybrid_nope.analysis.measure import records as records_lib
+from hybrid_nope.run_dir import RunDir
+
+INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
+NOPE = "nope"
+# configs/small.py's experiments with a local mixer, in the page's order.
+LOCAL_EXPERIMENTS = ("swa16", "swa64", "swa256", "nopeswa64", "nopeswa256", "gla", "gdn", "gdn3")
+NORMS = ("pre_mixer_norm", "pre_mlp_norm")
+# The two readings of a residual add: against the stream it adds to, and against the branch.
+RESIDUALS = {"residual_1": ("the mixer's residual add", "input", "mixer"),
+             "residual_2": ("the MLP's residual add", "residual_1", "mlp")}
+
+
+class Run:
+  """One run's recency records and per-document sums by step, and its compare summary."""
+
+  def __init__(self, workdir: str, name: str):
+    self.summary = compare.load_run(workdir, name)
+    rd = RunDir(workdir)
+    self.by_step = collections.defaultdict(list)
+    for r in run_files.read_jsonl(rd.recency):
+      self.by_step[r["step"]].append(r)
+    self.final = max(self.by_step)
+    self.layer_types = {r["layer"]: r["layer_type"] for r in self.by_step[self.final]
+                        if r["layer"] >= 0}
+    self._sums = {}
+    for step in (0, self.final):
+      path = rd.recency_sums_file(step)
+      if storage.exists(path):
+        sums, lags, far = records_lib.decode_sums(storage.read_bytes(path))
+        self._sums[step] = two_level.Replicates(sums, lags, far)
+
+  def at(self, step: int) -> two_level.Replicates:
+    if step not in self._sums:
+      raise FileNotFoundError(f"{self.summary['name']}: no per-document sums at step {step}")
+    return self._sums[step]
+
+  def layers(self, *types: str) -> list[int]:
+    return sorted(layer for layer, t in self.layer_types.items() if t in types)
+
+  @property
+  def global_layers(self) -> list[int]:
+    return self.layers("global")
+
+  @property
+  def local_layers(self) -> list[int]:
+    return self.layers("swa", "linear", "delta")
+
+  def local_type(self) -> str:
+    types = {self.layer_types[layer] for layer in self.local_layers}
+    return next(iter(types)) if len(types) == 1 else ""
+
+  def records(self, step: int, module: str, layer_type: str | None = None) -> list[dict]:
+    return [r for r in self.by_step[step] if r["module"] == module
+            and (layer_type is None or r["layer_type"] == layer_type)]
+
+  # ---- statistics as replicate arrays [C + 1] ----
+  def gap(self, step: int, module: str, layers) -> np.ndarray:
+    reps = self.at(step)
+    return np.mean([reps.gap(f"{layer}/{module}") for layer in layers], axis=0)
+
+  def floor(self, step: int, module: str, layers) -> np.ndarray:
+    reps = self.at(step)
+    return np.mean([reps.floor(f"{layer}/{module}") for layer in layers], axis=0)
+
+  def change(self, kind: str, step: int, module: str, before: str, layers) -> np.ndarray:
+    """gap or floor of `module` − of `before`, mean over layers."""
+    of = self.gap if kind == "gap" else self.floor
+    return of(step, module, layers) - of(step, before, layers)
+
+  def global_input_gap(self, step: int, layers=None) -> np.ndarray:
+    return self.gap(step, INPUT, self.global_layers if layers is None else layers)
+
+  def steepness(self, step: int, lag: int) -> np.ndarray:
+    """f(1) − f(lag) at the global layers' input."""
+    reps = self.at(step)
+    i = reps.lags.index(lag)
+    return np.mean([reps.mean(f"{g}/{INPUT}", reps.near_i) - reps.mean(f"{g}/{INPUT}", i)
+                    for g in self.global_layers], axis=0)
+
+  def logit_gap(self, step: int) -> np.ndarray:
+    reps = self.at(step)
+    return np.mean([reps.logit_gap(g) for g in self.global_layers], axis=0)
+
+  def has_shuffled_readout(self) -> bool:
+    return self.at(self.final).has(f"{self.global_layers[0]}/logit/shuffled")
+
+
+Statistic = Callable[..., np.ndarray]
+
+
+def verdict(finding: str, statistic: str, null: str, runs_by_seed: list[tuple], fn: Statistic,
+            sign: int = 1, reference: float | None = None, rule: str = "") -> Verdict:
+  """A Verdict from `fn(*runs)` per seed (runs: one per config, paired by seed), each a replicate
+  array (two levels) or a float (seed level only)."""
+  values = [fn(*rs) for rs in runs_by_seed]
+  arrays = all(np.ndim(v) == 1 for v in values)
+  est = two_level.combine(values) if arrays and len(values) >= 2 else None
+  return Verdict(finding, statistic, null, [float(v[0]) if np.ndim(v) else float(v)
+                                            for v in values], sign=sign,
+                 margin=margin_of(reference), margin_rule=rule, estimate=est)
+
+
+def by_seed(*configs: dict[int, Run]) -> list[tuple]:
+  seeds = sorted(set.intersection(*(set(c) for c in configs)))
+  return [tuple(c[s] for c in configs) for s in seeds]
+
+
+def _seed_mean(values) -> float | None:
+  values = [v for v in values if v is not None and math.isfinite(v)]
+  return float(np.mean(values)) if values else None
+
+
+class References:
+  """The margins' reference magnitudes (the module docstring's rule), per config."""
+
+  def __init__(self, runs: dict[str, dict[int, Run]], local: list[str]):
+    self.cosine = {e: _seed_mean([float(r.change("gap", r.final, "mixer", INPUT,
+                                                  r.local_layers)[0])
+                                  for r in runs[e].values()]) for e in local}
+    nope = runs.get(NOPE)
+    self.logit, self.loss = {}, {}
+    for e in local:
+      if nope:
+        pairs = by_seed(runs[e], nope)
+        self.logit[e] = _seed_mean([float(a.logit_gap(a.final)[0] - b.logit_gap(b.final)[0])
+                                    for a, b in pairs])
+        self.loss[e] = _seed_mean([b.summary["eval_loss"] - a.summary["eval_loss"]
+                                   for a, b in pairs if a.summary["eval_loss"] is not None
+                                   and b.summary["eval_loss"] is not None])
+    for table in (self.cosine, self.logit, self.loss):
+      known = [abs(v) for v in table.values() if v is not None]
+      table[NOPE] = float(np.mean(known)) if known else None
+
+  COSINE_RULE = "10% of {e} local mixer raise of the gap"
+  LOGIT_RULE = "10% of {e} logit gap − nope's"
+  LOSS_RULE = "10% of nope's loss − {e}'s"
+  POOLED = "the local configs' mean"
+
+  def cosine_margin(self, e: str) -> tuple[float | None, str]:
+    return self.cosine.get(e), self.COSINE_RULE.format(e=f"{e}'s" if e != NOPE else self.POOLED)
+
+  def logit_margin(self, e: str) -> tuple[float | None, str]:
+    return self.logit.get(e), self.LOGIT_RULE.format(e=f"{e}'s" if e != NOPE else self.POOLED)
+
+  def loss_margin(self, e: str) -> tuple[float | None, str]:
+    return self.loss.get(e), self.LOSS_RULE.format(e=e)
+
+
+def _depth(r: Run, layers=None) -> np.ndarray:
+  layers = r.global_layers if layers is None else layers
+  return r.gap(r.final, INPUT, [layers[-1]]) - r.gap(r.final, INPUT, [layers[0]])
+
+
+def data_findings(runs: dict[int, Run]) -> list[Verdict]:
+  """The probe's own recency: in the tokens, and carried by the embedding at init."""
+  def data_gap(r):
+    reps = r.at(0)
+    return reps.mean("tokens", reps.near_i) - reps.mean("tokens", reps.far_i)
+  return [
+      verdict("the data: tokens repeat more at lag 1 than at the far lag", "P(t_i = t_{i−1}) − "
+              "P(t_i = t_{i−L}) on the probe", "no difference", by_seed(runs), data_gap),
+      verdict("the data: the embedding carries recency at init", "gap − shuffled-token gap at "
+              "layer 0's input, step 0", "the same embedding on tokens shuffled within documents",
+              by_seed(runs), lambda r: r.at(0).gap("0/input") - r.at(0).shuffled_gap("0/input"))]
+
+
+def paired_paths(paths: list[str]) -> None:
+  """Every run's probe must be the same documents, or seeds and configs do not pair."""
+  probes = {p: storage.read_text(RunDir(p).recency_probe) for p in paths
+            if storage.exists(RunDir(p).recency_probe)}
+  if len(set(probes.values())) > 1:
+    raise ValueError("the runs were measured on different probes, so documents do not pair: "
+                     + ", ".join(sorted(probes)))
+
+
+def paired_by_seed(a: dict[int, Run], b: dict[int, Run], fn) -> list[float]:
+  """Seed-level paired differences of a scalar summary (eval losses)."""
+  return paired({s: fn(r) for s, r in a.items()}, {s: fn(r) for s, r in b.items()})

@@ -1,0 +1,67 @@
+"""The verdict table (analysis/evidence/verdicts.py) on synthetic runs whose effects are known:
+the split init findings, both residual readings, the Welch read-out against the init null, and
+one Holm family over the page."""
+import numpy as np
+import pytest
+
+from hybrid_nope.analysis.evidence import two_level, verdicts
+from hybrid_nope.analysis.evidence.published_findings import Run
+from tests.measured_runs import measured_run
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("runs"))
+  runs = {"swa16": {}, "nope": {}}
+  for seed in range(4):
+    runs["swa16"][seed] = Run(measured_run(root, f"swa16_{seed}", seed=seed, gaps=(0.08, 0.3),
+                                           local_raise=(0.1, 0.2), logit_gaps=(0.0, 0.3)), "s")
+    runs["nope"][seed] = Run(measured_run(root, f"nope_{seed}", pattern="G", seed=seed,
+                                          gaps=(0.02, 0.1), local_raise=(0, 0),
+                                          logit_gaps=(0.0, 0.1), loss=2.6), "n")
+  nulls = {"swa16": {"logit_gap": {"mean": 0.01, "sd": 0.02, "draws": 10}}}
+  found, mixers = verdicts.all_verdicts(runs, nulls)
+  return {v.finding: v for v in found}, mixers
+
+
+def test_the_local_layers_plant_recency_at_init_paired_with_nope(table):
+  found, _ = table
+  v = found["swa16: the local layers plant recency at init (paired with nope)"]
+  assert v.mean == pytest.approx(0.08 - 0.02, abs=0.005) and v.verdict == "reproduced"
+  own = found["swa16: the local layers plant recency at init (the local block's own step)"]
+  assert own.mean == pytest.approx(0.1, abs=0.005)
+
+
+def test_both_readings_of_the_residual_add_are_reported(table):
+  found, _ = table
+  stream = found["swa16: the mixer's residual add lowers the gap (against the stream it adds to)"]
+  branch = found["swa16: the mixer's residual add lowers the gap (against the branch it adds)"]
+  # The synthetic residual_1 carries the branch's raise: +0.1 per local layer over the stream
+  # (mean over all 4 layers: +0.1), 0 against the branch.
+  assert stream.mean == pytest.approx(0.1, abs=0.005)
+  assert branch.mean == pytest.approx(0.0, abs=0.005)
+
+
+def test_the_read_out_carries_the_init_null_spread(table):
+  found, _ = table
+  v = found["swa16: logit recency appears with training"]
+  assert v.mean == pytest.approx(0.3 - 0.01, abs=0.01)
+  assert v.se >= 0.02 / np.sqrt(10)  # the null's own error of its mean is in it
+  assert "Welch" in v.null
+
+
+def test_one_holm_family_adjusts_every_row(table):
+  found, mixers = table
+  rows = [v for v in list(found.values()) + mixers if v.p is not None]
+  assert all(v.p_adjusted >= v.p - 1e-15 for v in rows)
+  assert max(v.p_adjusted / v.p for v in rows if v.p > 0) > 1  # a family, not row by row
+
+
+def test_with_null_is_welch_satterthwaite():
+  est = two_level.Estimate(mean=1.0, se=0.1, se_seed=0.1, se_doc=0.0, df=4, seeds=5,
+                           documents=30)
+  out = verdicts.with_null(est, [1.0] * 5, {"mean": 0.5, "sd": 0.3, "draws": 9})
+  a, b = 0.01, 0.09 / 9
+  assert out.mean == pytest.approx(0.5) and out.se == pytest.approx(np.sqrt(a + b))
+  assert out.df == int((a + b) ** 2 / (a ** 2 / 4 + b ** 2 / 8))
+  assert verdicts.with_null(est, [], {"mean": 0, "sd": None, "draws": 0}) is None
