@@ -428,8 +428,10 @@ def test_rows_are_paired_by_seed_against_the_baseline_and_set_against_the_init_n
   assert paired["seeds"] == [0, 1, 2] and paired["mean"] == pytest.approx(np.mean(diffs))
   assert paired["se"] == pytest.approx(0.0, abs=1e-12)
   assert swa["gap_se"] > 0.05  # unpaired, the shared draw is all noise
-  assert swa["gap_null_z"] == pytest.approx((swa["gap"] - 0.1) / (0.05 / np.sqrt(3)))
-  assert nope["gap_null_z"] is None  # no init null measured for it
+  gaps = [m["gap"] for m in swa["members_by_seed"].values()]
+  welch = (np.mean(gaps) - 0.1) / np.sqrt(np.var(gaps, ddof=1) / 3 + 0.05 ** 2 / 10)
+  assert swa["gap_null_t"] == pytest.approx(welch)
+  assert nope["gap_null_t"] is None  # no init null measured for it
   text = result["markdown"]
   assert "## Paired by seed against nope (3 seeds)" in text
   assert "| swa4 (3 seeds) | " in text.split("## Paired by seed")[1]

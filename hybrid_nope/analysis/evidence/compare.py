@@ -211,8 +211,9 @@ def _row(members: Sequence[dict]) -> dict[str, Any]:
     row[key] = seed_stats.mean_se([m.get(key) for m in members])[0]
   null = next((m["init_null"] for m in members if m.get("init_null")), None)
   row["init_null"] = null
-  for key in NULL_Z:
-    row[f"{key}_null_z"] = seed_stats.null_z(row[key], (null or {}).get(key), n)
+  for key in NULL_Z:  # Welch's t: the trained seeds' spread and the null's both count.
+    row[f"{key}_null_t"] = seed_stats.welch_vs_null([m[key] for m in members],
+                                                    (null or {}).get(key))["t"]
   row["members_by_seed"] = {m["seed"]: m for m in members}
   factors = sorted({k for m in members for k in m["ratio"]})
   ratios = {k: seed_stats.mean_se([m["ratio"].get(k) for m in members]) for k in factors}

@@ -22,15 +22,15 @@ COLUMNS = (
     ("eval step", "eval_step", ""),
     ("final eval loss", "eval_loss", ".4f"), ("recency step", "step", ""),
     ("gap", "gap", ".4f"), ("floor", "floor", ".4f"), ("data gap", "data_gap", ".4f"),
-    ("gap z (init null)", "gap_null_z", "+.1f"),
+    ("gap Welch t (init null)", "gap_null_t", "+.1f"),
     ("gap − gap at init", "gap_since_init", "+.4f"),
     ("gap, queries with far lag", "gap_matched", ".4f"),
     ("shuffled-token gap", "shuffled_gap", ".4f"),
     ("logit gap", "logit_gap", "+.4f"), ("logit gap random-M null", "logit_gap_null", ".3g"),
-    ("logit gap z (init null)", "logit_gap_null_z", "+.1f"),
+    ("logit gap Welch t (init null)", "logit_gap_null_t", "+.1f"),
     ("alignment", "alignment", "+.4f"),
     ("alignment null", "alignment_null", ".3g"),  # 1/(d_model sqrt(heads)): significant digits.
-    ("alignment z (init null)", "alignment_null_z", "+.1f"),
+    ("alignment Welch t (init null)", "alignment_null_t", "+.1f"),
     ("logit-gap sign flips", "logit_gap_sign_flips", ".1f"),
 )
 

@@ -3,9 +3,9 @@
 A row of compare.py is the runs of one config that differ only in their seeds. Its numbers are
 seed means ± seed-level standard errors; a difference between two rows is taken per seed (one
 seed, one initialisation where shapes agree) and then averaged; a trained mean is set against
-the empirical init null: `null_z` as a mean of as many fresh initialisations (the null's SD
-alone), `welch` by Welch's t carrying the trained seeds' spread and the null's own sampling error
-(the number of initialisations is each null moment's "draws").
+the empirical init null by Welch's t (`welch`), carrying the trained seeds' spread and the null's
+own sampling error (the number of initialisations is each null moment's "draws"); the z against
+the null's SD alone it replaces understated the error where training widens the spread.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.stats
 
-from hybrid_nope.analysis.checkpoint import init_null
 
 
 def known(value) -> bool:
@@ -30,14 +29,6 @@ def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]
     return None, None
   se = float(measured.std(ddof=1) / np.sqrt(len(measured))) if len(measured) > 1 else None
   return float(measured.mean()), se
-
-
-def null_z(mean: float | None, null: dict | None, n: int) -> float | None:
-  """z of a mean of n seeds against the init null of a mean of n independent initialisations
-  (null SD / sqrt(n))."""
-  if not null or not null.get("sd"):
-    return None
-  return init_null.zscore(mean, dict(null, sd=null["sd"] / math.sqrt(n)))
 
 
 PAIRED_KEYS = ("eval_loss", "gap", "floor", "logit_gap")
@@ -68,7 +59,7 @@ def welch(values: Sequence[float | None], null_mean: float, null_sd: float,
   (ddof 1); the trained side, the n known seed values with mean m and SD s. H0: trained and
   initialised networks share a mean. t = (m − null_mean) / sqrt(s²/n + null_sd²/null_n) on the
   Welch–Satterthwaite df (s²/n + null_sd²/null_n)² / ((s²/n)²/(n − 1) + (null_sd²/null_n)²/
-  (null_n − 1)); p two-sided. Unlike `null_z`, which scales the null SD to a mean of n and so
+  (null_n − 1)); p two-sided. Unlike a z against the null SD alone, which scales the null SD to a mean of n and so
   assumes trained seeds spread as initialisations do, this does not understate the error when
   training widens (or narrows) the spread, nor treat the null's own mean as exact. Given the raw
   null sample's moments it is scipy.stats.ttest_ind(trained, null, equal_var=False).
