@@ -2,8 +2,9 @@
 
 `build(records_dir, out_md, figures_dir)` unpacks every `<experiment>/seed<k>.tar.gz` (packed by
 hybrid_nope/sweep.py), loads the runs as compare.py does, turns each published finding into one
-statistic per seed (`analysis.evidence.findings`), and writes the page: the sweep table (seed means ±
-seed-level SEs, init-null z), the verdicts with their statistic, error and null, and figures.
+statistic per seed with its seed × document error and margin (`evidence.verdicts`), Holm-adjusts
+the page as one family, and writes it: the sweep table, the verdicts, the mixers compared, the
+sign swing as counts, extrapolation at fixed loss, propagation through module kinds, figures.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import (compare, compare_table, extrapolation, findings,
-                                           flip_counts, verdicts)
+                                           flip_counts, propagation, verdicts)
 from hybrid_nope.analysis.evidence.findings import Verdict, adjust
 from hybrid_nope.analysis.evidence.published_findings import NORMS, Run, paired_paths
 
@@ -151,8 +152,30 @@ def _extrapolation_section(regressions: dict[int, dict], corr: dict) -> list[str
   return lines
 
 
+def _propagation_section(rows: list[dict]) -> list[str]:
+  def cell(r, name):
+    if r[f"error_{name}"] is None:
+      return "— (a kind no other config has)"
+    return (f"{_fmt(r[f'error_{name}'], '.1%')} ± {_fmt(r[f'error_{name}_se'], '.1%')} "
+            f"({'holds' if r[f'holds_{name}'] else 'fails'})")
+  lines = ["## How the gap propagates", "",
+           "The gap at each global layer's normalised input predicted from the embedding's, "
+           "through a transfer per module kind (gap after / gap before, per boundary and layer "
+           "type; hybrid_nope/analysis/evidence/propagation.py), fitted on the other configs "
+           "(across) or on the config's other seeds (within); mean relative error over its "
+           "global layers ± seed SE, final step. It holds within "
+           f"{findings.MARGIN_FRACTION:.0%}.", "",
+           "| config | seeds | measured gap | error, transfers from other configs | error, "
+           "from its other seeds |", "|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['config']} | {r['seeds']} | {_fmt(r['measured_gap'], '.4f')} | "
+                 f"{cell(r, 'across')} | {cell(r, 'within')} |")
+  return lines + [""]
+
+
 def render(rows, found: list[Verdict], mixers: list[Verdict], swing, regressions, corr: dict,
-           counts: dict[str, int], intro: str, norm_series: dict | None = None) -> str:
+           counts: dict[str, int], intro: str, norm_series: dict | None = None,
+           transfer_rows: list[dict] | None = None) -> str:
   family = len([v for v in found + mixers if v.p is not None])
   lines = [intro, "", f"Records: {sum(counts.values())} runs — " + ", ".join(
       f"{e} ×{n}" for e, n in sorted(counts.items())) + ".", "", "## The sweep", "",
@@ -177,6 +200,7 @@ def render(rows, found: list[Verdict], mixers: list[Verdict], swing, regressions
   for name, series in (norm_series or {}).items():
     lines += _norm_section(name, series)
   lines += _extrapolation_section(regressions, corr)
+  lines += _propagation_section(transfer_rows or [])
   return "\n".join(lines) + "\n"
 
 
@@ -219,11 +243,13 @@ def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) ->
     corr = extrapolation_correlation(runs)
     norm_series = {e: norm_effect_over_training(rs) for e, rs in runs.items()
                    if e in ("swa16", "swa64") and len(rs) >= 2}
+    transfer_rows = propagation.account(
+        {e: [propagation.gaps(r.by_step[r.final]) for r in rs.values()] for e, rs in runs.items()})
     text = render(result["rows"], found, mixers, swing, regressions, corr,
                   {e: len(v) for e, v in runs.items()}, intro.replace("{commit}", _git_head()),
-                  norm_series)
+                  norm_series, transfer_rows)
   with open(out_md, "w") as f:
     f.write(text)
   return {"rows": result["rows"], "verdicts": [v.row() for v in found],
           "mixers": [v.row() for v in mixers], "sign_swing": swing[1] if swing else None,
-          "extrapolation": regressions, "correlation": corr}
+          "extrapolation": regressions, "correlation": corr, "propagation": transfer_rows}
