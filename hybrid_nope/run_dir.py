@@ -22,6 +22,7 @@ WORKDIR/                          a local path or a URL (gs://, file://, memory:
 ├── overwritten/<time>/           a checkpointless run that train.overwrite moved aside (resume.py)
 ├── analysis/step_<N>/            launch/analyze.py (analysis/checkpoint/report.py):
 │                                 analysis_T<T>.json, init_null_T<T>.json, extrapolation.json,
+│                                 ablation_T<T>.json (--ablate, analysis/checkpoint/ablation.py)
 │                                 and figures (analysis/present/plots.py names them)
 ├── sweep.log                     the output of the sweep's train.py and analyze.py (sweep.py)
 └── sweep_done.json               the sweep's mark of a finished run (sweep.py)
@@ -64,6 +65,7 @@ ANALYSIS = "analysis"
 ANALYSIS_STEP = "step_{step}"
 ANALYSIS_FILE = "analysis_T{seq_len}.json"
 INIT_NULL_FILE = "init_null_T{seq_len}.json"
+ABLATION_FILE = "ablation_T{seq_len}.json"  # The causal test (--ablate=local).
 EXTRAPOLATION_FILE = "extrapolation.json"
 SWEEP_LOG = "sweep.log"
 SWEEP_DONE = "sweep_done.json"

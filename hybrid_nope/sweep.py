@@ -76,13 +76,18 @@ def plan(config_file: str, experiments: Sequence[str], seeds: Sequence[int],
 
 
 def commands(run: Run, python: str = sys.executable, analyze_args: Sequence[str] = (),
-             train_args: Sequence[str] = (), init_seeds: int = 0) -> list[list[str]]:
-  """train.py (which resumes a partial run by itself), then analyze.py."""
+             train_args: Sequence[str] = (), init_seeds: int = 0,
+             ablate: bool = False) -> list[list[str]]:
+  """train.py (which resumes a partial run by itself), then analyze.py; `ablate`: the
+  analysis also runs the causal test (--ablate=local, ablation_T<T>.json among the records).
+  `execute` asks for it only where the trained run has a local mixer (`has_local_mixer`)."""
   config = f"--config={run.config_file}:{run.experiment}"
   analyze = [python, os.path.join(REPO, "launch/analyze.py"), f"--workdir={run.workdir}",
              *analyze_args]
   if init_seeds:
     analyze.append(f"--init_seeds={init_seeds}")
+  if ablate:
+    analyze.append("--ablate=local")
   return [[python, os.path.join(REPO, "launch/train.py"), config,
            f"--config.train.seed={run.seed}", f"--workdir={run.workdir}", *train_args], analyze]
 
@@ -187,15 +192,27 @@ def trained_steps(workdir: str) -> tuple[int, int]:
   return max([r["step"] for r in records if "loss" in r], default=0), steps
 
 
+def has_local_mixer(workdir: str) -> bool:
+  """Whether the run's pattern (its config in force, config.json) has a local mixer (S, L or
+  D): what --ablate=local ablates. The global-only baseline (pattern G) has none."""
+  from hybrid_nope.model.pattern import KINDS  # pylint: disable=import-outside-toplevel
+  with open(RunDir(workdir).config) as f:
+    pattern = run_config.current(workdir, json.load(f))["model"]["pattern"]
+  return any(KINDS[k].local for k in pattern)
+
+
 def execute(run: Run, *, threads: int, log: Callable[[str], None],
-            lock_dir: str = CORE_LOCKS, **command_args) -> float:
+            lock_dir: str = CORE_LOCKS, ablate: bool = False, **command_args) -> float:
   """Trains and analyses one run pinned to its cores; returns its seconds. Raises on failure,
-  naming the run and its log file."""
+  naming the run and its log file. `ablate`: the analysis runs the causal test too, where the
+  trained run has a local mixer to ablate (a global-only run is analysed without it)."""
   os.makedirs(run.workdir, exist_ok=True)
   log_path = RunDir(run.workdir).sweep_log
   with claimed_cores(threads, lock_dir=lock_dir, log=log) as cores, open(log_path, "a") as out:
     start = time.time()
     for index, command in enumerate(commands(run, **command_args)):
+      if index == 1 and ablate and has_local_mixer(run.workdir):  # Trained: config.json is there.
+        command = commands(run, **command_args, ablate=True)[1]
       result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                               preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False)
       if result.returncode:

@@ -1,7 +1,8 @@
 """Analyse a run's checkpoint: recency at any length, loss by position, length extrapolation.
 
   python launch/analyze.py --workdir=DIR [--step=N] [--seq_len=T] [--lengths=1,2,4]
-      [--init_seeds=K] [--config.eval.path=/path/to/textbook_chapters] [--config.a.b=v ...]
+      [--init_seeds=K] [--ablate=local] [--config.eval.path=/path/to/textbook_chapters]
+      [--config.a.b=v ...]
 
 Writes JSON and PNG figures to DIR/analysis/step_<N>/ (docs/analysis.md). --config.* overrides
 the run's DIR/config.json (e.g. where its eval data lives on this machine).
@@ -16,7 +17,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from configs import base  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
-from hybrid_nope.analysis.checkpoint import report  # noqa: E402
+from hybrid_nope.analysis.checkpoint import ablation, report  # noqa: E402
 from hybrid_nope.logs import quiet_library_logs  # noqa: E402  (orbax logs every file)
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
@@ -27,6 +28,10 @@ flags.DEFINE_list("lengths", [str(k) for k in report.DEFAULT_LENGTHS],
 flags.DEFINE_integer("init_seeds", 0,
                      "Also measure this many fresh initialisations on the same probe (the "
                      "empirical init null, analysis/step_<N>/init_null_T<T>.json); 0 = skip.")
+flags.DEFINE_enum("ablate", None, list(ablation.ABLATE_CHOICES),
+                  "Also run the causal test: 'local' permutes the local mixers' outputs within "
+                  "documents, against an equal-norm control, and measures every global layer's "
+                  "read-out and the loss (analysis/step_<N>/ablation_T<T>.json); unset = skip.")
 flags.DEFINE_integer("rows_per_call", None,
                      "Eval rows per forward pass (memory at long lengths); default a batch.")
 cli.define_config_dict("config", base.get_config(),
@@ -41,7 +46,8 @@ def main(argv):
       flags.FLAGS.workdir, step=flags.FLAGS.step, seq_len=flags.FLAGS.seq_len,
       lengths=[int(k) for k in flags.FLAGS.lengths],
       overrides=config_flags.get_override_values(flags.FLAGS["config"]),
-      rows_per_call=flags.FLAGS.rows_per_call, init_seeds=flags.FLAGS.init_seeds)
+      rows_per_call=flags.FLAGS.rows_per_call, init_seeds=flags.FLAGS.init_seeds,
+      ablate=flags.FLAGS.ablate)
   for path in result["files"]:
     logging.info("wrote %s", path)
   print(report.summary_text(result))

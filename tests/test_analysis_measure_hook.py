@@ -168,6 +168,85 @@ def test_records_match_loops_over_document_pairs(measured):
       assert r["logit_gap_stderr"][h] == pytest.approx(want_se, rel=1e-3)
     assert r["alignment_null"] == [1 / config.model.d_model] * N
     assert r["alignment_mean_null"] == pytest.approx(1 / (config.model.d_model * np.sqrt(N)))
+    if r["module"] == "pre_mixer_norm":  # the read-out fields are the layer's, on every module
+      check_readout_controls(r, wq, wk, xin, shuffled[(r["layer"], "pre_mixer_norm")], seg, docs,
+                             far, positions)
+
+
+def cross_moment_by_loop(x, seg, d, positions):
+  pairs = [(b, i) for b in range(seg.shape[0]) for i in positions[positions >= d]
+           if seg[b, i] == seg[b, i - d] != 0]
+  return np.mean([np.outer(x[b, i], x[b, i - d]) for b, i in pairs], axis=0)
+
+
+def check_readout_controls(r, wq, wk, xin, xin_shuffled, seg, docs, far, positions):
+  """The trace-preserving null from each head's D x D M and ΔG split by hand, and the
+  shuffled-token read-out control by loops over the shuffled probe's pairs."""
+  N, K, H = wq.shape[1], wk.shape[1], wq.shape[2]
+  D = wq.shape[0]
+  delta = cross_moment_by_loop(xin, seg, 1, positions) - cross_moment_by_loop(xin, seg, far,
+                                                                              positions)
+  delta_sh = (cross_moment_by_loop(xin_shuffled, seg, 1, positions)
+              - cross_moment_by_loop(xin_shuffled, seg, far, positions))
+  assert np.linalg.norm(delta_sh - delta) > 0.05 * np.linalg.norm(delta)  # the shuffle bites
+  split = lambda a: ((a + a.T) / 2 - np.trace(a) / D * np.eye(D), (a - a.T) / 2)
+  s_g, k_g = split(delta)
+  for h in range(N):
+    m = wq[:, h] @ wk[:, h // (N // K)].T / np.sqrt(H)
+    s_m, k_m = split(m)
+    mean = np.trace(m) * np.trace(delta) / D
+    sd = np.sqrt(2 * np.sum(s_m**2) * np.sum(s_g**2) / ((D - 1) * (D + 2))
+                 + 2 * np.sum(k_m**2) * np.sum(k_g**2) / (D * (D - 1)))
+    assert r["logit_gap_null_trace_mean"][h] == pytest.approx(mean, rel=1e-3, abs=1e-6)
+    assert r["logit_gap_null_trace"][h] == pytest.approx(sd, rel=1e-3)
+    assert r["logit_gap_null_trace_z"][h] == pytest.approx(
+        (r["logit_gap"][h] - r["logit_gap_null_trace_mean"][h]) / r["logit_gap_null_trace"][h])
+    logit, _, _ = reference(lambda b, i, j: xin_shuffled[b, i] @ m @ xin_shuffled[b, j], seg,
+                            docs, (1, far), positions)
+    assert r["shuffled_logit_gap"][h] == pytest.approx(logit[0] - logit[1], rel=1e-3, abs=1e-5)
+    assert r["shuffled_alignment"][h] == pytest.approx(
+        np.sum(m * delta_sh) / np.linalg.norm(m) / np.linalg.norm(delta_sh), rel=1e-3, abs=1e-5)
+    assert r["shuffled_logit_gap_stderr"][h] > 0 and r["logit_gap_over_shuffled_stderr"][h] > 0
+
+
+def constant_document_rows(num_rows, seq_len, seed=0):
+  """Rows of two documents each (from position 0), every document one token repeated."""
+  rng = np.random.default_rng(seed)
+  cut = seq_len * 3 // 4
+  seg = np.where(np.arange(seq_len) < cut, 1, 2)[None].repeat(num_rows, 0).astype(np.int32)
+  tokens = rng.integers(1, 200, (num_rows, 2))[np.arange(num_rows)[:, None], seg - 1]
+  positions = np.where(seg == 1, np.arange(seq_len), np.arange(seq_len) - cut)
+  return [{"inputs": tokens.astype(np.int32), "targets": tokens.astype(np.int32),
+           "segment_ids": seg, "positions": positions.astype(np.int32),
+           "weights": np.ones_like(seg, np.float32)}]
+
+
+def test_shuffled_read_out_control_is_the_read_out_when_shuffling_changes_nothing():
+  """Documents of one repeated token: shuffling within documents leaves the probe as it is, so
+  the shuffled-token control must equal the model's own read-out (same pairs, same lags), while
+  the stream still carries position (RoPE in the SWA layers), so the gap is not trivially 0. The
+  read-out controls sit on global NoPE records only, and are documented."""
+  config = tiny_config(model__pattern="SG", metrics__probe_batch_size=4)
+  model_def, params = init_model(config.model, seed=0)
+  hook = RecencyHook(config, model_def, constant_document_rows(4, config.data.seq_len),
+                     writer=None)
+  np.testing.assert_array_equal(hook.probe["shuffled_inputs"], hook.probe["inputs"])
+  records = hook.records(0, params)
+  readout = {"shuffled_logit_gap", "shuffled_logit_gap_stderr", "logit_gap_over_shuffled_stderr",
+             "shuffled_alignment", "shuffled_alignment_stderr", "logit_gap_null_trace",
+             "logit_gap_null_trace_mean", "logit_gap_null_trace_z"}
+  for r in records:
+    assert (readout <= set(r)) == (r["layer_type"] == "global"), (r["layer"], r["module"])
+    assert not (readout & set(r)) or r["layer_type"] == "global"
+  assert_documented(records)
+  glob = [r for r in records if r["layer_type"] == "global"]
+  assert len(glob) == len(BOUNDARIES) + 1  # the last layer also has final_norm
+  for r in glob:
+    np.testing.assert_allclose(r["shuffled_logit_gap"], r["logit_gap"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(r["shuffled_alignment"], r["alignment"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(r["shuffled_logit_gap_stderr"], r["logit_gap_stderr"], rtol=1e-6)
+    assert r["shuffled_gap"] == pytest.approx(r["gap"], rel=1e-6, abs=1e-9)
+  assert np.min(np.abs(glob[0]["logit_gap"])) > 1e-4  # not 0 = 0
 
 
 def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):

@@ -41,6 +41,35 @@ def test_commands_pass_the_seed_and_the_init_null_only_when_asked(tmp_path):
   assert not any(a.startswith("--init_seeds") for a in sweep.commands(run, python="py")[1])
 
 
+def test_commands_run_the_causal_test_only_when_asked(tmp_path):
+  run = sweep.Run("configs/small.py", "swa16", 3, str(tmp_path))
+  assert sweep.commands(run, python="py", ablate=True)[1][-1] == "--ablate=local"
+  assert "--ablate=local" not in sweep.commands(run, python="py")[1]
+
+
+def test_the_causal_test_runs_where_the_trained_run_has_a_local_mixer(tmp_path, monkeypatch):
+  """--ablate=local refuses a global-only run, so the sweep asks for it only where config.json
+  (there once trained) holds a local mixer; its JSON is among the packed records."""
+  monkeypatch.setattr(sweep, "commands", lambda run, ablate=False, **kw: [
+      [sys.executable, "-c", "pass"], [sys.executable, "-c", f"print('ablate', {ablate})"]])
+  monkeypatch.setattr(sweep, "trained_steps", lambda workdir: (1, 1))
+  for experiment, pattern, ablated in (("swa16", "SG", True), ("nope", "G", False),
+                                       ("gdn", "DG", True)):
+    run = sweep.Run("configs/small.py", experiment, 0, str(tmp_path))
+    os.makedirs(run.workdir)
+    with open(os.path.join(run.workdir, "config.json"), "w") as f:
+      json.dump({"model": {"pattern": pattern}}, f)
+    sweep.execute(run, threads=1, log=lambda m: None, lock_dir=str(tmp_path / "locks"),
+                  ablate=True)
+    assert open(os.path.join(run.workdir, "sweep.log")).read().split() == ["ablate",
+                                                                           str(ablated)]
+  assert sweep.has_local_mixer(run.workdir)
+  fake_run_dir(str(tmp_path / "packed"))
+  with open(tmp_path / "packed" / "analysis" / "step_64" / "ablation_T1024.json", "w") as f:
+    f.write("{}")
+  assert "analysis/step_64/ablation_T1024.json" in sweep.record_files(str(tmp_path / "packed"))
+
+
 def test_pack_keeps_records_and_first_and_last_sums_but_no_checkpoint(tmp_path):
   workdir = str(tmp_path / "run")
   fake_run_dir(workdir)

@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 
 from hybrid_nope import run_dir, storage
-from hybrid_nope.analysis.checkpoint import checkpoints, init_null
+from hybrid_nope.analysis.checkpoint import ablation, checkpoints, init_null
 from hybrid_nope.analysis.present import plots
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import DATA_LAYER_TYPE, RecencyHook
@@ -152,12 +152,12 @@ def _with_seq_len(config, seq_len: int) -> ml_collections.ConfigDict:
 
 
 @functools.lru_cache(maxsize=16)  # One compilation per model and length, across calls.
-def _eval_fn(model_def: ModelDef, num_buckets: int):
+def _eval_fn(model_def: ModelDef, num_buckets: int, apply=None):
   """(params, batch, bucket_BT, region_BT) -> weighted loss and weight sums per bucket [nb] and
-  per region [3]."""
+  per region [3]; `apply(params, batch) -> logits` in place of the model's own forward."""
   def fn(params, batch, bucket_BT, region_BT):
-    loss_BT, weights_BT = weighted_token_losses(model_def.apply(params, batch),
-                                                batch["targets"], batch["weights"])
+    logits = (apply or model_def.apply)(params, batch)
+    loss_BT, weights_BT = weighted_token_losses(logits, batch["targets"], batch["weights"])
     return (sums_by_id(loss_BT, bucket_BT, num_buckets),
             sums_by_id(weights_BT, bucket_BT, num_buckets),
             sums_by_id(loss_BT, region_BT, 3), sums_by_id(weights_BT, region_BT, 3))
@@ -170,14 +170,16 @@ def _mean(loss: float, weight: float) -> float | None:
 
 def evaluate_by_context(model_def: ModelDef, params, batches: Sequence[dict], *,
                         bucket_size: int, train_seq_len: int,
-                        rows_per_call: int | None = None) -> dict[str, Any]:
+                        rows_per_call: int | None = None, apply=None) -> dict[str, Any]:
   """Eval loss overall and per bucket of `bucket_size` context positions; with T the training
   length, `loss_within` over context positions < T, `loss_near` over [T/2, T), `loss_beyond`
   over >= T, and `ratio` = loss_beyond / loss_near. `rows_per_call` bounds the logits held at
-  once (rows x seq_len x vocab floats); None = a whole eval batch."""
+  once (rows x seq_len x vocab floats); None = a whole eval batch. `apply(params, batch) ->
+  logits`: a forward in place of the model's (an intervention, `ablation.py`; a hashable
+  function, one compilation each); every array of a batch is cut into the same rows."""
   T = batches[0]["inputs"].shape[1]
   num_buckets = -(-T // bucket_size)
-  fn = _eval_fn(model_def, num_buckets)
+  fn = _eval_fn(model_def, num_buckets, apply)
   sums = [np.zeros(num_buckets), np.zeros(num_buckets), np.zeros(3), np.zeros(3)]
   for batch in batches:
     context_BT = context_positions(batch["segment_ids"])
@@ -246,11 +248,15 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
             lengths: Sequence[int] = DEFAULT_LENGTHS,
             overrides: Mapping[str, Any] | None = None, out_dir: str | None = None,
             rows_per_call: int | None = None, figures: bool = True,
-            init_seeds: int = 0) -> dict[str, Any]:
+            init_seeds: int = 0, ablate: str | None = None) -> dict[str, Any]:
   """Analyses checkpoint `step` (None = latest) of the run in `workdir`.
 
   `init_seeds`: also measure K fresh initialisations on the same probe (the empirical init
   null, `analysis.checkpoint.init_null`), written to init_null_T<seq_len>.json; 0 = skip.
+  `ablate`: "local" also runs the causal test (`analysis.checkpoint.ablation`: the local
+  mixers' outputs permuted within documents, against an equal-norm control) at seq_len,
+  written to ablation_T<seq_len>.json; None = skip. A pattern without a local mixer fails
+  before anything is restored.
 
   `seq_len`: analysis length (None = the training length); `lengths`: factors of the training
   length to score for extrapolation (empty = skip); `overrides`: {"eval.path": ...} applied to
@@ -268,6 +274,7 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
   lengths = [int(k) for k in lengths]
   if any(k < 1 for k in lengths):
     raise checkpoints.AnalysisError(f"lengths={lengths}: factors must be integers >= 1")
+  ablated_layers = ablation.check(ablate, config.model) if ablate else None
   check_data(config)
   _with_seq_len(config, seq_len)  # Fails on far_lag before anything is restored.
   step, model_def, params = checkpoints.restore_params(workdir, config, step)
@@ -295,6 +302,18 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
     _write_json(storage.join(out_dir, run_dir.INIT_NULL_FILE.format(seq_len=seq_len)), null)
   files = [_write_json(storage.join(out_dir, run_dir.ANALYSIS_FILE.format(seq_len=seq_len)),
                        analysis)]
+  causal = None
+  if ablated_layers:
+    at_length = _with_seq_len(config, seq_len)
+    hook = _hook(at_length, model_def, pipeline.probe_pool(at_length), main["lags"])
+    evaluate = lambda batches, apply: evaluate_by_context(
+        model_def, params, batches, bucket_size=config.eval.bucket_size, train_seq_len=train_T,
+        rows_per_call=rows_per_call, apply=apply)
+    causal = {"workdir": where, "train_seq_len": train_T,
+              **ablation.measure(hook, params, pipeline.eval_batches(at_length), evaluate,
+                                 step=step, layers=ablated_layers)}
+    files.append(_write_json(
+        storage.join(out_dir, run_dir.ABLATION_FILE.format(seq_len=seq_len)), causal))
   if figures:
     files += plots.run_figures(analysis, out_dir, suffix=f"_T{seq_len}")
 
@@ -312,7 +331,7 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
     if figures:
       files.append(plots.extrapolation(extrapolation, storage.join(out_dir, "extrapolation.png")))
   return {"step": step, "out_dir": out_dir, "files": files, "analysis": analysis,
-          "extrapolation": extrapolation}
+          "extrapolation": extrapolation, "ablation": causal}
 
 
 def summary_text(result: dict) -> str:
@@ -344,5 +363,7 @@ def summary_text(result: dict) -> str:
     lines.append(f"  {row['factor']}x ({row['seq_len']}): loss {row['loss']:.4f}, positions "
                  f"[T/2, T) {fmt(row['loss_near'])}, >= T {fmt(row['loss_beyond'])}, ratio "
                  f"{fmt(row['ratio'])}, gap {fmt(row['gap'])}")
+  if result.get("ablation"):
+    lines += ablation.summary_lines(result["ablation"])
   lines.append(f"  outputs in {result['out_dir']}")
   return "\n".join(lines)

@@ -10,6 +10,7 @@ with. docs/analysis.md defines every field of a record.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import jax
@@ -28,6 +29,11 @@ from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.run_dir import RECENCY, RunDir
 
 SHUFFLE_SEED = 0  # The shuffled control's permutation: fixed, so runs and steps pair.
+
+
+def _unchanged(layer, name, x_BTD):
+  del layer, name
+  return x_BTD
 
 
 def _concat(batches) -> dict[str, np.ndarray]:
@@ -92,7 +98,8 @@ class RecencyHook:
     batch["shuffled_inputs"] = probe_lib.shuffled_within_documents(
         batch["inputs"], self.doc_ids_BT, SHUFFLE_SEED)
     self.probe = (place or (lambda tree: tree))(batch)
-    self._measure = jax.jit(self._measure_fn, compiler_options=compiler_options)
+    self._measure = jax.jit(self._measure_fn, static_argnames=("intervene",),
+                            compiler_options=compiler_options)
     # describe()'s pair counts as one compiled program: op by op, its ~100 small ops each
     # compiled (seconds per process).
     self._pair_counts = jax.jit(lambda p: self._sums(p, recency.match_sums, p["inputs"])[1])
@@ -112,14 +119,16 @@ class RecencyHook:
     return fn(x, *args, lags or self.lags, self.positions, batch["segment_ids"],
               batch["clusters"], self.num_clusters, **kwargs)
 
-  def _measure_fn(self, params, batch):
+  def _measure_fn(self, params, batch, intervene=None, inputs=None):
     model = self.model_def.bind(params)
+    change = _unchanged if intervene is None else functools.partial(intervene, inputs)
     tokens, counts = self._sums(batch, recency.match_sums, batch["inputs"])
     out = {"tokens": tokens, "counts": counts}
     out["matched_counts"] = self._sums(batch, recency.cosine_sums, batch["inputs"][..., None],
                                        lags=(1,), matched_lag=self.far)[1][0]
 
     def observe(layer, name, x_BTD):
+      x_BTD = change(layer, name, x_BTD)
       key = f"{layer}/{name}"
       out[key] = self._sums(batch, recency.cosine_sums, x_BTD)[0]
       out[f"{key}/matched"] = self._sums(batch, recency.cosine_sums, x_BTD, lags=(1,),
@@ -129,8 +138,12 @@ class RecencyHook:
         wq, wk = attn.wq_DNH[...], attn.wk_DKH[...]
         out[f"{layer}/logit"] = self._sums(batch, recency.logit_sums, x_BTD, wq, wk)[0]
         out[f"{layer}/m_norms"] = recency.m_norms(wq, wk)
-        out[f"{layer}/delta_norm"] = recency.delta_norm(x_BTD, 1, self.far, self.positions,
-                                                        batch["segment_ids"])
+        delta_DD = recency.delta_g(x_BTD, 1, self.far, self.positions, batch["segment_ids"])
+        out[f"{layer}/delta_norm"] = jnp.linalg.norm(delta_DD)
+        # The trace-preserving null's pieces (recency.logit_gap_null_trace).
+        parts = {**dict(zip(records_lib.M_PARTS, recency.m_parts(wq, wk))),
+                 **dict(zip(records_lib.DELTA_PARTS, recency.matrix_parts(delta_DD)))}
+        out.update({f"{layer}/{part}": value for part, value in parts.items()})
       if name == "pre_mixer_norm" and layer in self.linear_layers | self.delta_layers:
         mixer, seg = model.blocks[layer].attn, batch["segment_ids"]
         out[f"{layer}/decay"] = _token_mean(jnp.exp(mixer.log_decay(x_BTD)), seg)
@@ -139,8 +152,17 @@ class RecencyHook:
       return x_BTD
 
     def observe_shuffled(layer, name, x_BTD):
+      x_BTD = change(layer, name, x_BTD)
       out[f"{layer}/{name}/shuffled"] = self._sums(batch, recency.cosine_sums, x_BTD,
                                                    lags=(1, self.far))[0]
+      if name == "pre_mixer_norm" and layer in self.readout_layers:
+        # The read-out control: the same W_Q, W_K and pairs on the shuffled stream.
+        attn = model.blocks[layer].attn
+        out[f"{layer}/logit/shuffled"] = self._sums(
+            batch, recency.logit_sums, x_BTD, attn.wq_DNH[...], attn.wk_DKH[...],
+            lags=(1, self.far))[0]
+        out[f"{layer}/shuffled_delta_norm"] = recency.delta_norm(
+            x_BTD, 1, self.far, self.positions, batch["segment_ids"])
       return x_BTD
 
     # The logits are unused, so XLA drops the output head from this computation.
@@ -164,9 +186,15 @@ class RecencyHook:
   def num_docs(self) -> int:
     return len(np.unique(self.doc_ids_BT[self.doc_ids_BT != probe_lib.NOT_A_DOCUMENT]))
 
-  def sums(self, params) -> dict:
-    """One measurement's per-cluster sums (host numpy; `analysis.measure.records` describes them)."""
-    return {k: np.asarray(v) for k, v in jax.device_get(self._measure(params, self.probe)).items()}
+  def sums(self, params, intervene=None, inputs=None) -> dict:
+    """One measurement's per-cluster sums (host numpy; `analysis.measure.records` describes them).
+
+    `intervene(inputs, layer, boundary, x_BTD) -> x_BTD`, if given, intervenes in both of the
+    probe's forward passes: at every boundary the stream it returns flows on and is what the hook
+    reads (the causal test, `analysis.checkpoint.ablation`). `inputs`: the arrays it reads (a
+    pytree, traced: one compilation per `intervene` serves every value)."""
+    out = self._measure(params, self.probe, intervene=intervene, inputs=inputs)
+    return {k: np.asarray(v) for k, v in jax.device_get(out).items()}
 
   def build_records(self, step: int, sums: dict, *, data_control: bool) -> list[dict]:
     return records_lib.build(
@@ -199,6 +227,8 @@ class RecencyHook:
         scalars[f"recency/L{r['layer']:02d}/logit_gap_stderr"] = float(
             np.mean(r["logit_gap_stderr"]))
         scalars[f"recency/L{r['layer']:02d}/alignment"] = float(np.mean(r["alignment"]))
+        scalars[f"recency/L{r['layer']:02d}/shuffled_logit_gap"] = float(
+            np.mean(r["shuffled_logit_gap"]))
       self.writer.write_record(RECENCY, r)
     self.writer.write_scalars(step, scalars)
     if self.writer.active:  # Host-side figures, on process 0 only.
@@ -214,7 +244,9 @@ class RecencyHook:
         if "logit_gap" in r:
           # The head mean beside its own random-M null (not one head's).
           extra = (f" | logit gap {np.mean(r['logit_gap']):+.4f} (random-M null ± "
-                   f"{r['logit_gap_mean_null']:.4f})"
+                   f"{r['logit_gap_mean_null']:.4f}, trace-preserving null mean "
+                   f"{np.mean(r['logit_gap_null_trace_mean']):+.4f}, shuffled tokens "
+                   f"{np.mean(r['shuffled_logit_gap']):+.4f})"
                    f" alignment {np.mean(r['alignment']):+.4f} (null ± "
                    f"{r['alignment_mean_null']:.4f})")
         logging.info("recency step %d | layer %d %-6s | floor %.4f gap %.4f (block output)%s",

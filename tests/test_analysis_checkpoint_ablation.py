@@ -1,0 +1,244 @@
+# Tiers (pytest.ini): test-all only (integration, each two or more 10 s+ compiles cold): on a
+# zeroed local branch every record and loss of the three conditions is equal
+# (test_an_intervention_on_a_zero_branch_changes_no_measurement; make test checks the logits);
+# --ablate=local end to end on the tiny trained run of tests/analysis_runs.py writes
+# ablation_T64.json with the documented keys (test_ablate_local_end_to_end_writes_the_...),
+# and launch/analyze.py refuses --ablate=local on a global-only run in one line with exit code
+# 2 (test_cli_refuses_ablate_local_on_a_global_only_run_in_one_line).
+"""The causal test: the local mixers' outputs permuted within documents, and its control."""
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from hybrid_nope import run_dir
+from hybrid_nope.analysis.checkpoint import ablation, checkpoints, report
+from hybrid_nope.analysis.measure import recency
+from hybrid_nope.analysis.measure.hook import RecencyHook
+from hybrid_nope.data import pipeline
+from hybrid_nope.errors import UserError
+from hybrid_nope.model.definition import init_model
+from tests.analysis_runs import trained_run
+from tests.helpers import REPO, tiny_config
+
+# Two rows: documents 0, 1 then padding; document 1 continues into row 1, then document 2.
+DOC_IDS = np.array([[0] * 5 + [1] * 7 + [-1] * 4, [1] * 6 + [2] * 10])
+
+
+def _intervene(x_BTD, perm_BT, condition, rotation_DD=None):
+  rotation_DD = ablation.rotation(x_BTD.shape[-1]) if rotation_DD is None else rotation_DD
+  inputs = ablation.intervention_inputs(perm_BT, rotation_DD, condition)
+  fn = jax.jit(lambda x: ablation.intervener((3,))(inputs, 3, "mixer", x))
+  return np.asarray(fn(x_BTD))
+
+
+def test_the_permutation_stays_inside_each_documents_piece_of_a_row_and_keeps_every_vector():
+  perm = ablation.permutation_within_documents(DOC_IDS, seed=5)
+  assert perm.dtype == np.int32
+  for b in range(2):
+    np.testing.assert_array_equal(np.sort(perm[b]), np.arange(16))  # a bijection per row
+    np.testing.assert_array_equal(DOC_IDS[b, perm[b]], DOC_IDS[b])  # never crosses a document
+  padding = DOC_IDS == -1
+  np.testing.assert_array_equal(perm[padding], np.nonzero(padding)[1])  # padding stays
+  assert (perm != np.arange(16)).sum() > 10  # and it does move the tokens
+  np.testing.assert_array_equal(perm, ablation.permutation_within_documents(DOC_IDS, seed=5))
+  assert (perm != ablation.permutation_within_documents(DOC_IDS, seed=6)).any()
+
+  x = np.random.default_rng(0).standard_normal((2, 16, 8)).astype(np.float32)
+  out = _intervene(x, perm, ablation.ABLATED)
+  np.testing.assert_array_equal(out, x[np.arange(2)[:, None], perm])
+  for b in range(2):
+    for doc in np.unique(DOC_IDS[b]):
+      where = DOC_IDS[b] == doc  # The same multiset of vectors in each document's piece.
+      np.testing.assert_array_equal(np.unique(out[b, where], axis=0),
+                                    np.unique(x[b, where], axis=0))
+  np.testing.assert_array_equal(np.sort(np.linalg.norm(out, axis=-1), axis=1),
+                                np.sort(np.linalg.norm(x, axis=-1), axis=1))
+  # Another layer or boundary is untouched.
+  inputs = ablation.intervention_inputs(perm, ablation.rotation(8), ablation.ABLATED)
+  for layer, boundary in ((2, "mixer"), (3, "pre_mixer_norm")):
+    assert ablation.intervener((3,))(inputs, layer, boundary, x) is x
+
+
+def test_the_control_moves_each_token_as_far_as_the_ablation_in_a_rotated_direction():
+  x = np.random.default_rng(1).standard_normal((2, 16, 32)).astype(np.float32)
+  perm = ablation.permutation_within_documents(DOC_IDS)
+  rotation = ablation.rotation(32)
+  np.testing.assert_allclose(rotation @ rotation.T, np.eye(32), atol=1e-5)
+  ablated = _intervene(x, perm, ablation.ABLATED, rotation)
+  control = _intervene(x, perm, ablation.CONTROL, rotation)
+  np.testing.assert_allclose(np.linalg.norm(control - x, axis=-1),
+                             np.linalg.norm(ablated - x, axis=-1), rtol=2e-5, atol=1e-5)
+  np.testing.assert_allclose(control - x, (ablated - x) @ rotation, rtol=1e-5, atol=1e-5)
+  moved = np.linalg.norm(ablated - x, axis=-1) > 0
+  assert moved.sum() > 10 and not np.allclose(control[moved], ablated[moved], atol=1e-2)
+  with pytest.raises(ValueError, match="condition"):
+    ablation.intervention_inputs(perm, rotation, ablation.CLEAN)
+
+
+def test_a_readout_of_the_branchs_position_signal_loses_its_gap_when_ablated_not_in_control():
+  """The branch h_i = a_i u carries a smooth position signal a (a moving average of noise) along
+  u, and the global layer's M = u uᵀ reads exactly that. With u chosen so that uᵀ R u = 0, the
+  control's perturbation (a_π − a) uᵀ R has no component along u: the control's logit profile
+  is the clean one exactly, while the ablation leaves the permuted signal, whose gap is ~0."""
+  D, T, w, far = 64, 256, 8, 64
+  rotation = ablation.rotation(D)
+  evals, vecs = np.linalg.eigh((rotation + rotation.T) / 2)
+  u = np.sqrt(evals[-1]) * vecs[:, 0] + np.sqrt(-evals[0]) * vecs[:, -1]
+  u /= np.linalg.norm(u)
+  assert abs(u @ rotation @ u) < 1e-6
+  noise = np.random.default_rng(2).standard_normal((2, T + w))
+  a_BT = np.stack([np.convolve(n, np.ones(w) / np.sqrt(w), "valid")[:T] for n in noise])
+  h_BTD = (a_BT[..., None] * u).astype(np.float32)
+  seg_BT = np.repeat([[1] * 128 + [2] * 128], 2, axis=0)
+  perm = ablation.permutation_within_documents(seg_BT - 1)
+  w_D11 = u[:, None, None].astype(np.float32)
+
+  def logit_gap(x_BTD):
+    profile = recency.logit_profile(x_BTD, w_D11, w_D11, (1, far), segment_ids=seg_BT)
+    return float(profile[0, 0] - profile[0, 1])
+
+  clean = logit_gap(h_BTD)
+  ablated = logit_gap(_intervene(h_BTD, perm, ablation.ABLATED, rotation))
+  control = logit_gap(_intervene(h_BTD, perm, ablation.CONTROL, rotation))
+  assert clean > 0.5  # ≈ 1 − 1/w of the signal's variance, against ≈ 0 at lag far > w
+  assert control == pytest.approx(clean, abs=1e-5)
+  assert abs(ablated) < 0.25 * clean
+
+
+def _zeroed_local_setup():
+  config = tiny_config()  # pattern SG: layer 0 SWA, layer 1 global NoPE
+  model_def, params = init_model(config.model, 0)
+  params["blocks"][0]["attn"]["wo_NHD"] = np.zeros_like(params["blocks"][0]["attn"]["wo_NHD"])
+  hook = RecencyHook(config, model_def, pipeline.probe_pool(config), writer=None,
+                     lags=(1, config.metrics.far_lag))  # Few lags: a quicker compile.
+  evaluate = lambda batches, apply: report.evaluate_by_context(
+      model_def, params, batches, bucket_size=config.eval.bucket_size,
+      train_seq_len=config.data.seq_len, apply=apply)
+  return config, hook, params, evaluate
+
+
+def test_an_intervention_on_a_zero_branch_leaves_the_logits_unchanged():
+  """The forward the loss is scored with, under each condition, in one compiled program."""
+  config = tiny_config()
+  model_def, params = init_model(config.model, 0)
+  params["blocks"][0]["attn"]["wo_NHD"] = np.zeros_like(params["blocks"][0]["attn"]["wo_NHD"])
+  (batch,) = ablation.with_permutations(pipeline.eval_batches(config)[:1])
+  applies = [model_def.apply] + [ablation.eval_apply(model_def, (0,), c, config.model.d_model)
+                                 for c in (ablation.ABLATED, ablation.CONTROL)]
+  clean, ablated, control = jax.device_get(jax.jit(
+      lambda p, b: [apply(p, b) for apply in applies])(params, batch))
+  np.testing.assert_array_equal(ablated, clean)
+  np.testing.assert_array_equal(control, clean)
+  params["blocks"][0]["attn"]["wo_NHD"] = np.ones_like(params["blocks"][0]["attn"]["wo_NHD"])
+  clean, ablated = jax.device_get(jax.jit(  # A live branch: the ablation does change them.
+      lambda p, b: [apply(p, b) for apply in applies[:2]])(params, batch))
+  assert np.abs(ablated - clean).max() > 1e-3
+
+
+@pytest.mark.long
+@pytest.mark.integration
+def test_an_intervention_on_a_zero_branch_changes_no_measurement():
+  config, hook, params, evaluate = _zeroed_local_setup()
+  layers = ablation.check("local", config.model)
+  assert layers == [0]
+  out = ablation.measure(hook, params, pipeline.eval_batches(config), evaluate, step=3,
+                         layers=layers)
+  (g,) = out["global_layers"]
+  assert (g["layer"], g["nope"]) == (1, True)
+  for key in ("gap", "logit_gap", "logit_gap_heads", "alignment", "alignment_heads"):
+    assert g[ablation.ABLATED][key] == g[ablation.CLEAN][key] == g[ablation.CONTROL][key], key
+  for name, _, _ in ablation.DIFFERENCES:
+    for key in ("gap", "logit_gap", "alignment"):
+      assert g[name][key] == 0.0, (name, key)
+    assert g[name]["logit_gap_heads"] == [0.0] * config.model.num_heads
+  ev = out["eval"]
+  assert ev[ablation.ABLATED] == ev[ablation.CLEAN] == ev[ablation.CONTROL]
+  assert out["loss_delta"]["ablated_minus_clean"]["loss"] == 0.0
+  (local,) = out["local_layers"]
+  assert local["layer"] == 0 and local["layer_type"] == "swa"
+  assert out["permutation_seed"] == ablation.PERMUTATION_SEED
+  assert out["rotation_seed"] == ablation.ROTATION_SEED
+  lines = ablation.summary_lines(out)
+  assert len(lines) == 3 and lines[1].startswith("  layer 1 global: gap at input")
+
+
+def test_check_names_the_flag_and_the_pattern_in_one_line():
+  with pytest.raises(checkpoints.AnalysisError) as e:
+    ablation.check("local", tiny_config(model__pattern="G").model)
+  assert "--ablate=local" in str(e.value) and "model.pattern='G'" in str(e.value)
+  assert "\n" not in str(e.value) and isinstance(e.value, UserError)
+  with pytest.raises(checkpoints.AnalysisError, match="expected one of local"):
+    ablation.check("global", tiny_config().model)
+  with pytest.raises(checkpoints.AnalysisError, match="no global layer"):
+    ablation.check("local", tiny_config(model__pattern="S").model)
+  assert ablation.check("local", tiny_config(model__pattern="LDG", model__num_layers=6)
+                        .model) == [0, 1, 3, 4]
+
+
+def test_analyze_refuses_a_global_only_run_before_restoring_anything(tmp_path):
+  with open(tmp_path / run_dir.CONFIG, "w") as f:
+    f.write(tiny_config(model__pattern="G").to_json_best_effort())
+  with pytest.raises(checkpoints.AnalysisError, match=r"--ablate=local: model.pattern='G'"):
+    report.analyze(str(tmp_path), ablate="local")  # no checkpoints: would fail otherwise
+  assert os.listdir(tmp_path) == [run_dir.CONFIG]
+
+
+@pytest.mark.long
+@pytest.mark.integration
+def test_ablate_local_end_to_end_writes_the_documented_keys(tmp_path_factory, tmp_path):
+  workdir = trained_run(tmp_path_factory)
+  result = report.analyze(workdir, step=8, lengths=(), out_dir=str(tmp_path), figures=False,
+                          ablate="local")
+  path = os.path.join(str(tmp_path), run_dir.ABLATION_FILE.format(seq_len=64))
+  assert path in result["files"]
+  with open(path) as f:
+    out = json.load(f)
+  assert set(out) == {"workdir", "train_seq_len", "step", "seq_len", "ablate", "conditions",
+                      "far_lag", "lags", "permutation_seed", "rotation_seed", "local_layers",
+                      "global_layers", "summary", "eval", "loss_delta", "probe"}
+  assert (out["step"], out["seq_len"], out["ablate"]) == (8, 64, "local")
+  assert [r["layer"] for r in out["local_layers"]] == [0]
+  (g,) = out["global_layers"]
+  per_condition = {"gap", "floor", "gap_stderr", "logit_gap", "logit_gap_stderr",
+                   "logit_gap_heads", "logit_gap_heads_stderr", "logit_gap_null", "alignment",
+                   "alignment_heads"}
+  difference = {"gap", "gap_stderr", "logit_gap", "logit_gap_stderr", "logit_gap_heads",
+                "logit_gap_heads_stderr", "alignment", "alignment_stderr", "alignment_heads",
+                "alignment_heads_stderr"}
+  for c in ablation.CONDITIONS:
+    assert set(g[c]) == per_condition
+    assert out["eval"][c]["seq_len"] == 64
+  for name, _, _ in ablation.DIFFERENCES:
+    assert set(g[name]) == difference and np.isfinite(g[name]["logit_gap_stderr"])
+    assert len(out["loss_delta"][name]["loss_by_position"]) == 4
+  # The clean condition is the analysis itself.
+  clean = [r for r in result["analysis"]["records"]
+           if (r["layer"], r["module"]) == (1, "pre_mixer_norm")][0]
+  assert g["clean"]["logit_gap_heads"] == clean["logit_gap"]
+  assert out["eval"]["clean"] == result["analysis"]["eval"]
+  # The branch's own recency is gone when ablated.
+  mixer = out["local_layers"][0]["mixer_gap"]
+  assert abs(mixer["ablated"]) < abs(mixer["clean"])
+  assert "ablated − control" in report.summary_text(result)
+
+
+@pytest.mark.integration
+def test_cli_refuses_ablate_local_on_a_global_only_run_in_one_line(tmp_path):
+  with open(tmp_path / run_dir.CONFIG, "w") as f:
+    f.write(tiny_config(model__pattern="G").to_json_best_effort())
+  run = functools.partial(subprocess.run, capture_output=True, text=True, cwd=REPO, timeout=120)
+  proc = run([sys.executable, os.path.join(REPO, "launch", "analyze.py"),
+              f"--workdir={tmp_path}", "--ablate=local"])
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "analyze.py: --ablate=local: model.pattern='G' has no local mixer (S, L or D) to "
+      "ablate; the causal test needs a hybrid such as 'SG'")
+  proc = run([sys.executable, os.path.join(REPO, "launch", "analyze.py"),
+              f"--workdir={tmp_path}", "--ablate=global"])
+  assert proc.returncode == 2 and "value should be one of <local>" in proc.stderr
