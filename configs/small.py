@@ -10,7 +10,8 @@ Experiments: swa{16,64,256} (RoPE in SWA), nopeswa{64,256} (NoPE in SWA), gla (g
 attention in place of SWA), gdn (the gated delta rule in place of SWA, DGDG) and gdn3 (three
 delta-rule layers per global one, DDDG, as Kimi Linear and Qwen3-Next), nope (global only), and
 swa<W>_flops<V>: window W trained for the FLOPs that window V spends in 640 steps (the
-compute-matched pair for the window claim).
+compute-matched pair for the window claim). Any of them with `_deep` (swa64_deep, nope_deep):
+8 layers instead of 4, the pattern repeated (SGSGSGSG: 4 global layers; nope: 8 G).
 docs/performance.md has the measured cost of a run and of the sweep.
 
 Cost (small.py:swa64): 7.07 MFLOP/token × 2.62 M tokens (640 steps × 4 × 1024) = 1.9e13 FLOPs.
@@ -21,6 +22,7 @@ from configs import demo
 from hybrid_nope.train import flops
 
 STEPS = 640
+DEEP_LAYERS = 8  # `_deep`: the pattern repeated to 8 layers (SG: 4 global NoPE layers).
 PATTERNS = {"gla": "LG", "gdn": "DG", "gdn3": "DDDG"}  # the experiments without a window
 
 
@@ -34,11 +36,16 @@ def _steps_for_flops_of(c, window: int) -> int:
 
 
 def get_config(experiment: str = "swa64"):
+  name, deep = experiment, experiment.endswith("_deep")
+  experiment = experiment.removesuffix("_deep")
   match = re.fullmatch(r"(swa|nopeswa)(\d+)(?:_flops(\d+))?|nope|gla|gdn3?", experiment)
   if not match:
-    raise ValueError(f"experiment={experiment!r}: expected swa<W>, nopeswa<W>, "
-                     "swa<W>_flops<V>, gla, gdn, gdn3 or nope")
+    raise ValueError(f"experiment={name!r}: expected swa<W>, "
+                     "nopeswa<W>, swa<W>_flops<V>, gla, gdn, gdn3 or nope, each optionally "
+                     "followed by _deep")
   c = demo.get_config()
+  if deep:
+    c.model.num_layers = DEEP_LAYERS
   if experiment == "nope":
     c.model.pattern = "G"
   elif experiment in PATTERNS:

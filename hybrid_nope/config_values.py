@@ -12,8 +12,12 @@ import numpy as np
 
 from hybrid_nope.errors import ConfigError
 
-# Where rows come from (data/pipeline.py's ROW_SOURCES holds one reader per name).
-DATA_SOURCES = ("stdlib", "mds")
+# Where rows come from (data/pipeline.py's ROW_SOURCES holds one reader per name): the embedded
+# stdlib corpus, ProLong's MDS mixture, a prepared directory of byte-tokenised documents
+# (hybrid_nope.data.documents, e.g. the English prose corpus of launch/prepare_prose.py).
+DATA_SOURCES = ("stdlib", "mds", "documents")
+# The sources whose token ids are the byte tokenizer's (hybrid_nope.data.tokenizer).
+BYTE_SOURCES = ("stdlib", "documents")
 
 
 def require(ok: bool, key: str, value, allowed: str):

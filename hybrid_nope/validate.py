@@ -80,6 +80,12 @@ def validate(config, *, check_paths: bool = True) -> None:
   if d.source == "mds":
     from hybrid_nope.data import mixture  # pylint: disable=g-import-not-at-top
     mixture.parse_domains(value(config, "data.domains"))
+  if d.source == "documents" and check_paths:
+    from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+    require(bool(d.path) and os.path.isfile(os.path.join(d.path, documents.MANIFEST)),
+            "data.path", d.path, f"a directory prepared by launch/prepare_prose.py (with "
+            f"{documents.MANIFEST}, train/ and eval/): run `make prose`, or pass "
+            f"--config.data.path=")
   if d.source == "mds" and check_paths:
     require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
             "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")

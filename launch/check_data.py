@@ -2,8 +2,9 @@
     [--config.data.path=$PROLONG --config.eval.path=$TEXTBOOKS ...]
 
 Prints the domains, shards and tokens found per domain, the eval set's chapters and rows, and
-the tokenizer's vocabulary against model.vocab_size; the first problem fails as one line, exit
-code 2 (hybrid_nope/data/check.py).
+the tokenizer's vocabulary against model.vocab_size (for data.source=documents, e.g.
+configs/small_prose.py, the prepared corpus's name, licence, documents, bytes and rows); the
+first problem fails as one line, exit code 2 (hybrid_nope/data/check.py).
 """
 import os
 import sys

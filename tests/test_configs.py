@@ -39,8 +39,8 @@ def with_data_paths(config, tmp_path):
 
 
 def test_the_sweep_is_complete():
-  expected = {"demo", "small", "nope_120m", "nope_350m", "gla_120m", "gla_350m", "gdn_120m",
-              "gdn_350m", "kda_120m"} | {
+  expected = {"demo", "small", "small_prose", "nope_120m", "nope_350m", "gla_120m", "gla_350m",
+              "gdn_120m", "gdn_350m", "kda_120m"} | {
       f"{kind}{w}_{size}" for kind in ("swa", "nopeswa") for w in base.WINDOWS
       for size in ("120m", "350m")}
   assert set(CONFIG_NAMES) == expected
@@ -150,6 +150,32 @@ def test_small_sweep_experiments():
       assert (config.model.window, config.model.swa_pos) == (window, swa_pos)
   with pytest.raises(ValueError, match="experiment='swa'"):
     small.get_config("swa")
+  for name, pattern in [("swa64_deep", "SG"), ("nope_deep", "G")]:
+    config = small.get_config(name)
+    validate(config)
+    assert (config.model.num_layers, config.model.pattern) == (8, pattern)
+    shallow = small.get_config(name.removesuffix("_deep"))
+    assert config.train.to_dict() == shallow.train.to_dict()
+  with pytest.raises(ValueError, match="experiment='swa_deep'"):
+    small.get_config("swa_deep")
+
+
+def test_small_prose_is_small_on_the_prepared_prose_corpus(tmp_path, monkeypatch):
+  from hybrid_nope.data import documents, prose
+  small, small_prose = (importlib.import_module(f"configs.{n}") for n in ("small", "small_prose"))
+  monkeypatch.setenv(prose.DIR_ENV, str(tmp_path / "missing"))
+  for name in ("swa64", "nopeswa256", "nope", "gla", "swa64_deep", "nope_deep"):
+    config, stdlib = small_prose.get_config(name), small.get_config(name)
+    assert (config.data.source, config.data.path) == ("documents", str(tmp_path / "missing"))
+    for section in ("model", "train"):
+      assert config[section].to_dict() == stdlib[section].to_dict(), section
+  with pytest.raises(ConfigError, match="config.data.path=.*missing.* is invalid.*make prose"):
+    validate(small_prose.get_config("swa64"))
+  docs = [(f"chapter {i}", b"In the beginning. " * (i + 1)) for i in range(400)]
+  documents.write(str(tmp_path / "prose"), docs, eval_fraction=0.3, corpus={
+      "name": "fake", "title": "fake", "licence": "made here", "source": "here"})
+  monkeypatch.setenv(prose.DIR_ENV, str(tmp_path / "prose"))
+  validate(small_prose.get_config("nope_deep"))
 
 
 def test_experiment_builds_each_local_mixer_and_ratio():

@@ -7,6 +7,9 @@ that passes here starts:
 
   train data   each domain of data.domains under data.path: its MDS directory (index.json, every
                shard file at its listed size), samples, shards, tokens and training rows;
+  documents    (data.source=documents) the prepared directory at data.path: its corpus.json
+               (the corpus's name, source and licence), both splits' shards, documents, bytes,
+               tokens and rows (token ids checked against the byte vocabulary);
   eval data    the prepared TextbookChapters directory at eval.path: its chapters, the eval rows
                the config reads (token ids checked against model.vocab_size) and the probe pool;
   tokenizer    the tokenizer.json files the data carries (data.path, the eval directory): their
@@ -57,11 +60,28 @@ class DataReport:
   probe_rows: int = 0
   tokenizers: list[str] = dataclasses.field(default_factory=list)
   tokenizer_size: int | None = None
+  corpus: dict = dataclasses.field(default_factory=dict)  # documents: its corpus.json
+  split_rows: dict = dataclasses.field(default_factory=dict)  # documents: rows per split
+
+  def _documents_lines(self) -> list[str]:
+    c = self.corpus
+    header = ("split", "documents", "bytes", "tokens", f"rows of {self.seq_len}")
+    cells = [header] + [(s, *(f"{c['splits'][s][k]:,}" for k in ("documents", "bytes", "tokens")),
+                         f"{self.split_rows[s]:,}") for s in self.split_rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return [f"data.source=documents: {self.train_path} (data.path): {c['title']} ({c['name']})",
+            f"  source: {c['source']}", f"  licence: {c['licence']}",
+            f"  split: {c['split_rule']}, eval_fraction {c['eval_fraction']}; train rows "
+            f"packed, eval one document per row"] + [
+                "  " + "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
+                                 for i, (x, w) in enumerate(zip(row, widths))) for row in cells]
 
   def text(self) -> str:
     if self.source == "stdlib":
       lines = [f"data.source=stdlib: the embedded corpus (nothing to fetch); seq_len "
                f"{self.seq_len}"]
+    elif self.source == "documents":
+      lines = self._documents_lines()
     else:
       header = ("domain", "share", "kind", "shards", "samples", "tokens", f"rows of {self.seq_len}")
       cells = [header] + [(d.name, f"{d.share:.3f}", d.kind, f"{d.shards:,}", f"{d.samples:,}",
@@ -77,7 +97,7 @@ class DataReport:
     lines.append(f"  eval reads {self.eval_rows} rows (eval.batch_size × eval.num_batches) "
                  f"holding {self.eval_tokens:,} tokens; the recency probe is chosen from "
                  f"{self.probe_rows} rows (metrics.probe_pool_rows)")
-    where = ", ".join(self.tokenizers) or "the byte tokenizer (data.source=stdlib)"
+    where = ", ".join(self.tokenizers) or f"the byte tokenizer (data.source={self.source})"
     lines.append(f"tokenizer: {where}: {self.tokenizer_size:,} token ids <= model.vocab_size "
                  f"{self.vocab_size:,}")
     return "\n".join(lines + ["OK: the data is in place for this config"])
@@ -115,6 +135,12 @@ def check(config) -> DataReport:
                                kind="packed" if d.packed else "raw", shards=d.ds.num_shards,
                                samples=len(d.ds), tokens=d.num_tokens, rows=len(d))
                         for s, d in zip(mixture.specs, mixture.domains)]
+    if source == "documents":
+      from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+      report.train_path = config_values.value(config, "data.path")
+      report.corpus = documents.read_manifest(report.train_path)
+      report.split_rows = {s: len(pipeline.packed_rows(config, s)["inputs"])
+                           for s in documents.SPLITS}
     batches = pipeline.eval_batches(config)
     report.eval_rows = sum(len(b["inputs"]) for b in batches)
     report.eval_tokens = int(sum(np.count_nonzero(b["segment_ids"]) for b in batches))

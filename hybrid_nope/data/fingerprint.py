@@ -51,10 +51,12 @@ def data_fingerprint(config, eval_batches: list[dict]) -> dict:
   out = {"data.source": d.source, "data.seq_len": d.seq_len, "data.seed": d.seed,
          "model.vocab_size": config.model.vocab_size,
          "eval.rows_sha1": _sha1(*[b[k] for b in eval_batches for k in ("inputs", "segment_ids")])}
-  if d.source == "stdlib":
+  if d.source in config_values.BYTE_SOURCES:  # In memory: the rows themselves identify them.
     rows = pipeline.packed_rows(config, "train")
-    out.update({"data.eval_fraction": d.eval_fraction, "train.rows": len(rows["inputs"]),
+    out.update({"train.rows": len(rows["inputs"]),
                 "train.tokens_sha1": _sha1(rows["inputs"], rows["segment_ids"])})
+    if d.source == "stdlib":
+      out["data.eval_fraction"] = d.eval_fraction
   else:
     out.update({"data.document_masking": d.document_masking, "eval.path": config.eval.path,
                 **_mds_domains(config)})

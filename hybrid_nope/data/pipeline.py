@@ -2,6 +2,8 @@
 
 Rows come from a source (see `ROW_SOURCES`): "stdlib" holds them in memory as [S, T] arrays,
 and the train pipeline shuffles row *indices* and gathers a whole batch with one fancy index;
+"documents" (a prepared directory, `hybrid_nope.data.documents`) packs its train documents
+the same way in memory and evaluates on one document per row from its first token;
 "mds" (ProLong, `hybrid_nope.data.prolong`) reads them from memory-mapped MDS shards as an
 infinite, already mixed and shuffled grain MapDataset, and evaluates on TextbookChapters
 (`hybrid_nope.data.textbook_chapters`). Either way element k of the train stream is a pure
@@ -51,6 +53,23 @@ def _stdlib_rows(config, split: str, num_rows_key: str | None = None) -> dict[st
                        config_values.eval_fraction(config))
 
 
+def _documents_rows(config, split: str,
+                    num_rows_key: str | None = None) -> dict[str, np.ndarray]:
+  """The prepared directory at data.path: train documents packed as stdlib's, eval documents
+  one per row (hybrid_nope.data.documents); all in memory, callers take the rows they need."""
+  del num_rows_key
+  from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+  path = config_values.string(config, "data.path", "a prepared documents directory",
+                              nonempty=True)
+  seq_len = _positive_int(config, "data.seq_len")
+  verify = config_values.boolean(config, "data.verify_hashes")
+  if split == "train":
+    return documents.train_rows(path, seq_len, verify_hashes=verify)
+  if split != "eval":
+    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+  return documents.eval_rows(path, seq_len, verify_hashes=verify)
+
+
 def _mds_rows(config, split: str, num_rows_key: str | None = None):
   """Train split: the ProLong mixture, an infinite grain MapDataset of rows (element k is the
   k-th row of the global stream). Eval split: TextbookChapters rows, in memory (the first rows
@@ -91,7 +110,8 @@ def train_mixture(config):
 Rows = Union[dict[str, np.ndarray], grain.MapDataset]
 # name -> fn(config, split, num_rows_key) -> rows: a dict of in-memory [S, T] arrays, or (train) an infinite
 # grain.MapDataset of row dicts that is already shuffled.
-ROW_SOURCES: dict[str, Callable[..., Rows]] = {"stdlib": _stdlib_rows, "mds": _mds_rows}
+ROW_SOURCES: dict[str, Callable[..., Rows]] = {"stdlib": _stdlib_rows, "mds": _mds_rows,
+                                               "documents": _documents_rows}
 assert tuple(ROW_SOURCES) == config_values.DATA_SOURCES, "one reader per config_values.DATA_SOURCES name"
 
 
@@ -154,7 +174,8 @@ def train_iterator(config, *, process_index: int = 0, process_count: int = 1,
 def eval_batches(config) -> list[dict[str, np.ndarray]]:
   """The first eval.num_batches batches of the eval split, in order (no shuffling).
 
-  For "mds" these are TextbookChapters rows, one chapter per row from its first token: score
+  For "mds" these are TextbookChapters rows, one chapter per row from its first token (for
+  "documents" one eval document per row, the same way): score
   them by position bucket with `position_buckets`.
   """
   batch_size = _positive_int(config, "eval.batch_size")
@@ -198,13 +219,14 @@ def tokenizer_files(config) -> list[str]:
 
 def check_vocabulary(config) -> int | None:
   """Refuses a model.vocab_size below the data's tokenizer's size, before anything is built
-  (on byte data, vocab_size=100 would otherwise train into NaN at step 1). stdlib: the byte
-  tokenizer's ByteTokenizer.vocab_size ids; mds: each of `tokenizer_files` (without one, the
+  (on byte data, vocab_size=100 would otherwise train into NaN at step 1). stdlib and
+  documents (config_values.BYTE_SOURCES): the byte tokenizer's ByteTokenizer.vocab_size ids; mds: each of `tokenizer_files` (without one, the
   token ids are checked as they are read: each shard's at its first read, every eval row).
   Returns the largest tokenizer size checked, or None."""
   vocab_size = _positive_int(config, "model.vocab_size")
-  if config_values.one_of(config, "data.source", config_values.DATA_SOURCES) == "stdlib":
-    sizes = {"the byte tokenizer (data.source=stdlib)": ByteTokenizer.vocab_size}
+  source = config_values.one_of(config, "data.source", config_values.DATA_SOURCES)
+  if source in config_values.BYTE_SOURCES:
+    sizes = {f"the byte tokenizer (data.source={source})": ByteTokenizer.vocab_size}
   else:
     import tokenizers  # pylint: disable=g-import-not-at-top
     sizes = {}

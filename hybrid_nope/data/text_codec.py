@@ -1,8 +1,9 @@
 """Text to a run's token ids and back, as its training data was tokenised (score, generate, and
 the samples a run writes while it trains).
 
-- data.source=stdlib: the byte tokenizer (data/tokenizer.py). Text starts with BOS as every
-  training document does; the documents end with EOS, which is the end of a generation.
+- data.source=stdlib or documents (config_values.BYTE_SOURCES): the byte tokenizer
+  (data/tokenizer.py). Text starts with BOS as every training document does; the documents
+  end with EOS, which is the end of a generation.
 - otherwise: a tokenizer.json (`tokenizer_path`, else the one the data carries:
   pipeline.tokenizer_files) with its own special tokens. Which id ends a document is not
   recorded with the data, so generation stops at one only when named (`eos_token`).
@@ -15,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from hybrid_nope import config_values
 from hybrid_nope.data import pipeline
 from hybrid_nope.data.tokenizer import ByteTokenizer
 from hybrid_nope.errors import UserError
@@ -35,9 +37,10 @@ def text_codec(config, tokenizer_path: str | None = None,
                eos_token: str | None = None) -> TextCodec:
   """The run's codec (module docstring). `eos_token` names the end-of-document token of a
   tokenizer.json (e.g. "<|end_of_text|>"); the byte tokenizer's is its EOS."""
-  if tokenizer_path is None and config.data.source == "stdlib":
+  if tokenizer_path is None and config.data.source in config_values.BYTE_SOURCES:
     if eos_token is not None:
-      raise TextCodecError(f"eos_token={eos_token!r}: the byte tokenizer (data.source=stdlib) "
+      raise TextCodecError(f"eos_token={eos_token!r}: the byte tokenizer "
+                           f"(data.source={config.data.source}) "
                            f"has its own EOS (id {ByteTokenizer.EOS_ID}); name none")
     byte_tokenizer = ByteTokenizer()
     return TextCodec(lambda text: byte_tokenizer.encode(text, add_bos=True, add_eos=False),

@@ -1,7 +1,8 @@
 """The tokenizer files that go with an exported model, chosen by the run's `data.source`.
 
-- stdlib (the embedded demo corpus): our byte tokenizer (data/tokenizer.py: ids 0..255 = bytes,
-  BOS 256, EOS 257) has an exact Hugging Face form: a byte-level BPE with no merges whose
+- stdlib and documents (config_values.BYTE_SOURCES: the embedded demo corpus, a prepared byte
+  corpus such as the English prose one): our byte tokenizer (data/tokenizer.py: ids 0..255 =
+  bytes, BOS 256, EOS 257) has an exact Hugging Face form: a byte-level BPE with no merges whose
   vocabulary lists the 256 byte symbols in byte order, BOS/EOS as special tokens, and a
   post-processor that starts each text with BOS as our documents start. It is built here.
 - mds (ProLong): the data came tokenised and the run's config names no tokenizer, so none is
@@ -17,6 +18,7 @@ import os
 import shutil
 from typing import Callable
 
+from hybrid_nope import config_values
 from hybrid_nope.data import tokenizer as byte_tokenizer
 from hybrid_nope.errors import UserError
 
@@ -134,14 +136,15 @@ def _copy_plan(path: str, vocab_size: int) -> Plan:
 def plan(config, path: str | None) -> Plan:
   """The tokenizer for the run's data.source, or the one at `path`; checked before writing."""
   source = config.data.source
-  if source == "stdlib":
+  if source in config_values.BYTE_SOURCES:
     if path:
-      raise TokenizerError(f"--tokenizer={path}: the run trained on data.source=stdlib with the "
-                           f"byte tokenizer, which the export writes itself; drop --tokenizer")
+      raise TokenizerError(f"--tokenizer={path}: the run trained on data.source={source} with "
+                           f"the byte tokenizer, which the export writes itself; drop "
+                           f"--tokenizer")
     if config.model.vocab_size < byte_tokenizer.VOCAB_SIZE:
       raise TokenizerError(f"config.model.vocab_size={config.model.vocab_size} is below the "
                            f"byte tokenizer's {byte_tokenizer.VOCAB_SIZE} ids")
-    return Plan("byte tokenizer (data.source=stdlib) written as a byte-level tokenizer.json",
+    return Plan(f"byte tokenizer (data.source={source}) written as a byte-level tokenizer.json",
                 _write_byte_tokenizer, byte_tokenizer.BOS_ID, byte_tokenizer.EOS_ID)
   if path:
     return _copy_plan(path, config.model.vocab_size)
