@@ -76,6 +76,14 @@ def wildcard(template: str) -> str:
   return re.sub(r"\{[^}]*\}", "*", template)
 
 
+def number_in(template: str, name: str) -> int | None:
+  """The number a one-field name template put in `name` (ABLATION_FILE, "ablation_T1024.json"
+  -> 1024), or None where `name` is not one of its names."""
+  pattern = re.sub(r"\\\{[^}]*\\\}", r"(\\d+)", re.escape(template))
+  match = re.fullmatch(pattern, name)
+  return int(match.group(1)) if match else None
+
+
 def _stamp(when: float | None) -> str:
   return time.strftime("%Y%m%dT%H%M%S", time.gmtime(when))
 
@@ -194,9 +202,8 @@ class RunDir:
     """The steps with a folder in analysis/, ascending (none when there is no analysis/)."""
     if not storage.isdir(self.analysis):
       return []
-    pattern = re.escape(ANALYSIS_STEP).replace(re.escape("{step}"), r"(\d+)")
-    return sorted(int(m.group(1)) for name in storage.listdir(self.analysis)
-                  if (m := re.fullmatch(pattern, name)))
+    return sorted(step for name in storage.listdir(self.analysis)
+                  if (step := number_in(ANALYSIS_STEP, name)) is not None)
 
   @property
   def sweep_log(self) -> str:

@@ -76,3 +76,17 @@ def assert_same_batches(a, b):
     assert x.keys() == y.keys()
     for key in x:
       np.testing.assert_array_equal(x[key], y[key], key)
+
+
+def committed_probe_counts(tmp_dir: str) -> np.ndarray:
+  """Pairs per document at lag 1 and at the far lag [2, C] of the committed swa16 seed-0 run's
+  probe: the real cluster sizes the evidence tests simulate under."""
+  from hybrid_nope import sweep  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.analysis.measure import records  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  pack = os.path.join(REPO, "docs/results/runs/swa16/seed0.tar.gz")
+  workdir = sweep.unpack_records(pack, tmp_dir)
+  with open(RunDir(workdir).recency_sums_file(0), "rb") as f:
+    sums, lags, far = records.decode_sums(f.read())
+  near_i, far_i = records.near_far(lags, far)
+  return np.asarray(sums["counts"], np.float64)[[near_i, far_i]]

@@ -201,7 +201,7 @@ def test_ablate_local_end_to_end_writes_the_documented_keys(tmp_path_factory, tm
     out = json.load(f)
   assert set(out) == {"workdir", "train_seq_len", "step", "seq_len", "ablate", "conditions",
                       "far_lag", "lags", "permutation_seed", "rotation_seed", "local_layers",
-                      "global_layers", "summary", "eval", "loss_delta", "probe"}
+                      "global_layers", "summary", "eval", "loss_delta", "probe", "logit_sums"}
   assert (out["step"], out["seq_len"], out["ablate"]) == (8, 64, "local")
   assert [r["layer"] for r in out["local_layers"]] == [0]
   (g,) = out["global_layers"]
@@ -222,6 +222,13 @@ def test_ablate_local_end_to_end_writes_the_documented_keys(tmp_path_factory, tm
            if (r["layer"], r["module"]) == (1, "pre_mixer_norm")][0]
   assert g["clean"]["logit_gap_heads"] == clean["logit_gap"]
   assert out["eval"]["clean"] == result["analysis"]["eval"]
+  # The per-document logit sums give back each condition's head-mean logit gap.
+  sums, n = out["logit_sums"], out["logit_sums"]["counts"]
+  assert sums["layers"] == [1]
+  for c in ablation.CONDITIONS:
+    near, far = (np.asarray(sums[c]["1"][k]) for k in ("near", "far"))
+    per_head = (near.sum(0) / np.sum(n["near"]) - far.sum(0) / np.sum(n["far"]))
+    np.testing.assert_allclose(per_head.mean(), g[c]["logit_gap"], rtol=1e-6, atol=1e-9)
   # The branch's own recency is gone when ablated.
   mixer = out["local_layers"][0]["mixer_gap"]
   assert abs(mixer["ablated"]) < abs(mixer["clean"])

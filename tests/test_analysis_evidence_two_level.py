@@ -1,28 +1,20 @@
 """Seed × document errors (analysis/evidence/two_level.py): the leave-one-document-out ratio
 means against a direct recomputation, and the two-level SE's coverage by simulation under the
 committed probe's real document sizes, where dropping either level undercovers."""
-import os
 
 import numpy as np
 import pytest
 import scipy.stats
 
-from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import two_level
 from hybrid_nope.analysis.measure import records
-from hybrid_nope.run_dir import RunDir
+from tests.helpers import committed_probe_counts
 
-PACK = os.path.join(sweep.REPO, "docs/results/runs/swa16/seed0.tar.gz")
 
 
 @pytest.fixture(scope="module")
 def real_counts(tmp_path_factory):
-  """Pairs per document at lag 1 and at the far lag [2, C], from a committed run's probe."""
-  workdir = sweep.unpack_records(PACK, str(tmp_path_factory.mktemp("pack")))
-  with open(RunDir(workdir).recency_sums_file(0), "rb") as f:
-    sums, lags, far = records.decode_sums(f.read())
-  near_i, far_i = records.near_far(lags, far)
-  return np.asarray(sums["counts"], np.float64)[[near_i, far_i]]
+  return committed_probe_counts(str(tmp_path_factory.mktemp("pack")))
 
 
 def test_leave_one_out_is_the_ratio_mean_without_that_document():

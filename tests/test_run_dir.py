@@ -153,3 +153,13 @@ def test_every_file_of_a_trained_and_analysed_run_is_one_the_layout_names(tmp_pa
   assert os.path.exists(rd.checkpoint_meta(8)) and os.path.exists(rd.recency_sums_file(0))
   assert os.path.exists(os.path.join(rd.analysis_dir(8), run_dir.EXTRAPOLATION_FILE))
   assert not os.path.exists(rd.lock)  # Released at the end of the run.
+
+
+def test_number_in_reads_back_the_number_a_template_wrote_and_nothing_else():
+  for template, value in ((run_dir.ABLATION_FILE, 1024), (run_dir.ANALYSIS_STEP, 640),
+                          (run_dir.ANALYSIS_FILE, 8)):
+    name = template.format(**{k: value for k in ("seq_len", "step")})
+    assert run_dir.number_in(template, name) == value
+  for name in ("ablation_T.json", "ablation_T12.json.tmp", "xablation_T12.json",
+               "ablation_Tabc.json"):
+    assert run_dir.number_in(run_dir.ABLATION_FILE, name) is None

@@ -283,7 +283,21 @@ def measure(hook, params, eval_batches: Sequence[dict], evaluate: Callable, *, s
           "summary": _summary(sums, globals_out, sorted(hook.readout_layers), lags, far),
           "eval": evals,
           "loss_delta": {name: _loss_delta(evals[a], evals[b]) for name, a, b in DIFFERENCES},
-          "probe": {"rows": hook.rows.tolist(), "documents": int(hook.num_docs)}}
+          "probe": {"rows": hook.rows.tolist(), "documents": int(hook.num_docs)},
+          "logit_sums": logit_sums(sums, sorted(hook.readout_layers), lags, far)}
+
+
+def logit_sums(sums: dict, readout: Sequence[int], lags, far: int) -> dict:
+  """Per-document sums of each global NoPE layer's logits at lags 1 and L, per condition, and
+  their pair counts: what a cross-run verdict needs to put documents in its error
+  (analysis.evidence.causal), as the recency sums are for the in-loop records."""
+  near_i, far_i = records_lib.near_far(lags, far)
+  n = np.asarray(sums[CLEAN]["counts"], np.float64)
+  return {"counts": {"near": n[near_i].tolist(), "far": n[far_i].tolist()},
+          "layers": [int(i) for i in readout],
+          **{c: {str(i): {"near": np.asarray(sums[c][f"{i}/logit"], np.float64)[near_i].tolist(),
+                          "far": np.asarray(sums[c][f"{i}/logit"], np.float64)[far_i].tolist()}
+                 for i in readout} for c in CONDITIONS}}
 
 
 def summary_lines(result: dict) -> list[str]:

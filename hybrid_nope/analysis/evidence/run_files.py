@@ -44,6 +44,20 @@ def latest_init_null(workdir: str) -> dict | None:
   return None
 
 
+def latest_ablation(workdir: str) -> dict | None:
+  """The newest analysis/step_<N>/ablation_T<T>.json (the causal test) at the smallest T
+  there, or None (a run analysed without --ablate=local, or with no local mixer)."""
+  rd = RunDir(workdir)
+  for step in reversed(rd.analysis_steps()):
+    lengths = [t for name in storage.listdir(rd.analysis_dir(step))
+               if (t := run_dir.number_in(run_dir.ABLATION_FILE, name)) is not None]
+    if lengths:
+      path = storage.join(rd.analysis_dir(step),
+                          run_dir.ABLATION_FILE.format(seq_len=min(lengths)))
+      return json.loads(storage.read_text(path))
+  return None
+
+
 def read_sums(workdir: str, step: int) -> tuple[dict, tuple, int] | None:
   """The per-cluster sums of one measurement (recency_sums/step_<N>.npz), or None."""
   path = RunDir(workdir).recency_sums_file(step)
