@@ -1,7 +1,11 @@
-"""Regenerate docs/results.md from the sweep's committed records (no training, no checkpoints):
+"""Regenerate docs/results.md from the sweeps' committed records (no training, no checkpoints):
 
-  python launch/results.py [--records_dir=docs/results/runs] [--out=docs/results.md]
+  python launch/results.py [--corpus=NAME=DIR[,DIR...] ...] [--out=docs/results.md]
       [--figures_dir=docs/results]
+
+Each --corpus names a corpus and its records dirs: the first is the sweep every finding reads,
+later ones (reruns with new measurements) add causal tests and longer lengths
+(hybrid_nope/analysis/evidence/results_page.py).
 """
 import os
 import sys
@@ -12,7 +16,10 @@ from absl import app, flags  # noqa: E402
 
 from hybrid_nope.analysis.evidence import results_page  # noqa: E402
 
-flags.DEFINE_string("records_dir", "docs/results/runs", "<experiment>/seed<k>.tar.gz packs.")
+flags.DEFINE_multi_string(
+    "corpus", ["stdlib=docs/results/runs,docs/results/runs_v2",
+               "prose=docs/results/runs_prose"],
+    "NAME=DIR[,DIR...]: a corpus and its records dirs of <experiment>/seed<k>.tar.gz packs.")
 flags.DEFINE_string("out", "docs/results.md", "The page to write.")
 flags.DEFINE_string("figures_dir", "docs/results", "Where the sweep figures go; '' = none.")
 flags.DEFINE_string("intro", "docs/results_intro.md", "The page's fixed text ({commit} filled).")
@@ -22,9 +29,11 @@ def main(argv):
   del argv
   f = flags.FLAGS
   with open(f.intro) as intro:
-    result = results_page.build(f.records_dir, f.out, f.figures_dir or None, intro.read())
-  for v in result["verdicts"]:
-    print(f"{v['verdict']:>12}  {v['finding']}")
+    result = results_page.build(results_page.parse_corpora(f.corpus), f.out,
+                                f.figures_dir or None, intro.read())
+  for name, corpus in result["corpora"].items():
+    for v in corpus["verdicts"] + corpus["causal"]:
+      print(f"{name:>7} {v['verdict']:>12}  {v['finding']}")
   print(f"wrote {f.out}")
 
 

@@ -4,9 +4,12 @@ sums (records.build), the sums side files, eval losses and the probe description
 the page can then be checked against the numbers that made them."""
 import json
 import os
+import zlib
 
 import numpy as np
 
+from hybrid_nope import run_dir
+from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONDITIONS, CONTROL
 from hybrid_nope.analysis.measure import records
 from hybrid_nope.model.pattern import layer_kinds, layer_type
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
@@ -88,3 +91,41 @@ def measured_run(root: str, name: str, *, pattern: str = "SG", num_layers: int =
   with open(rd.recency_probe, "w") as f:
     json.dump({"rows": list(range(8)), "documents": DOCS}, f)
   return workdir
+
+
+def ablation_result(counts_2C, means_by_condition, rows=(0, 1), layers=(1, 3)):
+  """An ablation_T<T>.json (analysis/checkpoint/ablation.py) holding `logit_sums` whose per-document, per-head logit means are
+  `means_by_condition[c]` ([C, N] at lag 1; the far lag's are 0), the same for every layer."""
+  n_near, n_far = counts_2C
+  sums = {"counts": {"near": n_near.tolist(), "far": n_far.tolist()}, "layers": list(layers)}
+  for c in CONDITIONS:
+    m_CN = np.asarray(means_by_condition[c], np.float64)
+    sums[c] = {str(i): {"near": (m_CN * n_near[:, None]).tolist(),
+                        "far": np.zeros_like(m_CN).tolist()} for i in layers}
+  gaps = {c: float(np.mean(np.sum(np.asarray(means_by_condition[c]) * n_near[:, None], 0)
+                           / n_near.sum())) for c in CONDITIONS}
+  summary = {CLEAN: {"logit_gap": gaps[CLEAN]},
+             **{f"{a}_minus_{b}": {"logit_gap": gaps[a] - gaps[b]}
+                for a, b in ((ABLATED, CLEAN), (CONTROL, CLEAN), (ABLATED, CONTROL))}}
+  loss = {"ablated_minus_control": {"loss": 0.01}}
+  return {"logit_sums": sums, "summary": summary, "loss_delta": loss,
+          "probe": {"rows": list(rows)}, "seq_len": 1024, "far_lag": 512}
+
+
+def write_ablation(workdir: str, effect: float, *, step: int = 8, seq_len: int = 64,
+                   clean: float = 0.1) -> str:
+  """The causal test's file in a measured run: per document and head an ablated − control
+  logit gap of `effect` plus document noise shared by every seed (the probe's own documents)
+  and seed noise; returns its path."""
+  rng = np.random.default_rng(zlib.crc32(os.path.basename(workdir).encode()))
+  counts = np.random.default_rng(3).integers(20, 80, size=(2, DOCS)).astype(float)
+  doc = np.random.default_rng(7).normal(0, 0.005, DOCS)
+  base = np.full((DOCS, HEADS), clean)
+  ablated = base + (effect + doc + rng.normal(0, 0.002) + rng.normal(0, 0.002, DOCS))[:, None]
+  result = ablation_result(counts, {CLEAN: base, CONTROL: base, ABLATED: ablated}, layers=(1,))
+  out_dir = RunDir(workdir).analysis_dir(step)
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, run_dir.ABLATION_FILE.format(seq_len=seq_len))
+  with open(path, "w") as f:
+    json.dump(result, f)
+  return path

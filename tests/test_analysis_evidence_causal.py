@@ -9,8 +9,9 @@ import scipy.stats
 from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONDITIONS, CONTROL
 from hybrid_nope.analysis.evidence import causal
 from tests.helpers import committed_probe_counts
+from tests.measured_runs import ablation_result
 
-HEADS, LAYERS = 4, (1, 3)
+HEADS = 4
 
 
 @pytest.fixture(scope="module")
@@ -18,30 +19,11 @@ def real_counts(tmp_path_factory):
   return committed_probe_counts(str(tmp_path_factory.mktemp("pack")))
 
 
-def fake_result(counts_2C, means_by_condition, rows=(0, 1)):
-  """An ablation result holding `logit_sums` whose per-document, per-head logit means are
-  `means_by_condition[c]` ([C, N] at lag 1; the far lag's are 0), the same for every layer."""
-  n_near, n_far = counts_2C
-  sums = {"counts": {"near": n_near.tolist(), "far": n_far.tolist()}, "layers": list(LAYERS)}
-  for c in CONDITIONS:
-    m_CN = np.asarray(means_by_condition[c], np.float64)
-    sums[c] = {str(i): {"near": (m_CN * n_near[:, None]).tolist(),
-                        "far": np.zeros_like(m_CN).tolist()} for i in LAYERS}
-  gaps = {c: float(np.mean(np.sum(np.asarray(means_by_condition[c]) * n_near[:, None], 0)
-                           / n_near.sum())) for c in CONDITIONS}
-  summary = {CLEAN: {"logit_gap": gaps[CLEAN]},
-             **{f"{a}_minus_{b}": {"logit_gap": gaps[a] - gaps[b]}
-                for a, b in ((ABLATED, CLEAN), (CONTROL, CLEAN), (ABLATED, CONTROL))}}
-  loss = {"ablated_minus_control": {"loss": 0.01}}
-  return {"logit_sums": sums, "summary": summary, "loss_delta": loss,
-          "probe": {"rows": list(rows)}, "seq_len": 1024, "far_lag": 512}
-
-
 def test_replicates_are_the_logit_gap_with_each_document_left_out():
   rng = np.random.default_rng(0)
   counts = rng.integers(1, 20, size=(2, 9)).astype(float)
   means = {c: rng.normal(size=(9, HEADS)) for c in CONDITIONS}
-  result = fake_result(counts, means)
+  result = ablation_result(counts, means)
   got = causal.logit_gap_replicates(result, ABLATED)
   n = counts[0]
   assert got[0] == pytest.approx(result["summary"][CLEAN]["logit_gap"]
@@ -63,7 +45,7 @@ def _seeds(counts, rng, effect, seeds=5, sd_seed=0.004, sd_doc=0.02, sd_cell=0.0
   for _ in range(seeds):
     d_C = effect + rng.normal(0, sd_seed) + doc + rng.normal(0, sd_cell, size=c)
     base = np.full((c, HEADS), 0.1)
-    out.append(fake_result(counts, {CLEAN: base, CONTROL: base,
+    out.append(ablation_result(counts, {CLEAN: base, CONTROL: base,
                                     ABLATED: base + d_C[:, None]}))
   return out
 

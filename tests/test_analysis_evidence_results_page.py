@@ -99,3 +99,40 @@ def test_mixers_are_compared_paired_by_seed(tmp_path):
   assert {m["finding"] for m in result["mixers"]} == {"gdn − gla"}
   # Pairs whose runs are absent are not listed.
   assert "gdn3 − gdn" not in open(out).read()
+
+
+def test_two_corpora_with_causal_tests_and_where_they_agree(tmp_path):
+  """Two corpora on one page: each its sections, the causal rows from the ablation files of its
+  later records dir, one Holm family over both, and the agreement table."""
+  from tests.measured_runs import write_ablation
+  dirs = {}
+  for corpus, effect in (("stdlib", -0.05), ("prose", +0.0)):
+    main, rerun = tmp_path / corpus / "runs", tmp_path / corpus / "runs_v2"
+    for seed in range(3):
+      for experiment, pattern in (("swa16", "SG"), ("nope", "G")):
+        workdir = measured_run(str(tmp_path / corpus / "work"), f"{experiment}_seed{seed}",
+                               pattern=pattern, seed=seed, gaps=(0.05, 0.3))
+        sweep.pack_records(workdir, str(main / experiment / f"seed{seed}.tar.gz"))
+      rerun_dir = measured_run(str(tmp_path / corpus / "work2"), f"swa16_seed{seed}", seed=seed)
+      write_ablation(rerun_dir, effect)
+      sweep.pack_records(rerun_dir, str(rerun / "swa16" / f"seed{seed}.tar.gz"))
+    dirs[corpus] = [str(main), str(rerun)]
+  out = str(tmp_path / "results.md")
+  result = results_page.build(list(dirs.items()), out, None, "# Results")
+  text = open(out).read()
+  assert "## Python stdlib source (configs/small.py)" in text
+  assert "## English prose: the King James Version (configs/small_prose.py)" in text
+  assert "### The causal test: local branches ablated" in text
+  (stdlib,), (prose,) = (result["corpora"][c]["causal"] for c in ("stdlib", "prose"))
+  assert stdlib["finding"] == prose["finding"] == ("swa16: global NoPE layers read out the "
+                                                   "planted recency (causal: local branches "
+                                                   "ablated)")
+  assert stdlib["mean"] == pytest.approx(-0.05, abs=0.01) and stdlib["verdict"] == "reproduced"
+  assert abs(prose["mean"]) < 0.01 and prose["verdict"] != "reproduced"
+  family = sum(len(c["verdicts"]) + len(c["mixers"]) + len(c["causal"])
+               for c in result["corpora"].values())
+  assert f"One family of {family} tests over the page" in text
+  agree = text[text.index("## Where the corpora agree"):]
+  row = next(l for l in agree.splitlines() if l.startswith("| swa16: global NoPE layers"))
+  assert row.endswith("| no |")
+  assert "| swa16: recency strengthens with training |" in agree

@@ -1,24 +1,29 @@
 """docs/results.md from the sweep's committed records, with no retraining.
 
-`build(records_dir, out_md, figures_dir)` unpacks every `<experiment>/seed<k>.tar.gz` (packed by
-hybrid_nope/sweep.py), loads the runs as compare.py does, turns each published finding into one
-statistic per seed with its seed × document error and margin (`evidence.verdicts`), Holm-adjusts
-the page as one family, and writes it: the sweep table, the verdicts, the mixers compared, the
-sign swing as counts, extrapolation at fixed loss, propagation through module kinds, figures.
+`build(corpora, out_md, figures_dir)` unpacks, per corpus, every `<experiment>/seed<k>.tar.gz`
+(packed by hybrid_nope/sweep.py) of its records dirs, loads the runs as compare.py does, turns
+each published finding into one statistic per seed with its seed × document error and margin
+(`evidence.verdicts`), reads the causal test's files (`evidence.causal`), Holm-adjusts the whole
+page as one family, and writes it: per corpus the sweep table, the verdicts, the causal test,
+the mixers compared, the sign swing as counts, extrapolation at fixed loss, propagation through
+module kinds and figures; then where the corpora agree (`page_sections`).
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import os
 import subprocess
 import tempfile
+from typing import Sequence
 
 import numpy as np
 
 from hybrid_nope import sweep
-from hybrid_nope.analysis.evidence import (compare, compare_table, extrapolation, findings,
-                                           flip_counts, propagation, verdicts)
+from hybrid_nope.analysis.evidence import (causal, compare, compare_table, extrapolation,
+                                           findings, flip_counts, page_sections as sections,
+                                           propagation, run_files, verdicts)
 from hybrid_nope.analysis.evidence.findings import Verdict, adjust
 from hybrid_nope.analysis.evidence.published_findings import NORMS, Run, paired_paths
 
@@ -68,22 +73,31 @@ def norm_effect_over_training(runs: dict[int, Run]) -> list[tuple[int, float, fl
   return out
 
 
-def extrapolation_points(runs: dict[str, dict[int, Run]]) -> dict[int, list[dict]]:
+def extrapolation_points(runs: dict[str, dict[int, Run]],
+                         more: Sequence[dict[str, dict[int, Run]]] = ()) -> dict[int, list[dict]]:
   """Per factor k > 1: one point per config (seed means of the gap at the training length,
-  the final eval loss and the k× ratio)."""
-  factors = sorted({k for rs in runs.values() for r in rs.values()
+  the final eval loss and the k× ratio). A config's runs for k are the first of `runs`, then
+  `more` (later sweeps of the corpus, e.g. reruns at longer lengths), that measured k."""
+  sources = [runs, *more]
+  factors = sorted({k for src in sources for rs in src.values() for r in rs.values()
                     for k in r.summary["ratio"]})
   mean = lambda xs: float(np.mean(xs)) if xs else float("nan")
   out = {}
   for k in factors:
-    out[k] = [{"config": e,
-               "gap": mean([r.summary["extrapolation_gap"] for r in rs.values()
-                            if r.summary["extrapolation_gap"] is not None]),
-               "eval_loss": mean([r.summary["eval_loss"] for r in rs.values()
-                                  if r.summary["eval_loss"] is not None]),
-               "ratio": mean([r.summary["ratio"][k] for r in rs.values()
-                              if r.summary["ratio"].get(k) is not None])}
-              for e, rs in sorted(runs.items())]
+    points = []
+    for e in sorted({e for src in sources for e in src}):
+      rs = next((src[e] for src in sources if e in src and any(
+          r.summary["ratio"].get(k) is not None for r in src[e].values())), None)
+      if rs is None:
+        continue
+      points.append({"config": e,
+                     "gap": mean([r.summary["extrapolation_gap"] for r in rs.values()
+                                  if r.summary["extrapolation_gap"] is not None]),
+                     "eval_loss": mean([r.summary["eval_loss"] for r in rs.values()
+                                        if r.summary["eval_loss"] is not None]),
+                     "ratio": mean([r.summary["ratio"][k] for r in rs.values()
+                                    if r.summary["ratio"].get(k) is not None])})
+    out[k] = points
   return out
 
 
@@ -95,112 +109,78 @@ def _git_head() -> str:
     return "unknown"
 
 
-def _fmt(v, spec):
-  return "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) else format(v, spec)
+CORPUS_TITLES = {"stdlib": "Python stdlib source (configs/small.py)",
+                 "prose": "English prose: the King James Version (configs/small_prose.py)"}
 
 
-def _norm_section(name: str, series) -> list[str]:
-  # Above float32 rounding too: at init the change is ~1e-8 with an even smaller SE.
-  moving = next((step for step, m, se in series if se and abs(m) > max(2 * se, 1e-4)), None)
-  lines = [f"## When the norm gains move ({name})", "",
-           "The norms' effect on the floor (norm output − its input, mean over layers and both "
-           "norms), seed mean ± seed SE, at each recorded step; at init the gains are 1 and "
-           "RMSNorm leaves every cosine unchanged, so any change is the gains moving. First step "
-           f"beyond 2 SE of 0 (and 1e-4): {moving if moving is not None else 'none'}.", "",
-           "| step | " + " | ".join(str(s) for s, _, _ in series) + " |",
-           "|" + "---|" * (len(series) + 1),
-           "| floor change | " + " | ".join(f"{_fmt(m, '+.4f')} ± {_fmt(se, '.4f')}"
-                                          for _, m, se in series) + " |", ""]
-  return lines
+@dataclasses.dataclass
+class CorpusEvidence:
+  """One corpus's numbers for the page, before the page-wide Holm adjustment."""
+  name: str
+  records_dirs: list[str]
+  rows: list
+  found: list[Verdict]
+  mixers: list[Verdict]
+  swing: tuple | None
+  regressions: dict
+  corr: dict
+  counts: dict[str, int]
+  norm_series: dict
+  transfer_rows: list[dict]
+  causal_rows: list[dict]
+  figures_dir: str | None
+
+  @property
+  def tests(self) -> list[Verdict]:
+    return self.found + self.mixers + [r["verdict"] for r in self.causal_rows]
 
 
-VERDICT_HEADER = ("| finding | statistic (per seed) | null | seeds | mean ± SE (levels) | margin "
-                  "(rule) | p / Holm p | verdict | why |")
-
-
-def verdict_row(v: Verdict) -> str:
-  margin = f"±{v.margin:.3g} ({v.margin_rule})" if v.margin is not None else "—"
-  return (f"| {v.finding} | {v.statistic} | {v.null} | {v.n} | {_fmt(v.mean, '+.4f')} ± "
-          f"{_fmt(v.se, '.4f')} ({v.levels}) | {margin} | {_fmt(v.p, '.2g')} / "
-          f"{_fmt(v.p_adjusted, '.2g')} | **{v.verdict}** | {v.note} |")
-
-
-def _verdicts_section(title: str, intro: str, rows: list[Verdict]) -> list[str]:
-  if not rows:
-    return []
-  return [f"## {title}", "", intro, "", VERDICT_HEADER, "|---|---|---|---|---|---|---|---|---|",
-          *(verdict_row(v) for v in rows), ""]
-
-
-def _extrapolation_section(regressions: dict[int, dict], corr: dict) -> list[str]:
-  lines = ["## Length extrapolation and recency, at fixed loss", "",
-           "Per factor k (evaluation length / training length): ratio_k = a + b·gap + c·loss "
-           "over configs (seed means), b's 95% interval by a bootstrap over whole configs, and "
-           "the partial correlation of ratio and gap given loss "
-           "(hybrid_nope/analysis/evidence/extrapolation.py).", "",
-           "| k | configs | slope b (gap) | 95% interval | partial r | ratios | reading |",
-           "|---|---|---|---|---|---|---|"]
-  for k, r in sorted(regressions.items()):
-    rng = r["ratio_range"] or [None, None]
-    lines.append(f"| {k} | {r['n']} | {_fmt(r['slope'], '+.3g')} | [{_fmt(r['low'], '+.3g')}, "
-                 f"{_fmt(r['high'], '+.3g')}] | {_fmt(r['partial_r'], '+.2f')} | "
-                 f"{_fmt(rng[0], '.3f')}–{_fmt(rng[1], '.3f')} | {extrapolation.decided(r)} |")
-  lines += ["", f"For comparison, the raw Pearson r of the 2× ratio with the gap over "
-            f"{corr.get('points', 0)} runs in {corr['groups']} configs: {_fmt(corr['r'], '+.3f')}"
-            f", 95% [{_fmt(corr['low'], '+.3f')}, {_fmt(corr['high'], '+.3f')}] (configs "
-            f"resampled whole); it does not hold the loss fixed.", ""]
-  return lines
-
-
-def _propagation_section(rows: list[dict]) -> list[str]:
-  def cell(r, name):
-    if r[f"error_{name}"] is None:
-      return "— (a kind no other config has)"
-    return (f"{_fmt(r[f'error_{name}'], '.1%')} ± {_fmt(r[f'error_{name}_se'], '.1%')} "
-            f"({'holds' if r[f'holds_{name}'] else 'fails'})")
-  lines = ["## How the gap propagates", "",
-           "The gap at each global layer's normalised input predicted from the embedding's, "
-           "through a transfer per module kind (gap after / gap before, per boundary and layer "
-           "type; hybrid_nope/analysis/evidence/propagation.py), fitted on the other configs "
-           "(across) or on the config's other seeds (within); mean relative error over its "
-           "global layers ± seed SE, final step. It holds within "
-           f"{findings.MARGIN_FRACTION:.0%}.", "",
-           "| config | seeds | measured gap | error, transfers from other configs | error, "
-           "from its other seeds |", "|---|---|---|---|---|"]
-  for r in rows:
-    lines.append(f"| {r['config']} | {r['seeds']} | {_fmt(r['measured_gap'], '.4f')} | "
-                 f"{cell(r, 'across')} | {cell(r, 'within')} |")
-  return lines + [""]
-
-
-def render(rows, found: list[Verdict], mixers: list[Verdict], swing, regressions, corr: dict,
-           counts: dict[str, int], intro: str, norm_series: dict | None = None,
-           transfer_rows: list[dict] | None = None) -> str:
-  family = len([v for v in found + mixers if v.p is not None])
-  lines = [intro, "", f"Records: {sum(counts.values())} runs — " + ", ".join(
-      f"{e} ×{n}" for e, n in sorted(counts.items())) + ".", "", "## The sweep", "",
-      compare_table.table(rows), "",
-      "![gap and logit gap vs step](results/gap_vs_step.png)",
-      "![loss vs window](results/loss_vs_window.png)",
-      "![gap vs window](results/gap_vs_window.png)", ""]
-  lines += _verdicts_section(
-      "Verdicts", f"One family of {family} tests (this table, the sign-swing row and the "
-      "mixer rows), Holm-adjusted; a second family of the equivalence (TOST) tests against "
-      "each row's margin. Errors: seed × document where the statistic is built from the "
-      "probe's per-document sums, seed alone for eval losses (hybrid_nope/analysis/evidence/"
-      "findings.py defines the verdict kinds, two_level.py the error, published_findings.py "
-      "the margins' rule).", found)
-  if swing is not None:
-    lines += [f"Sign swing in detail: {flip_counts.verdict_text(swing[1], p=swing[0].p_adjusted)}",
-              ""]
-  lines += _verdicts_section(
+def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -> list[str]:
+  lines = [f"Records: {sum(ev.counts.values())} runs — " + ", ".join(
+      f"{e} ×{n}" for e, n in sorted(ev.counts.items())) + ".", "", f"{h} The sweep", "",
+      compare_table.table(ev.rows), ""]
+  if images is not None:
+    lines += [f"![gap and logit gap vs step]({images}/gap_vs_step.png)",
+              f"![loss vs window]({images}/loss_vs_window.png)",
+              f"![gap vs window]({images}/gap_vs_window.png)", ""]
+  lines += sections.verdicts_section(
+      "Verdicts", f"One family of {family} tests over the page (these tables, the sign-swing "
+      "row, the causal rows and the mixer rows), Holm-adjusted; a second family of the "
+      "equivalence (TOST) tests against each row's margin. Errors: seed × document where the "
+      "statistic is built from the probe's per-document sums, seed alone for eval losses "
+      "(hybrid_nope/analysis/evidence/findings.py defines the verdict kinds, two_level.py the "
+      "error, published_findings.py the margins' rule).", ev.found, h)
+  if ev.swing is not None:
+    lines += [f"Sign swing in detail: "
+              f"{flip_counts.verdict_text(ev.swing[1], p=ev.swing[0].p_adjusted)}", ""]
+  lines += sections.causal_section(ev.causal_rows, h)
+  lines += sections.verdicts_section(
       "The local mixers compared", "Each row is a − b per seed (same seed: same data order, "
       "and the same initialisation of every weight whose shape the two configs share), in the "
-      "page's Holm family.", mixers)
-  for name, series in (norm_series or {}).items():
-    lines += _norm_section(name, series)
-  lines += _extrapolation_section(regressions, corr)
-  lines += _propagation_section(transfer_rows or [])
+      "page's Holm family.", ev.mixers, h)
+  for name, series in ev.norm_series.items():
+    lines += sections.norm_section(name, series, h)
+  lines += sections.extrapolation_section(ev.regressions, ev.corr, h)
+  lines += sections.propagation_section(ev.transfer_rows, h)
+  return lines
+
+
+def render(corpora: list[CorpusEvidence], intro: str, out_md: str) -> str:
+  family = len([v for ev in corpora for v in ev.tests if v.p is not None])
+  def images(ev):
+    return (None if ev.figures_dir is None else
+            os.path.relpath(ev.figures_dir, os.path.dirname(os.path.abspath(out_md))))
+  lines = [intro, ""]
+  if len(corpora) == 1 and not corpora[0].name:
+    lines += render_corpus(corpora[0], family, "##", images(corpora[0]))
+  else:
+    for ev in corpora:
+      lines += [f"## {CORPUS_TITLES.get(ev.name, ev.name)}", "",
+                "From " + ", ".join(f"`{d}`" for d in ev.records_dirs) + ".", ""]
+      lines += render_corpus(ev, family, "###", images(ev))
+    lines += sections.agreement_section({ev.name: ev.found + [r["verdict"] for r in
+                                                             ev.causal_rows]
+                                         for ev in corpora})
   return "\n".join(lines) + "\n"
 
 
@@ -216,40 +196,95 @@ def extrapolation_correlation(runs: dict[str, dict[int, Run]]) -> dict:
   return findings.clustered_correlation(xs, ys)
 
 
-def build(records_dir: str, out_md: str, figures_dir: str | None, intro: str) -> dict:
+def parse_corpora(specs: Sequence[str]) -> list[tuple[str, list[str]]]:
+  """--corpus values "NAME=DIR[,DIR...]" as (name, dirs); a malformed or repeated one fails
+  naming it."""
+  out = []
+  for spec in specs:
+    name, sep, dirs = spec.partition("=")
+    paths = [d for d in dirs.split(",") if d]
+    if not sep or not name or not paths:
+      raise ValueError(f"--corpus={spec!r}: expected NAME=DIR[,DIR...]")
+    if name in [n for n, _ in out]:
+      raise ValueError(f"--corpus={spec!r}: corpus {name!r} named twice")
+    out.append((name, paths))
+  return out
+
+
+def _runs(dirs: dict[str, dict[int, str]]) -> dict[str, dict[int, Run]]:
+  return {e: {s: Run(d, f"{e}_seed{s}") for s, d in by_seed.items()} for e, by_seed in dirs.items()}
+
+
+def causal_rows(unpacked: Sequence[dict[str, dict[int, str]]]) -> list[dict]:
+  """Per config with ablation files: its causal verdict and numbers. A config's seeds come
+  from the last of `unpacked` (the corpus's record dirs in order) that holds any."""
+  ablations: dict[str, list[dict]] = {}
+  for dirs in unpacked:
+    for e, by_seed in dirs.items():
+      found = [r for s in sorted(by_seed) if (r := run_files.latest_ablation(by_seed[s]))]
+      if found:
+        ablations[e] = found
+  return [causal.row(e, rs, causal.verdict(e, rs)) for e, rs in sorted(ablations.items())]
+
+
+def corpus_evidence(name: str, records_dirs: Sequence[str], tmp: str,
+                    figures_dir: str | None) -> CorpusEvidence:
+  """Everything the page says about one corpus: its first records dir is the sweep every
+  finding reads; later ones (reruns with new measurements) add causal tests and lengths."""
+  unpacked = [unpack_all(d, os.path.join(tmp, name or "corpus", str(i)))
+              for i, d in enumerate(records_dirs)]
+  dirs = unpacked[0]
+  if not dirs:
+    raise FileNotFoundError(f"no <experiment>/seed<k>.tar.gz under {records_dirs[0]}")
+  workdirs = [d for by_seed in dirs.values() for d in by_seed.values()]
+  paired_paths(workdirs)
+  runs = _runs(dirs)
+  names = [f"{e}_seed{s}" for e, by_seed in dirs.items() for s in by_seed]
+  packs = [os.path.join(records_dirs[0], e, f"seed{s}.tar.gz")
+           for e, by_seed in dirs.items() for s in by_seed]
+  result = compare.compare(workdirs, out_dir=figures_dir or os.path.join(tmp, name, "compare"),
+                           figures=figures_dir is not None, names=names,
+                           command="python launch/results.py", sources=packs)
+  nulls = {e: next((r.summary["init_null"] for r in rs.values() if r.summary["init_null"]),
+                   None) for e, rs in runs.items()}
+  found, mixers = verdicts.all_verdicts(runs, nulls)
+  swing = sign_swing(runs, dirs)
+  if swing is not None:
+    found.append(swing[0])
+  more = [_runs(u) for u in unpacked[1:]]
+  regressions = {k: extrapolation.regression(points)
+                 for k, points in extrapolation_points(runs, more).items()}
+  norm_series = {e: norm_effect_over_training(rs) for e, rs in runs.items()
+                 if e in ("swa16", "swa64") and len(rs) >= 2}
+  transfer_rows = propagation.account(
+      {e: [propagation.gaps(r.by_step[r.final]) for r in rs.values()] for e, rs in runs.items()})
+  return CorpusEvidence(name, list(records_dirs), result["rows"], found, mixers, swing,
+                        regressions, extrapolation_correlation(runs),
+                        {e: len(v) for e, v in runs.items()}, norm_series, transfer_rows,
+                        causal_rows(unpacked), figures_dir)
+
+
+def _summary(ev: CorpusEvidence) -> dict:
+  return {"rows": ev.rows, "verdicts": [v.row() for v in ev.found],
+          "mixers": [v.row() for v in ev.mixers], "causal": [r["verdict"].row()
+                                                             for r in ev.causal_rows],
+          "sign_swing": ev.swing[1] if ev.swing else None, "extrapolation": ev.regressions,
+          "correlation": ev.corr, "propagation": ev.transfer_rows}
+
+
+def build(corpora: str | Sequence[tuple[str, Sequence[str]]], out_md: str,
+          figures_dir: str | None, intro: str) -> dict:
+  """The page from packed records. `corpora`: one records dir (a page without corpus
+  sections), or (name, [records dirs]) per corpus, each corpus's figures under
+  figures_dir/<name> but the first's. One Holm family over the whole page."""
+  if isinstance(corpora, str):
+    corpora = [("", [corpora])]
   with tempfile.TemporaryDirectory() as tmp:
-    dirs = unpack_all(records_dir, tmp)
-    if not dirs:
-      raise FileNotFoundError(f"no <experiment>/seed<k>.tar.gz under {records_dir}")
-    workdirs = [d for by_seed in dirs.values() for d in by_seed.values()]
-    paired_paths(workdirs)
-    runs = {e: {s: Run(d, f"{e}_seed{s}") for s, d in by_seed.items()}
-            for e, by_seed in dirs.items()}
-    names = [f"{e}_seed{s}" for e, by_seed in dirs.items() for s in by_seed]
-    packs = [os.path.join(records_dir, e, f"seed{s}.tar.gz")
-             for e, by_seed in dirs.items() for s in by_seed]
-    result = compare.compare(workdirs, out_dir=figures_dir or os.path.join(tmp, "compare"),
-                             figures=figures_dir is not None, names=names,
-                             command="python launch/results.py", sources=packs)
-    nulls = {e: next((r.summary["init_null"] for r in rs.values() if r.summary["init_null"]),
-                     None) for e, rs in runs.items()}
-    found, mixers = verdicts.all_verdicts(runs, nulls)
-    swing = sign_swing(runs, dirs)
-    if swing is not None:
-      found.append(swing[0])
-    adjust(found + mixers)
-    regressions = {k: extrapolation.regression(points)
-                   for k, points in extrapolation_points(runs).items()}
-    corr = extrapolation_correlation(runs)
-    norm_series = {e: norm_effect_over_training(rs) for e, rs in runs.items()
-                   if e in ("swa16", "swa64") and len(rs) >= 2}
-    transfer_rows = propagation.account(
-        {e: [propagation.gaps(r.by_step[r.final]) for r in rs.values()] for e, rs in runs.items()})
-    text = render(result["rows"], found, mixers, swing, regressions, corr,
-                  {e: len(v) for e, v in runs.items()}, intro.replace("{commit}", _git_head()),
-                  norm_series, transfer_rows)
+    evidence = [corpus_evidence(name, dirs, tmp, None if figures_dir is None else
+                                figures_dir if i == 0 else os.path.join(figures_dir, name))
+                for i, (name, dirs) in enumerate(corpora)]
+    adjust([v for ev in evidence for v in ev.tests])
+    text = render(evidence, intro.replace("{commit}", _git_head()), out_md)
   with open(out_md, "w") as f:
     f.write(text)
-  return {"rows": result["rows"], "verdicts": [v.row() for v in found],
-          "mixers": [v.row() for v in mixers], "sign_swing": swing[1] if swing else None,
-          "extrapolation": regressions, "correlation": corr, "propagation": transfer_rows}
+  return {**_summary(evidence[0]), "corpora": {ev.name: _summary(ev) for ev in evidence}}

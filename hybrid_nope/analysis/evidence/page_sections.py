@@ -1,0 +1,140 @@
+"""The sections of docs/results.md, drawn from numbers already computed (results_page.py
+assembles them): verdict tables, the causal test, norms over training, extrapolation at fixed
+loss, propagation, and where two corpora agree. `h` is the section heading's markdown prefix
+("##" on a one-corpus page, "###" inside a corpus's section)."""
+from __future__ import annotations
+
+import numpy as np
+
+from hybrid_nope.analysis.evidence import extrapolation, findings
+from hybrid_nope.analysis.evidence.findings import Verdict
+
+
+def fmt(v, spec):
+  return "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) else format(v, spec)
+
+
+def norm_section(name: str, series, h: str = "##") -> list[str]:
+  # Above float32 rounding too: at init the change is ~1e-8 with an even smaller SE.
+  moving = next((step for step, m, se in series if se and abs(m) > max(2 * se, 1e-4)), None)
+  lines = [f"{h} When the norm gains move ({name})", "",
+           "The norms' effect on the floor (norm output − its input, mean over layers and both "
+           "norms), seed mean ± seed SE, at each recorded step; at init the gains are 1 and "
+           "RMSNorm leaves every cosine unchanged, so any change is the gains moving. First step "
+           f"beyond 2 SE of 0 (and 1e-4): {moving if moving is not None else 'none'}.", "",
+           "| step | " + " | ".join(str(s) for s, _, _ in series) + " |",
+           "|" + "---|" * (len(series) + 1),
+           "| floor change | " + " | ".join(f"{fmt(m, '+.4f')} ± {fmt(se, '.4f')}"
+                                          for _, m, se in series) + " |", ""]
+  return lines
+
+
+VERDICT_HEADER = ("| finding | statistic (per seed) | null | seeds | mean ± SE (levels) | margin "
+                  "(rule) | p / Holm p | verdict | why |")
+
+
+def verdict_row(v: Verdict) -> str:
+  margin = f"±{v.margin:.3g} ({v.margin_rule})" if v.margin is not None else "—"
+  return (f"| {v.finding} | {v.statistic} | {v.null} | {v.n} | {fmt(v.mean, '+.4f')} ± "
+          f"{fmt(v.se, '.4f')} ({v.levels}) | {margin} | {fmt(v.p, '.2g')} / "
+          f"{fmt(v.p_adjusted, '.2g')} | **{v.verdict}** | {v.note} |")
+
+
+def verdicts_section(title: str, intro: str, rows: list[Verdict], h: str = "##") -> list[str]:
+  if not rows:
+    return []
+  return [f"{h} {title}", "", intro, "", VERDICT_HEADER, "|---|---|---|---|---|---|---|---|---|",
+          *(verdict_row(v) for v in rows), ""]
+
+
+def extrapolation_section(regressions: dict[int, dict], corr: dict, h: str = "##") -> list[str]:
+  lines = [f"{h} Length extrapolation and recency, at fixed loss", "",
+           "Per factor k (evaluation length / training length): ratio_k = a + b·gap + c·loss "
+           "over configs (seed means), b's 95% interval by a bootstrap over whole configs, and "
+           "the partial correlation of ratio and gap given loss "
+           "(hybrid_nope/analysis/evidence/extrapolation.py).", "",
+           "| k | configs | slope b (gap) | 95% interval | partial r | ratios | reading |",
+           "|---|---|---|---|---|---|---|"]
+  for k, r in sorted(regressions.items()):
+    rng = r["ratio_range"] or [None, None]
+    lines.append(f"| {k} | {r['n']} | {fmt(r['slope'], '+.3g')} | [{fmt(r['low'], '+.3g')}, "
+                 f"{fmt(r['high'], '+.3g')}] | {fmt(r['partial_r'], '+.2f')} | "
+                 f"{fmt(rng[0], '.3f')}–{fmt(rng[1], '.3f')} | {extrapolation.decided(r)} |")
+  lines += ["", f"For comparison, the raw Pearson r of the 2× ratio with the gap over "
+            f"{corr.get('points', 0)} runs in {corr['groups']} configs: {fmt(corr['r'], '+.3f')}"
+            f", 95% [{fmt(corr['low'], '+.3f')}, {fmt(corr['high'], '+.3f')}] (configs "
+            f"resampled whole); it does not hold the loss fixed.", ""]
+  return lines
+
+
+def propagation_section(rows: list[dict], h: str = "##") -> list[str]:
+  def cell(r, name):
+    if r[f"error_{name}"] is None:
+      return "— (a kind no other config has)"
+    return (f"{fmt(r[f'error_{name}'], '.1%')} ± {fmt(r[f'error_{name}_se'], '.1%')} "
+            f"({'holds' if r[f'holds_{name}'] else 'fails'})")
+  lines = [f"{h} How the gap propagates", "",
+           "The gap at each global layer's normalised input predicted from the embedding's, "
+           "through a transfer per module kind (gap after / gap before, per boundary and layer "
+           "type; hybrid_nope/analysis/evidence/propagation.py), fitted on the other configs "
+           "(across) or on the config's other seeds (within); mean relative error over its "
+           "global layers ± seed SE, final step. It holds within "
+           f"{findings.MARGIN_FRACTION:.0%}.", "",
+           "| config | seeds | measured gap | error, transfers from other configs | error, "
+           "from its other seeds |", "|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['measured_gap'], '.4f')} | "
+                 f"{cell(r, 'across')} | {cell(r, 'within')} |")
+  return lines + [""]
+
+
+
+
+def causal_section(rows: list[dict], h: str = "##") -> list[str]:
+  """The causal test per config (analysis/evidence/causal.py): the verdict rows, then the
+  read-out under each condition and the loss it costs."""
+  if not rows:
+    return []
+  lines = verdicts_section(
+      "The causal test: local branches ablated", "Per config with a local mixer, from each "
+      "seed's `analyze.py --ablate=local` (analysis/checkpoint/ablation.py): the local "
+      "branches' outputs permuted within documents (content and norm kept, position gone) "
+      "against an equal-norm rotated control; in the page's Holm family.",
+      [r["verdict"] for r in rows], h)
+  lines += ["| config | seeds | clean logit gap | ablated − clean | control − clean | ablated − "
+            "control ± SE (seed × document) | eval loss, ablated − control ± seed SE |",
+            "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['clean'], '+.4f')} | "
+                 f"{fmt(r['ablated_minus_clean'], '+.4f')} | "
+                 f"{fmt(r['control_minus_clean'], '+.4f')} | "
+                 f"{fmt(r['ablated_minus_control'], '+.4f')} ± {fmt(r['se'], '.4f')} | "
+                 f"{fmt(r['loss'], '+.4f')} ± {fmt(r['loss_se'], '.4f')} |")
+  return lines + [""]
+
+
+def agreement_section(by_corpus: dict[str, list[Verdict]]) -> list[str]:
+  """Every finding decided on more than one corpus: its verdict on each, and whether they
+  agree (the same verdict kind)."""
+  names = list(by_corpus)
+  tables = {c: {v.finding: v for v in vs} for c, vs in by_corpus.items()}
+  shared = [f for f in dict.fromkeys(f for vs in by_corpus.values() for f in
+                                     (v.finding for v in vs))
+            if sum(f in t for t in tables.values()) >= 2]
+  if not shared:
+    return []
+  lines = ["## Where the corpora agree", "",
+           "Each finding measured on more than one corpus: its verdict and seed mean ± SE on "
+           "each (same statistic, same margin rule, one Holm family over the page); they agree "
+           "when the verdict kinds match.", "",
+           "| finding | " + " | ".join(names) + " | agree |",
+           "|---|" + "---|" * len(names) + "---|"]
+  for f in shared:
+    cells = [tables[c].get(f) for c in names]
+    text = [f"{v.verdict} ({fmt(v.mean, '+.4f')} ± {fmt(v.se, '.4f')})" if v else "—"
+            for v in cells]
+    kinds = {v.verdict for v in cells if v is not None}
+    lines.append(f"| {f} | " + " | ".join(text) + f" | {'yes' if len(kinds) == 1 else 'no'} |")
+  agree = sum(1 for f in shared if len({tables[c][f].verdict for c in names
+                                        if f in tables[c]}) == 1)
+  return lines + ["", f"{agree} of {len(shared)} findings agree.", ""]
