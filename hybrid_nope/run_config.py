@@ -6,10 +6,12 @@ resume may not change them, train/run_identity.py) is written here once, for the
 the report alike."""
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
 from hybrid_nope import storage
+from hybrid_nope.errors import ConfigError
 from hybrid_nope.run_dir import RunDir
 
 # Keys added to the config after runs were saved without them, each with the value that gives
@@ -77,3 +79,29 @@ def is_defining(key: str) -> bool:
 def defining(config) -> dict[str, Any]:
   """The run-defining part of `config`, flat: what each checkpoint's meta keeps."""
   return {k: v for k, v in flat(config).items() if is_defining(k)}
+
+
+def allowed_changes(config) -> tuple[str, ...]:
+  """train.allow_changes as key names: a tuple of names or of comma-separated names (the
+  command line's --config.train.allow_changes=data.batch_size,train.steps arrives as a tuple
+  holding one string). validate.py reads it at every start, so a typo fails at the first
+  launch, not at the relaunch after a preemption."""
+  value = config.train.allow_changes
+  items = (value,) if isinstance(value, str) else tuple(value)
+  if not all(isinstance(item, str) for item in items):
+    raise ConfigError(f"config.train.allow_changes={value!r} is invalid: expected config key "
+                      "names, e.g. data.batch_size,train.steps")
+  keys = tuple(k.strip() for item in items for k in item.split(",") if k.strip())
+  known = flat(config)
+  for key in keys:
+    if key not in known:
+      near = difflib.get_close_matches(key, [k for k in known if is_defining(k)], n=1)
+      hint = f"did you mean {near[0]}? " if near else ""
+      raise ConfigError(f"config.train.allow_changes names {key!r}, which is no config key: "
+                        f"{hint}expected run-defining keys such as data.batch_size or "
+                        "model.window")
+    if not is_defining(key):
+      raise ConfigError(f"config.train.allow_changes names {key!r}, which a resume may change "
+                        "anyway: list only run-defining keys (model.*, data.batch_size, "
+                        f"data.seq_len, train.seed and the schedule: {', '.join(DEFINING_KEYS[3:])})")
+  return keys

@@ -10,7 +10,7 @@ import os
 
 from absl import logging
 
-from hybrid_nope import storage
+from hybrid_nope import run_config, storage
 from hybrid_nope.config_values import (DATA_SOURCES, is_int, require, boolean, data_seed,
                                        eval_fraction, exclude_samples, int_in, number_in,
                                        one_of, positive_int, string, value)
@@ -105,6 +105,7 @@ def validate(config, *, check_paths: bool = True) -> None:
           and (bool(prompts) or not samples_every), "eval.sample_prompts", prompts,
           "a tuple of non-empty strings, at least one when eval.sample_every_steps > 0")
   positive_int(config, "eval.sample_max_new_tokens")
+  run_config.allowed_changes(config)  # At every start: a typo fails at the first launch.
   int_in(config, "checkpoint.restore_step", 0, None, "an integer >= 0 (0 = the newest checkpoint)")
   int_in(config, "train.profile_steps", 0, None, "an integer >= 0 (0 = no profile)")
   int_in(config, "train.profile_start_step", 0 if config.train.profile_steps == 0 else 1,

@@ -1,7 +1,14 @@
 """The config in force: config.json as started, or the last config the history records."""
 import json
+import os
+
+import pytest
 
 from hybrid_nope import run_config, run_dir
+from hybrid_nope.errors import ConfigError
+from hybrid_nope.train import loop
+from hybrid_nope.validate import validate
+from tests.helpers import tiny_config
 
 
 def test_the_last_recorded_config_is_in_force_and_config_json_otherwise(tmp_path):
@@ -13,3 +20,17 @@ def test_the_last_recorded_config_is_in_force_and_config_json_otherwise(tmp_path
   (tmp_path / run_dir.CONFIG_HISTORY).write_text("".join(json.dumps(e) + "\n" for e in events))
   assert run_config.history(str(tmp_path)) == events
   assert run_config.current(str(tmp_path), started) == {"data": {"batch_size": 4}}
+
+
+def test_a_typo_in_allow_changes_fails_at_a_fresh_start_and_its_hint_then_starts(tmp_path):
+  # Issue 38 case 3: the typo was accepted at the first launch and refused at the relaunch
+  # after a preemption. Now the fresh start refuses it before anything is built or written.
+  workdir = tmp_path / "run"
+  with pytest.raises(ConfigError, match=r"train.allow_changes names 'data.batchsize', which "
+                     r"is no config key: did you mean data.batch_size\?"):
+    loop.train(tiny_config(train__allow_changes=("data.batchsize",)), str(workdir))
+  assert not workdir.exists() or not os.listdir(workdir)
+  with pytest.raises(ConfigError, match="train.allow_changes names 'eval.every_steps', which a "
+                     "resume may change anyway"):
+    validate(tiny_config(train__allow_changes=("train.steps,eval.every_steps",)))
+  validate(tiny_config(train__allow_changes=("data.batch_size",)))  # The hint, followed.

@@ -16,8 +16,8 @@ import json
 from hybrid_nope.errors import UserError
 # The rule of which keys define a run lives beside the config files (analysis reads it too).
 from hybrid_nope.run_config import (ADDED_KEYS, DEFINING_KEYS,  # noqa: F401
-                                    DEFINING_PREFIXES, FREE_MODEL_KEYS, defining, flat,
-                                    is_defining)
+                                    DEFINING_PREFIXES, FREE_MODEL_KEYS, allowed_changes,
+                                    defining, flat, is_defining)
 
 # train.steps sets the cosine decay's length: lowering it is allowed with a warning (the run
 # stops earlier; the schedule from here on decays faster), raising it needs the opt-in.
@@ -29,28 +29,6 @@ EVENT_START, EVENT_CHANGE, EVENT_ROLLBACK, EVENT_SKIP = ("start", "config_change
 
 class RunChangedError(UserError):
   """A resume whose config would make the workdir hold another run."""
-
-
-def allowed_changes(config) -> tuple[str, ...]:
-  """train.allow_changes as key names: a tuple of names or of comma-separated names (the
-  command line's --config.train.allow_changes=data.batch_size,train.steps arrives as a tuple
-  holding one string)."""
-  value = config.train.allow_changes
-  items = (value,) if isinstance(value, str) else tuple(value)
-  if not all(isinstance(item, str) for item in items):
-    raise UserError(f"config.train.allow_changes={value!r} is invalid: expected config key "
-                    "names, e.g. data.batch_size,train.steps")
-  keys = tuple(k.strip() for item in items for k in item.split(",") if k.strip())
-  known = flat(config)
-  for key in keys:
-    if key not in known:
-      raise UserError(f"config.train.allow_changes names {key!r}, which is no config key: "
-                      "expected run-defining keys such as data.batch_size or model.window")
-    if not is_defining(key):
-      raise UserError(f"config.train.allow_changes names {key!r}, which a resume may change "
-                      "anyway: list only run-defining keys (model.*, data.batch_size, "
-                      f"data.seq_len, train.seed and the schedule: {', '.join(DEFINING_KEYS[3:])})")
-  return keys
 
 
 def _show(value) -> str:
