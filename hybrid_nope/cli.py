@@ -183,10 +183,17 @@ def _parse(argv: list[str], flag_values=flags.FLAGS) -> list[str]:
   raise AssertionError("unreachable")
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-  """app.run(main), printing a UserError (at flag parsing or in main) or a RunStopped as one line."""
+def run(main: Callable[[list[str]], None], *, positional: str | None = None) -> None:
+  """app.run(main), printing a UserError (at flag parsing or in main) or a RunStopped as one line.
+  `positional` names what the command's positional arguments are (e.g. "workdirs"); without
+  it a positional argument is refused, since absl would hand it to main unread (a list flag's
+  value split at its commas, say)."""
   def guarded(argv):
     try:
+      if positional is None and len(argv) > 1:
+        raise UserError(f"unexpected argument(s) {' '.join(argv[1:])!r}: this command takes "
+                        f"flags only (--name=value; a list flag's value is one word, e.g. "
+                        f"--lengths=1,2,4)")
       main(argv)
     except (UserError, RunStopped) as e:
       code = USAGE_EXIT_CODE if isinstance(e, UserError) else RUN_STOPPED_EXIT_CODE

@@ -26,8 +26,11 @@ flags.DEFINE_integer("threads", 1, "Cores pinned to each run.")
 flags.DEFINE_integer("init_seeds", 10, "Fresh inits for the init null (first seed's runs only).")
 flags.DEFINE_bool("ablate", False, "Also run the causal test (analyze.py --ablate=local) on "
                   "each run with a local mixer; its ablation_T<T>.json is packed.")
-flags.DEFINE_list("analyze_args", ["--lengths=1,2"], "Extra arguments of launch/analyze.py.")
-flags.DEFINE_list("train_args", [], "Extra arguments of launch/train.py (e.g. overrides).")
+# Multi-string, one argument per use: a list flag would split "--lengths=1,2,4" at its commas.
+flags.DEFINE_multi_string("analyze_args", ["--lengths=1,2"],
+                          "An extra argument of launch/analyze.py (repeat the flag for more).")
+flags.DEFINE_multi_string("train_args", [], "An extra argument of launch/train.py, e.g. an "
+                          "override (repeat the flag for more).")
 flags.mark_flags_as_required(["experiments"])
 
 

@@ -170,3 +170,19 @@ def test_a_bug_is_not_swallowed(monkeypatch):
   monkeypatch.setattr("sys.argv", ["prog.py"])
   with pytest.raises(ZeroDivisionError):
     cli.run(main)
+
+
+def test_a_stray_positional_argument_is_refused_unless_the_command_takes_some(monkeypatch,
+                                                                              capsys):
+  """`--lengths=1 2 4` (a list flag's value split by a caller) must not run with lengths=[1]."""
+  seen = []
+  monkeypatch.setattr(cli, "exit_now", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+  monkeypatch.setattr("sys.argv", ["prog.py", "2", "4"])
+  with pytest.raises(SystemExit) as exit_info:
+    cli.run(seen.append)
+  assert exit_info.value.code == USAGE_EXIT_CODE and not seen
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "unexpected argument(s) '2 4'" in err
+  with pytest.raises(SystemExit):  # app.run exits with main's return value.
+    cli.run(seen.append, positional="workdirs")
+  assert seen == [["prog.py", "2", "4"]]

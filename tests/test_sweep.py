@@ -1,6 +1,7 @@
 """The sweep runner: planning, skipping finished runs, resuming partial ones, packing records."""
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import threading
@@ -196,3 +197,15 @@ def test_a_fresh_clone_skips_runs_whose_records_are_committed(tmp_path, monkeypa
   status = sweep.sweep(runs, parallel=1, threads=1, records_dir=str(records),
                        log=lambda m: None)
   assert calls == ["swa16/seed1"] and status["swa16/seed0"] == "skipped"
+
+
+def test_the_sweeps_pass_through_flags_keep_a_comma_inside_one_argument():
+  """--analyze_args=--lengths=1,2,4 is one argument of analyze.py (a list flag split it into
+  --lengths=1 plus stray 2 and 4, and analyze ran at length 1 alone)."""
+  code = ("import sys; sys.path.insert(0, 'launch'); import sweep; from absl import flags; "
+          "flags.FLAGS(['sweep.py', '--experiments=swa16', '--analyze_args=--lengths=1,2,4', "
+          "'--analyze_args=--init_seeds=0', '--train_args=--config.a=1,2']); "
+          "print(flags.FLAGS.analyze_args, flags.FLAGS.train_args)")
+  out = subprocess.run([sys.executable, "-c", code], cwd=sweep.REPO, capture_output=True,
+                       text=True, check=True).stdout
+  assert out.strip() == "['--lengths=1,2,4', '--init_seeds=0'] ['--config.a=1,2']"
