@@ -68,3 +68,47 @@ def test_another_hosts_lock_holds_while_its_heartbeat_is_fresh(tmp_path, caplog)
     lock.acquire()
   assert "heartbeat is 70" in caplog.text and "stale after 600 s" in caplog.text
   lock.release()
+
+
+@pytest.mark.parametrize("text, what", [
+    ("[1, 2]", "a JSON list"),
+    (json.dumps({"host": socket.gethostname(), "pid": "abc", "heartbeat": 1.0}), "pid abc"),
+    (json.dumps({"host": "other-host", "pid": 7, "heartbeat": "yesterday"}), "heartbeat text"),
+    ("{\"host\": ", "torn JSON")])
+def test_a_lock_file_that_is_no_lock_record_is_taken_over_in_one_warning(tmp_path, caplog,
+                                                                         text, what):
+  (tmp_path / LOCK).write_text(text)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    lock = WorkdirLock(str(tmp_path))
+    lock.acquire()  # Before: TypeError/ValueError/AttributeError tracebacks.
+  assert "is not a lock record" in caplog.text, what
+  assert json.loads((tmp_path / LOCK).read_text())["pid"] == lock._me["pid"]
+  lock.release()
+
+
+def test_a_lock_that_is_a_directory_refuses_in_one_line_and_its_advice_works(tmp_path):
+  (tmp_path / LOCK).mkdir()
+  with pytest.raises(WorkdirLockedError) as refused:
+    WorkdirLock(str(tmp_path)).acquire()  # Before: IsADirectoryError.
+  message = str(refused.value)
+  assert "\n" not in message and f"rm -r '{tmp_path / LOCK}'" in message
+  (tmp_path / LOCK).rmdir()  # The advice, followed.
+  lock = WorkdirLock(str(tmp_path))
+  lock.acquire()
+  lock.release()
+
+
+def test_a_live_pid_with_a_stale_heartbeat_is_refused_with_a_hint_that_works(tmp_path,
+                                                                              live_pid):
+  hold(tmp_path, live_pid, heartbeat=time.time() - 84 * 60)
+  with pytest.raises(WorkdirLockedError, match=rf"stopped 84 min ago, so pid {live_pid} may be "
+                     rf"an unrelated process .* remove '{tmp_path / LOCK}' and rerun"):
+    WorkdirLock(str(tmp_path)).acquire()
+  hold(tmp_path, live_pid)  # A fresh heartbeat: no hint.
+  with pytest.raises(WorkdirLockedError) as fresh:
+    WorkdirLock(str(tmp_path)).acquire()
+  assert "may be an unrelated" not in str(fresh.value)
+  (tmp_path / LOCK).unlink()  # The hint, followed.
+  lock = WorkdirLock(str(tmp_path))
+  lock.acquire()
+  lock.release()
