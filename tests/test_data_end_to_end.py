@@ -7,12 +7,14 @@ packed, zstd-compressed and raw domains) with TextbookChapters eval."""
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
 import pytest
 
-from hybrid_nope.data import textbook_chapters
+from hybrid_nope.data import pipeline, textbook_chapters
+from hybrid_nope.errors import UserError
 from hybrid_nope.train import loop
 from tests.helpers import tiny_config
 
@@ -36,9 +38,9 @@ def eval_path(tmp_path_factory):
 
 def config(eval_path, **overrides):
   # The fixture has 12 chapters: the probe is chosen from 8 of them.
-  return tiny_config(data__source="mds", data__path=PROLONG, data__domains=DOMAINS,
-                     eval__path=eval_path, model__vocab_size=258, metrics__probe_pool_rows=8,
-                     **overrides)
+  return tiny_config(**{**dict(data__source="mds", data__path=PROLONG, data__domains=DOMAINS,
+                              eval__path=eval_path, model__vocab_size=258,
+                              metrics__probe_pool_rows=8), **overrides})
 
 
 def records(workdir):
@@ -58,3 +60,58 @@ def test_trains_on_the_mds_fixtures(eval_path, tmp_path, monkeypatch):
   evals = [r for r in records(tmp_path / "run") if "eval_loss" in r]
   assert [r["step"] for r in evals] == [2, 4] and np.isfinite(summary["eval_loss"])
   assert list((tmp_path / "cache").rglob("shard.00000.mds"))  # the zstd domain was read
+
+
+def bad_token_data(root):
+  """data.path with one packed domain "bad" in one shard (any row read checks it whole): 20
+  samples of 200 byte tokens (int32), sample 3 holding the token id -1."""
+  from hybrid_nope.data import mds  # pylint: disable=g-import-not-at-top
+  samples = []
+  for i in range(20):
+    ids = ((np.arange(200) * 7 + i) % 256).astype(np.int32)
+    if i == 3:
+      ids[17] = -1
+    samples.append({"input_ids": ids, "indices": np.array([[0, 100], [100, 200]], np.uint32),
+                    "domain": "bad"})
+  mds.write_mds(str(root / "bad"), {"input_ids": "ndarray:int32", "indices": "ndarray:uint32",
+                                    "domain": "str"}, samples)
+  return root
+
+
+BAD_SETTINGS = dict(data__domains=("bad@1",), train__steps=1, train__warmup_steps=0,
+                    checkpoint__every_steps=1, eval__every_steps=1)
+
+
+def refused_bad_token(eval_path, tmp_path, monkeypatch):
+  """(workdir, the refusal's message) of a fresh start on bad_token_data."""
+  monkeypatch.setenv("HYBRID_NOPE_MDS_CACHE", str(tmp_path / "cache"))
+  data = bad_token_data(tmp_path / "data")
+  workdir = tmp_path / "run"
+  with pytest.raises(UserError) as e:
+    loop.train(config(eval_path, data__path=str(data), **BAD_SETTINGS), str(workdir))
+  return workdir, str(e.value)
+
+
+def advised_config(eval_path, workdir, message):
+  advised = re.search(r"--config\.data\.exclude_samples='(.*)' \(or", message).group(1)
+  assert advised == '("bad/shard.00000.mds:3",)'
+  return config(eval_path, data__path=str(workdir.parent / "data"), **BAD_SETTINGS,
+                data__exclude_samples=("bad/shard.00000.mds:3",))
+
+
+def test_a_bad_token_is_refused_before_any_record(eval_path, tmp_path, monkeypatch):
+  # Issue 38 case 4: the refusal came at step 1, after step 0's records (metrics.jsonl,
+  # tensorboard, config.json), so the rerun it advised was refused for those records. The
+  # first batch's shards are checked now, before anything is written.
+  workdir, message = refused_bad_token(eval_path, tmp_path, monkeypatch)
+  assert message.startswith("token id -1 at position 17 of input_ids in sample 3 of ")
+  assert not [f for f in os.listdir(workdir) if f != "checkpoints"], os.listdir(workdir)
+  assert next(pipeline.train_iterator(advised_config(eval_path, workdir, message)))[
+      "inputs"].min() >= 0  # The advised exclusion reads past the bad sample.
+
+
+@pytest.mark.integration
+def test_the_bad_token_refusals_advised_rerun_trains(eval_path, tmp_path, monkeypatch):
+  workdir, message = refused_bad_token(eval_path, tmp_path, monkeypatch)
+  summary = loop.train(advised_config(eval_path, workdir, message), str(workdir))
+  assert summary["step"] == 1 and np.isfinite(summary["loss"])

@@ -344,10 +344,9 @@ def test_bad_mds_config_names_the_key(cache_dir, key, value):
 
 
 def test_vocab_size_too_small_for_the_data(cache_dir):
-  iterator = pipeline.train_iterator(make_config(cache_dir, **{"model.vocab_size": 200}))
   with pytest.raises(prolong.TokenRangeError,
                      match=r"of .*shard\.\d{5}\.mds.* outside \[0, model\.vocab_size=200\)"):
-    next(iterator)
+    pipeline.train_iterator(make_config(cache_dir, **{"model.vocab_size": 200}))  # 1st batch
 
 
 # ---- token columns, token ranges, excluded samples --------------------------------------------

@@ -17,8 +17,8 @@ that passes here starts:
                the trainer can check the vocabulary before it builds anything.
 
 The first problem fails as one line naming the file or key (a `DataCheckError`, exit code 2 on
-the command line). Training shards' token ids and hashes are checked as the trainer reads them,
-not here: that would read the whole corpus.
+the command line). Training shards' token ids and hashes are checked as the trainer reads them
+(the first batch's before its first record), not here: that would read the whole corpus.
 """
 from __future__ import annotations
 

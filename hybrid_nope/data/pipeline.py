@@ -160,7 +160,13 @@ def train_iterator(config, *, process_index: int = 0, process_count: int = 1,
     raise ValueError(f"config.data.batch_size={batch_size} must be divisible by "
                      f"process_count={process_count}")
   seed = config_values.data_seed(config)
-  ds = train_dataset(packed_rows(config, "train"), batch_size=batch_size // process_count,
+  rows = packed_rows(config, "train")
+  if isinstance(rows, grain.MapDataset):
+    # mds: the first global batch is read now, so its shards' token ids are checked before the
+    # run writes a record (a refusal's advised rerun then starts in a clean workdir).
+    for k in range(start_row, start_row + batch_size):
+      rows[k]  # pylint: disable=pointless-statement
+  ds = train_dataset(rows, batch_size=batch_size // process_count,
                      seed=seed, process_index=process_index,
                      process_count=process_count, start_row=start_row)
   # A batch is one gather (stdlib) or a few numpy ops per row on memory-mapped shards (mds):

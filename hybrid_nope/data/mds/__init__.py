@@ -38,7 +38,8 @@ What is verified, and when (each failure one line naming the file):
   cached copy     it was written is refused (delete it to decompress it again).
   each read       the sample's column sizes and ndarray header against its byte span.
 ProLong rows (hybrid_nope.data.prolong) add: token columns must be integer ndarrays (at open),
-each shard's token ids within [0, model.vocab_size) (at its first read).
+each shard's token ids within [0, model.vocab_size) (at its first read; the trainer reads
+the first batch before it writes a record, data/pipeline.py's train_iterator).
 
 `write_mds` writes exactly what streaming's `MDSWriter` writes (tests compare the bytes with
 files that MDSWriter made); the tests and the benchmark build datasets with it. It writes sha1
