@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from hybrid_nope import storage
-from hybrid_nope.errors import ConfigError
+from hybrid_nope.errors import ConfigError, UserError
 from hybrid_nope.run_dir import RunDir
 
 # Keys added to the config after runs were saved without them, each with the value that gives
@@ -26,10 +26,25 @@ ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
 
 
 def history(workdir: str) -> list[dict]:
+  """config_history.jsonl's events; a line that is not a JSON object raises UserError naming
+  the file and line (the file is rewritten whole, so no line is torn by a kill)."""
   path = RunDir(workdir).config_history
   if not storage.exists(path):
     return []
-  return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
+  events = []
+  for number, line in enumerate(storage.read_text(path).splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      event = json.loads(line)
+    except json.JSONDecodeError as e:
+      event = e
+    if not isinstance(event, dict):
+      raise UserError(f"{path} line {number} is not a JSON object ({line[:60]!r}"
+                      f"{': ' + str(event) if isinstance(event, Exception) else ''}): fix or "
+                      "remove that line")
+    events.append(event)
+  return events
 
 
 def current(workdir: str, started_with: dict) -> dict:

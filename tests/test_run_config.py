@@ -34,3 +34,40 @@ def test_a_typo_in_allow_changes_fails_at_a_fresh_start_and_its_hint_then_starts
                      "resume may change anyway"):
     validate(tiny_config(train__allow_changes=("train.steps,eval.every_steps",)))
   validate(tiny_config(train__allow_changes=("data.batch_size",)))  # The hint, followed.
+
+
+def _history_with_a_bad_line(workdir, bad):
+  events = [{"step": 0, "event": "start", "config": {"data": {"batch_size": 2}}},
+            {"step": 8, "event": "rollback"}]
+  lines = [json.dumps(events[0]), bad, json.dumps(events[1])]
+  (workdir / run_dir.CONFIG_HISTORY).write_text("\n".join(lines) + "\n")
+  return lines
+
+
+@pytest.mark.parametrize("bad", ['{"step": 4, "event": broken', "[1, 2]"])
+def test_a_bad_config_history_line_fails_in_one_line_naming_the_file_for_every_reader(
+    tmp_path, bad):
+  # Issue 38 case 6: a JSONDecodeError traceback in train and report, naming no file. Every
+  # reader (train's resume.record, the report, analysis through current) goes through history.
+  from hybrid_nope.analysis.present import html_throughput
+  from hybrid_nope.errors import UserError
+  from hybrid_nope.train import resume
+
+  class Writer:
+    active = True
+
+  lines = _history_with_a_bad_line(tmp_path, bad)
+  (tmp_path / run_dir.CONFIG).write_text(tiny_config().to_json())
+  where = rf"^{tmp_path / run_dir.CONFIG_HISTORY} line 2 is not a JSON object .*: fix or remove"
+  readers = [lambda: run_config.current(str(tmp_path), {}),
+             lambda: resume.record(str(tmp_path), tiny_config(), [], Writer()),
+             lambda: html_throughput.config_html(str(tmp_path), {"data": {"batch_size": 2}})]
+  for read in readers:
+    with pytest.raises(UserError, match=where) as refused:
+      read()
+    assert "\n" not in str(refused.value)
+  # The advice, followed: with the line removed every reader reads the file.
+  (tmp_path / run_dir.CONFIG_HISTORY).write_text(lines[0] + "\n" + lines[2] + "\n")
+  for read in readers:
+    read()
+  assert [e["event"] for e in run_config.history(str(tmp_path))] == ["start", "rollback"]
