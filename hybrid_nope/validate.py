@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import shutil
 
 from absl import logging
 
@@ -223,3 +224,16 @@ def check_workdir(workdir: str, checkpoint_directory: str = "") -> None:
     storage.probe_write(workdir)
   except OSError as e:
     raise ConfigError(f"--workdir={workdir} is not writable by this process: {e.strerror}") from None
+  free = shutil.disk_usage(workdir).free
+  if free < RECORDS_ROOM:
+    raise ConfigError(f"--workdir={workdir} has {free / 2**20:.1f} MiB free: a run's records "
+                      f"(metrics, recency and its sums, TensorBoard) need at least "
+                      f"{RECORDS_ROOM / 2**20:.0f} MiB there; free space on that disk or use "
+                      "another --workdir")
+
+
+# The free space a local workdir must have before a run starts, so a full disk refuses in one
+# line before step 0 rather than as an OSError from a hook later. A run's records are small
+# beside it: the small sweep's 640-step run wrote 1.7 MiB (21 measurements, docs/scaling.md).
+# The checkpoints' own room is Checkpointer.expected_size_warning's.
+RECORDS_ROOM = 64 * 2**20

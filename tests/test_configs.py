@@ -243,6 +243,26 @@ def test_a_read_only_workdir_fails_before_set_up(tmp_path):
     tmp_path.chmod(0o700)
 
 
+def test_a_workdir_on_a_full_disk_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+  # Issue 38 case 5 (records): a full disk under the records surfaced as an OSError traceback
+  # from the recency hook after step 0; now the start refuses in one line.
+  import collections
+  import shutil
+  from hybrid_nope import validate as validate_module
+  from hybrid_nope.train import loop
+  full, roomy = tmp_path / "full", tmp_path / "roomy"
+  real = shutil.disk_usage
+  usage = collections.namedtuple("usage", "total used free")
+  monkeypatch.setattr(validate_module.shutil, "disk_usage", lambda p: usage(
+      2**30, 2**30 - 2**20, 2**20) if str(p).startswith(str(full)) else real(p))
+  with pytest.raises(ConfigError, match=rf"--workdir={full} has 1.0 MiB free: a run's records "
+                     r".* need at least 64 MiB there; free space on that disk or use another "
+                     r"--workdir"):
+    loop.train(tiny_config(), str(full))
+  assert os.listdir(full) == []
+  validate_module.check_workdir(str(roomy))  # The advice: another --workdir with room.
+
+
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_docstring_states_the_generated_command_and_cost(name):
   import difflib
