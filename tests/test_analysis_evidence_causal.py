@@ -32,8 +32,9 @@ def test_replicates_are_the_logit_gap_with_each_document_left_out():
     keep = np.arange(9) != d
     want = np.mean((means[ABLATED][keep] * n[keep, None]).sum(0) / n[keep].sum())
     assert got[1 + d] == pytest.approx(want)
-  diff = causal.difference_replicates(result)
-  assert diff[0] == pytest.approx(result["summary"]["ablated_minus_control"]["logit_gap"])
+  diff = causal.difference_replicates(result)  # Signed by the clean gap (every layer alike).
+  sign = np.sign(result["summary"][CLEAN]["logit_gap"])
+  assert diff[0] == pytest.approx(sign * result["summary"]["ablated_minus_control"]["logit_gap"])
 
 
 def _seeds(counts, rng, effect, seeds=5, sd_seed=0.004, sd_doc=0.02, sd_cell=0.01):
@@ -98,3 +99,21 @@ def test_interval_covers_under_crossed_seed_and_document_effects(real_counts, le
   assert 0.92 <= hits / reps <= 0.995
   if levels["sd_doc"] > 5 * levels["sd_seed"]:
     assert mutant_hits / reps < 0.8
+
+
+def test_a_read_out_that_favours_far_keys_is_signed_by_its_clean_gap(real_counts):
+  """A layer whose clean logit gap is negative and which the ablation moves toward 0 has had
+  its read-out removed too: the signed statistic is negative, and the verdict reproduced."""
+  rng = np.random.default_rng(5)
+  flipped = []
+  for r in _seeds(real_counts, rng, effect=-0.05):
+    for c in CONDITIONS:
+      for layer in r["logit_sums"]["layers"]:
+        sums = r["logit_sums"][c][str(layer)]
+        sums["near"] = (-np.asarray(sums["near"])).tolist()  # every logit gap negated
+    flipped.append(r)
+  assert causal.logit_gap_replicates(flipped[0], CLEAN)[0] < 0
+  v = causal.verdict("swa16", flipped)
+  assert v.mean == pytest.approx(-0.05, abs=0.01)
+  causal.findings.adjust([v])
+  assert v.verdict == "reproduced"

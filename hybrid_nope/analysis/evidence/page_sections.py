@@ -101,8 +101,10 @@ def causal_section(rows: list[dict], h: str = "##") -> list[str]:
       "branches' outputs permuted within documents (content and norm kept, position gone) "
       "against an equal-norm rotated control; in the page's Holm family.",
       [r["verdict"] for r in rows], h)
-  lines += ["| config | seeds | clean logit gap | ablated − clean | control − clean | ablated − "
-            "control ± SE (seed × document) | eval loss, ablated − control ± seed SE |",
+  lines += ["Logit-gap changes are signed by each layer's clean logit gap (negative: the read-out "
+            "shrinks toward 0), averaged over global NoPE layers.", "",
+            "| config | seeds | clean \\|logit gap\\| | ablated − clean | control − clean | "
+            "ablated − control ± SE (seed × document) | eval loss, ablated − control ± seed SE |",
             "|---|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['clean'], '+.4f')} | "
