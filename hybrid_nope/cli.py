@@ -1,7 +1,8 @@
 """How launch scripts start: absl's app.run, with user errors as one line and exit code 2.
 
 A traceback is for bugs. A bad --config.* key or value, a bad path, corrupt data or a corrupt
-checkpoint (`UserError`) prints `PROG: message` on stderr and exits USAGE_EXIT_CODE.
+checkpoint (`UserError`) prints `PROG: message` on stderr and exits USAGE_EXIT_CODE; Ctrl-C
+prints one line and exits INTERRUPTED_EXIT_CODE.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from absl import app, flags
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-from hybrid_nope.errors import RUN_STOPPED_EXIT_CODE, USAGE_EXIT_CODE, RunStopped, UserError
+from hybrid_nope.errors import (INTERRUPTED_EXIT_CODE, RUN_STOPPED_EXIT_CODE, USAGE_EXIT_CODE,
+                                RunStopped, UserError)
 
 
 def fail(message: str, code: int = USAGE_EXIT_CODE) -> None:
@@ -199,4 +201,8 @@ def run(main: Callable[[list[str]], None], *, positional: str | None = None) -> 
       code = USAGE_EXIT_CODE if isinstance(e, UserError) else RUN_STOPPED_EXIT_CODE
       print(f"{os.path.basename(sys.argv[0])}: {e}", file=sys.stderr, flush=True)
       exit_now(code)
+    except KeyboardInterrupt as e:  # Ctrl-C (train: the second one, train/preemption.py).
+      print(f"{os.path.basename(sys.argv[0])}: {e or 'interrupted (Ctrl-C)'}", file=sys.stderr,
+            flush=True)
+      exit_now(INTERRUPTED_EXIT_CODE)
   app.run(guarded, flags_parser=_parse)

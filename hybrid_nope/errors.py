@@ -13,6 +13,7 @@ class ConfigError(UserError):
 
 
 RUN_STOPPED_EXIT_CODE = 1
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped.
 
 
 class RunStopped(Exception):

@@ -145,3 +145,34 @@ def test_a_signal_inside_a_hooks_write_waits_for_the_write_then_stops_the_hook(t
   with open(tmp_path / "metrics.jsonl") as f:
     written = [json.loads(l) for l in f]
   assert {"step": 0, "a": 1.0, "b": 2.0} in written  # The write finished whole.
+
+
+SECOND_CTRL_C = """
+import os, signal, time
+from hybrid_nope import cli
+from hybrid_nope.train.preemption import PreemptionWatcher
+def main(argv):
+  watcher = PreemptionWatcher()
+  try:
+    os.kill(os.getpid(), signal.SIGINT)  # The first: the run would save at the next step.
+    os.kill(os.getpid(), signal.SIGINT)  # The second: abort now.
+    time.sleep(60)
+  finally:
+    watcher.close()
+cli.run(main)
+"""
+
+
+def test_a_second_ctrl_c_under_a_launch_script_exits_130_in_one_line():
+  # Issue 38 case 6: the second Ctrl-C printed a KeyboardInterrupt traceback (60 lines in a
+  # training run) below the warning of the first.
+  import subprocess
+  import sys
+  from tests.helpers import REPO
+  proc = subprocess.run([sys.executable, "-c", SECOND_CTRL_C], cwd=REPO, capture_output=True,
+                        text=True, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+  assert proc.returncode == 130
+  lines = proc.stderr.strip().splitlines()
+  assert "Traceback" not in proc.stderr, proc.stderr
+  assert len(lines) == 2 and "SIGINT received" in lines[0], lines
+  assert lines[1].startswith("-c: Ctrl-C twice: stopped at once, without saving"), lines

@@ -6,7 +6,8 @@ the loop opens an `interruptible()` section: a signal there stops the work at on
 `Interrupted`, and the loop saves the state it holds, so a spot VM's notice of ~30 s is
 enough. Writes inside such a section (the metrics writer's methods) run `deferred()`: a signal
 there raises once the write is whole, since a TensorBoard queue cut mid-put hangs at close.
-A second Ctrl-C aborts without saving.
+A second Ctrl-C aborts without saving: KeyboardInterrupt, which `hybrid_nope.cli` prints as one
+line with exit code 130 (a third one cuts short the cleanup on the way out, should it hang).
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ class PreemptionWatcher:
     del frame
     name = signal.Signals(signum).name
     if signum == signal.SIGINT and self._signalled.is_set():
-      raise KeyboardInterrupt  # The second Ctrl-C: abort now, without a save.
+      raise KeyboardInterrupt(  # The second Ctrl-C: abort now (cli.run: one line, exit 130).
+          "Ctrl-C twice: stopped at once, without saving this step; the checkpoints already "
+          "written are kept: rerun the same command to go on from the newest")
     self._signalled.set()
     if self._interruptible and jax.process_count() == 1:
       if self._deferring:
