@@ -16,11 +16,12 @@ WORKDIR/                          a local path or a URL (gs://, file://, memory:
 ├── wandb/                        W&B's own local files, when WANDB_DIR is unset (wandb)
 ├── trainer.lock                  host, pid, heartbeat of the one trainer (train/workdir_lock.py)
 ├── checkpoints/                  orbax, unless checkpoint.directory names another place
+│   ├── owner.json                the workdir and run id that own this checkpoint directory
+│   │                             (train/checkpoint_owner.py)
 │   ├── <step>/state/, meta/      TrainState; JSON: checksums, data position, config, history
 │   │                             (train/checkpoint.py; data/ in checkpoints from before meta)
 │   └── rolled_back/<time>_from_<N>/<step>/   what a restore_step moved aside (checkpoint.py)
-├── overwritten/<time>/           a checkpointless run that train.overwrite moved aside (resume.py);
-│                                 holds `moving` until the move is over (a cut one is finished)
+├── overwritten/<time>/           a checkpointless run that train.overwrite moved aside (resume.py)
 ├── analysis/step_<N>/            launch/analyze.py (analysis/checkpoint/report.py):
 │                                 analysis_T<T>.json, init_null_T<T>.json, extrapolation.json,
 │                                 ablation_T<T>.json (--ablate, analysis/checkpoint/ablation.py)
@@ -59,10 +60,10 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_STATE = "state"  # The orbax items of checkpoints/<step>/.
 CHECKPOINT_META = "meta"
 CHECKPOINT_DATA = "data"  # The per-process grain item of checkpoints written before meta.
+CHECKPOINT_OWNER = "owner.json"  # Inside checkpoints/, where orbax lists no step.
 ROLLED_BACK = "rolled_back"  # Inside checkpoints/, where orbax lists no step.
 ROLLED_BACK_BATCH = "{time}_from_{step}"  # UTC time, and the newest step it moved.
 OVERWRITTEN = "overwritten"
-MOVING = "moving"  # Inside overwritten/<time>/ while a move aside is under way (resume.py).
 ANALYSIS = "analysis"
 ANALYSIS_STEP = "step_{step}"
 ANALYSIS_FILE = "analysis_T{seq_len}.json"
@@ -90,7 +91,7 @@ def _stamp(when: float | None) -> str:
   return time.strftime("%Y%m%dT%H%M%S", time.gmtime(when))
 
 
-def _comparable(path: str) -> str:
+def comparable(path: str) -> str:
   """`path` as a prefix can be compared: a local one absolute with "/", a URL without a
   trailing "/"."""
   local = storage.local_path(path)
@@ -176,6 +177,10 @@ class RunDir:
     return storage.join(self.checkpoint(step), CHECKPOINT_META)
 
   @property
+  def checkpoint_owner(self) -> str:
+    return storage.join(self.checkpoints, CHECKPOINT_OWNER)
+
+  @property
   def rolled_back(self) -> str:
     return storage.join(self.checkpoints, ROLLED_BACK)
 
@@ -217,7 +222,7 @@ class RunDir:
 
   def relative(self, path: str) -> str | None:
     """`path` relative to the root, with "/" ("" for the root); None when it is outside."""
-    root, path = _comparable(self.root), _comparable(path)
+    root, path = comparable(self.root), comparable(path)
     if path == root:
       return ""
     return path[len(root) + 1:] if path.startswith(root + "/") else None
@@ -233,6 +238,7 @@ class RunDir:
         ("tensorboard", f"{TENSORBOARD}/"), ("profile", f"{PROFILE}/"),
         ("wandb_id", WANDB_ID), ("wandb", f"{WANDB}/"), ("lock", LOCK),
         *(() if not checkpoints else (("rolled_back", f"{checkpoints}/{ROLLED_BACK}/"),
+                                      ("checkpoint_owner", f"{checkpoints}/{CHECKPOINT_OWNER}"),
                                       ("checkpoints", f"{checkpoints}/"))),
         ("overwritten", f"{OVERWRITTEN}/"),
         ("analysis", f"{ANALYSIS}/{wildcard(ANALYSIS_STEP)}/"),

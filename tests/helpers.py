@@ -90,3 +90,21 @@ def committed_probe_counts(tmp_dir: str) -> np.ndarray:
     sums, lags, far = records.decode_sums(f.read())
   near_i, far_i = records.near_far(lags, far)
   return np.asarray(sums["counts"], np.float64)[[near_i, far_i]]
+
+
+def kill_before_first_save(command: list[str], workdir: str, *, env=None, timeout=600) -> None:
+  """Starts `command` (a trainer on `workdir`) and kills its process group with SIGKILL once
+  step 0's records exist and before any checkpoint, as an OOM or a lost node would."""
+  import signal  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)
+  recency, deadline = os.path.join(workdir, "recency.jsonl"), time.time() + timeout
+  while proc.poll() is None and time.time() < deadline:
+    if os.path.exists(recency) and os.path.getsize(recency):
+      os.killpg(proc.pid, signal.SIGKILL)
+      break
+    time.sleep(0.02)
+  assert proc.wait() == -signal.SIGKILL, f"{command} exited {proc.returncode} before step 0"
+  steps = [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
+  assert not steps, f"killed too late: checkpoints {steps} exist"

@@ -147,3 +147,27 @@ def test_relaunch_gives_up_after_max_relaunches():
   with pytest.raises(TpuArgError, match="relaunched 1 times"):
     relaunch(tpu, [], lambda cmd: (0, "PREEMPTED") if cmd == tpu.state() else (0, ""),
              sleep=lambda s: None, poll_seconds=1, max_relaunches=1)
+
+
+def test_relaunch_restarts_a_trainer_that_exited_on_a_ready_node():
+  """A READY node whose trainer was killed before the end (kill -9, an OOM): relaunch stops
+  the other workers' trainers and starts training again, instead of waiting for ever."""
+  from hybrid_nope.cloud.tpu import Tpu, TpuArgError, relaunch
+  tpu = Tpu("sweep-1", "us-east5-a", "v5p-64", spot=True)
+  exited = iter([(0, "exited\n"), (0, "")])
+  finished = iter([(0, "0\n"), (0, "1\n")])
+  calls = []
+
+  def runner(cmd):
+    calls.append(cmd)
+    return {str(tpu.state()): lambda: (0, "READY\n"), str(tpu.trainer_exited()): exited.__next__,
+            str(tpu.finished()): finished.__next__}.get(str(cmd), lambda: (0, ""))()
+  start = [["copy"], ["install"], ["train"]]
+  assert relaunch(tpu, start, runner, sleep=lambda s: None, poll_seconds=1,
+                  max_relaunches=5) == 1
+  assert [c for c in calls if c in (tpu.stop_trainers(), ["train"], tpu.create())] == [
+      tpu.stop_trainers(), ["train"]]  # The node is kept: only the trainer starts again.
+  with pytest.raises(TpuArgError, match="trainer exited before the run finished"):
+    relaunch(tpu, start, lambda cmd: (0, "READY") if cmd == tpu.state() else
+             (0, "exited") if cmd == tpu.trainer_exited() else (0, "0"),
+             sleep=lambda s: None, poll_seconds=1, max_relaunches=2)

@@ -31,6 +31,7 @@ def test_a_local_run_directory_names_its_files_under_the_root(tmp_path):
   assert rd.checkpoints == at("checkpoints")
   assert rd.checkpoint_state(8) == at("checkpoints", "8", "state")
   assert rd.checkpoint_meta(8) == at("checkpoints", "8", "meta")
+  assert rd.checkpoint_owner == at("checkpoints", "owner.json")
   assert rd.rolled_back_now(12, when=0) == at("checkpoints", "rolled_back",
                                                "19700101T000000_from_12")
   assert rd.overwritten_now(when=0) == at("overwritten", "19700101T000000")
@@ -75,6 +76,7 @@ def test_url_roots_join_with_slashes_and_their_files_go_through_storage():
     ("metrics.jsonl", "metrics"), ("recency_sums/step_00000008.npz", "recency_sums"),
     ("recency_sums", "recency_sums"), ("checkpoints", "checkpoints"),
     ("checkpoints/8/state/_METADATA", "checkpoints"),
+    ("checkpoints/owner.json", "checkpoint_owner"),
     ("checkpoints/rolled_back/19700101T000000_from_12/8/meta/metadata", "rolled_back"),
     ("tensorboard/events.out.tfevents.1.host", "tensorboard"),
     ("analysis/step_8/profiles_T64.png", "analysis"),

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from hybrid_nope import sweep
+from tests.helpers import kill_before_first_save, tiny_flags
 
 
 def fake_run_dir(workdir, steps=(0, 32, 64)):
@@ -209,3 +210,27 @@ def test_the_sweeps_pass_through_flags_keep_a_comma_inside_one_argument():
   out = subprocess.run([sys.executable, "-c", code], cwd=sweep.REPO, capture_output=True,
                        text=True, check=True).stdout
   assert out.strip() == "['--lengths=1,2,4', '--init_seeds=0'] ['--config.a=1,2']"
+
+
+@pytest.mark.integration
+def test_a_run_killed_before_its_first_checkpoint_starts_again_when_the_sweep_reruns(
+    tmp_path, monkeypatch):
+  """The sweep's own train.py command, killed with SIGKILL after step 0's records: the next
+  sweep reruns the same command, which keeps those records aside and trains the run."""
+  flags = tiny_flags(train__steps=40, checkpoint__every_steps=40, eval__every_steps=40,
+                     metrics__every_steps=40)
+  run = sweep.Run("configs/small.py", "swa16", 0, str(tmp_path / "runs"))
+  real = sweep.commands
+  train = real(run, train_args=flags)[0]
+  os.makedirs(run.workdir)
+  kill_before_first_save(train, run.workdir)
+  monkeypatch.setattr(sweep, "commands", lambda run, **kw: [  # Training is what is tested.
+      real(run, **kw)[0], [sys.executable, "-c", "pass"]])
+  status = sweep.sweep([run], parallel=1, threads=1, records_dir=None, log=lambda m: None,
+                       train_args=flags)
+  assert status == {"swa16/seed0": "done"}
+  (aside,) = os.listdir(os.path.join(run.workdir, "overwritten"))
+  assert "recency.jsonl" in os.listdir(os.path.join(run.workdir, "overwritten", aside))
+  assert sweep.trained_steps(run.workdir) == (40, 40)
+  with open(os.path.join(run.workdir, "sweep.log")) as f:
+    assert "stopped before its first checkpoint" in f.read()  # The sweep's log stays put.

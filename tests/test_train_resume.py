@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -147,9 +148,6 @@ def test_lowering_train_steps_warns_and_raising_it_needs_the_opt_in(run_copy, ca
     summary = loop.train(tiny_config(train__steps=6), str(run_copy))
   assert summary["step"] == 8 and "train.steps lowered from 8 to 6" in caplog.text
   assert "nothing to train" in caplog.text
-  (change,) = [e for e in history(run_copy) if e["event"] == "config_change"]
-  assert change["changes"] == {"train.steps": {"from": 8, "to": 6}}  # What analysis reads.
-  assert checkpoints.load_config(str(run_copy)).train.steps == 6
 
 
 @pytest.mark.integration
@@ -174,7 +172,7 @@ def test_a_relative_checkpoint_directory_run_from_elsewhere_finds_its_checkpoint
   config = tiny_config(train__steps=4, checkpoint__directory="ckpts")
   monkeypatch.chdir(tmp_path)
   loop.train(config, str(tmp_path / "run"))
-  assert os.listdir(tmp_path / "run" / "ckpts") == ["4"]
+  assert sorted(os.listdir(tmp_path / "run" / "ckpts")) == ["4", run_dir.CHECKPOINT_OWNER]
   monkeypatch.chdir("/")
   with caplog.at_level(logging.INFO, logger="absl"):
     assert loop.train(config, str(tmp_path / "run"))["step"] == 4  # Found: nothing to train.
@@ -213,86 +211,60 @@ def test_skip_batches_at_a_fresh_start_is_refused(tmp_path):
   with pytest.raises(Exception, match="data.skip_batches=2 is invalid here"):
     loop.train(tiny_config(data__skip_batches=2), str(tmp_path))
 
-BATCH_4 = dict(data__batch_size=4, train__steps=10, checkpoint__every_steps=2,
-               train__allow_changes=("data.batch_size", "train.steps"))
+
+def _died_before_its_first_save(workdir, config):
+  """What a run killed before its first checkpoint leaves: its start on record, a metric."""
+  ckpt = Checkpointer(str(workdir), keep=3)
+  start = resume.plan(config, str(workdir), ckpt)
+  ckpt.close()
+  resume.record(str(workdir), config, start.new_events,
+                types.SimpleNamespace(active=True, write_record=lambda *a: None))
+  (workdir / "metrics.jsonl").write_text(json.dumps({"step": 0, "unigram_entropy": 5.0}) + "\n")
+  return start.history[0]["run_id"]
 
 
-@pytest.mark.integration
-def test_a_missing_config_json_is_rebuilt_from_the_history_never_from_the_command_line(
-    run_copy, caplog):
-  # Issue 38 case 7: a deleted config.json was rewritten from this command (batch 4 for a run
-  # that started at 2).
-  loop.train(tiny_config(**BATCH_4), str(run_copy))
-  started = json.loads((run_copy / "config.json").read_text())
-  os.remove(run_copy / "config.json")
+def _plan(workdir, config):
+  ckpt = Checkpointer(str(workdir), keep=3)
+  try:
+    return resume.plan(config, str(workdir), ckpt)
+  finally:
+    ckpt.close()
+
+
+def test_a_run_killed_before_its_first_save_is_moved_aside_and_started_afresh(tmp_path,
+                                                                              caplog):
+  workdir = tmp_path / "run"
+  run_id = _died_before_its_first_save(workdir, tiny_config())
   with caplog.at_level(logging.WARNING, logger="absl"):
-    loop.train(tiny_config(**BATCH_4), str(run_copy))
-  assert "config.json was missing: rebuilt from" in caplog.text
-  assert json.loads((run_copy / "config.json").read_text()) == started
-  assert started["data"]["batch_size"] == 2
+    again = _plan(workdir, tiny_config())  # The same command, as a requeue reruns it.
+  assert again.step is None and again.history[0]["run_id"] == run_id
+  (line,) = [r.getMessage() for r in caplog.records if "stopped before" in r.getMessage()]
+  assert f"run {run_id}" in line and "moved its records to" in line
+  (aside,) = os.listdir(workdir / run_dir.OVERWRITTEN)
+  kept = sorted(os.listdir(workdir / run_dir.OVERWRITTEN / aside))
+  assert kept == ["config.json", "config_history.jsonl", "metrics.jsonl"]
+  assert not (workdir / "metrics.jsonl").exists()
+  assert os.listdir(workdir / "checkpoints") == [run_dir.CHECKPOINT_OWNER]  # Kept, not moved.
 
 
-@pytest.mark.integration
-def test_a_missing_config_history_is_rebuilt_from_the_checkpoints_meta(run_copy, caplog):
-  # Issue 38 case 7: a deleted config_history.jsonl was not rebuilt, so analysis read the
-  # batch size the run started with.
-  loop.train(tiny_config(**BATCH_4), str(run_copy))
-  recorded = history(run_copy)
-  os.remove(RunDir(str(run_copy)).config_history)
-  with caplog.at_level(logging.WARNING, logger="absl"):
-    loop.train(tiny_config(**BATCH_4), str(run_copy))
-  assert "config_history.jsonl was missing: rebuilt from checkpoint step 10's meta" in caplog.text
-  rebuilt = history(run_copy)
-  assert [e["event"] for e in rebuilt] == [e["event"] for e in recorded] == [
-      "start", "config_change"]
-  assert rebuilt[1]["changes"] == recorded[1]["changes"]
-  assert checkpoints.load_config(str(run_copy)).data.batch_size == 4  # What analysis reads.
-  loop.train(tiny_config(**BATCH_4), str(run_copy))  # A rerun records nothing twice.
-  assert len(history(run_copy)) == 2
-
-
-@pytest.mark.integration
-def test_overwrite_where_checkpoints_exist_says_it_resumes_and_keeps_them(run_copy, caplog):
-  # Issue 38 case 7: train.overwrite=True over checkpoints resumed without a word.
-  with caplog.at_level(logging.WARNING, logger="absl"):
-    summary = loop.train(tiny_config(train__overwrite=True), str(run_copy))
-  assert summary["step"] == 8
-  assert "train.overwrite=True: " in caplog.text and "so this resumes from step 8 and moves " \
-      "nothing aside" in caplog.text
-  assert Checkpointer(str(run_copy), keep=100).all_steps() == [4, 8]
-  assert not (run_copy / run_dir.OVERWRITTEN).exists()
-
-
-def test_an_overwrite_cut_halfway_is_finished_by_the_next_start(tmp_path, monkeypatch, caplog):
-  # Issue 38 case 9: a kill in the middle of an overwrite's move left the old run's TensorBoard
-  # events and recency sums in the workdir, where the new run wrote beside them.
-  old = {"metrics.jsonl": '{"step": 1, "loss": 5.0}\n', "recency.jsonl": '{"step": 0}\n',
-         "config.json": "{}\n", "config_history.jsonl": '{"step": 0, "event": "start"}\n',
-         "tensorboard/events.out.tfevents.1": "old", "recency_sums/step_00000000.npz": "old"}
-  for name, text in old.items():
-    (tmp_path / name).parent.mkdir(exist_ok=True)
-    (tmp_path / name).write_text(text)
-  config = tiny_config(train__overwrite=True)
-  order = ["metrics.jsonl", "recency.jsonl", "config.json", "config_history.jsonl",
-           "tensorboard", "recency_sums"]
-  listdir, move = resume.storage.listdir, resume.storage.move
-
-  def cut(source, destination):
-    if os.path.basename(source) == "tensorboard":
-      raise KeyboardInterrupt  # A kill after the records had moved.
-    move(source, destination)
-  monkeypatch.setattr(resume.storage, "listdir", lambda path: sorted(
-      listdir(path), key=lambda n: order.index(n) if n in order else -1))
-  monkeypatch.setattr(resume.storage, "move", cut)
-  with pytest.raises(KeyboardInterrupt):
-    resume.plan(config, str(tmp_path), Checkpointer(str(tmp_path), keep=100))
-  monkeypatch.setattr(resume.storage, "move", move)
-  with caplog.at_level(logging.WARNING, logger="absl"):
-    plan = resume.plan(config, str(tmp_path), Checkpointer(str(tmp_path), keep=100))
-  assert plan.step is None and "was cut short: moved the rest there now" in caplog.text
-  left = {n for n in os.listdir(tmp_path) if not n.startswith(".")}
-  assert not left & {"tensorboard", "recency_sums", "metrics.jsonl"}, left
-  (aside,) = os.listdir(tmp_path / run_dir.OVERWRITTEN)
-  moved = tmp_path / run_dir.OVERWRITTEN / aside
-  assert sorted(os.listdir(moved)) == sorted(order)  # One folder, the whole old run, no marker.
-  assert (moved / "tensorboard" / "events.out.tfevents.1").read_text() == "old"
+@pytest.mark.parametrize("change,refusal", [
+    ("another run", r"they are run .*'s, not run .*'s \(the checkpoint directory's\)"),
+    ("another config", r"they are of run .* under another config \(model.window: 4 -> 8\)"),
+    ("no run id", "config_history.jsonl names no run id"),
+])
+def test_records_of_another_run_without_a_checkpoint_still_refuse(tmp_path, change, refusal):
+  workdir = tmp_path / "run"
+  _died_before_its_first_save(workdir, tiny_config())
+  config = tiny_config()
+  if change == "another run":  # Its checkpoint directory is gone, a new one has a new id.
+    shutil.rmtree(workdir / "checkpoints")
+  elif change == "another config":
+    config = tiny_config(model__window=8)
+  else:  # Records from before run ids.
+    lines = history(workdir)
+    del lines[0]["run_id"]
+    (workdir / run_dir.CONFIG_HISTORY).write_text("".join(json.dumps(l) + "\n" for l in lines))
+  with pytest.raises(resume.WorkdirInUseError, match="holds a run's records .*, and " + refusal):
+    _plan(workdir, config)
+  assert (workdir / "metrics.jsonl").exists() and not (workdir / run_dir.OVERWRITTEN).exists()
+  assert _plan(workdir, tiny_config(train__overwrite=True)).step is None  # The advice works.

@@ -135,6 +135,17 @@ class Tpu:
     """Prints how many times the training log says the run finished (not preempted)."""
     return self._ssh(f"grep -c \"done: .*'preempted': False\" {LOG} || true", worker="0")
 
+  # "[l]aunch": the pattern does not match the shell that runs it.
+  TRAINER = "'[l]aunch/train.py'"
+
+  def trainer_exited(self) -> list[str]:
+    """Prints "exited" for each worker on which no trainer process runs."""
+    return self._ssh(f"pgrep -f {self.TRAINER} > /dev/null || echo exited")
+
+  def stop_trainers(self) -> list[str]:
+    """Stops the trainers still running (the others of a slice wait on one that exited)."""
+    return self._ssh(f"pkill -f {self.TRAINER} || true")
+
   def delete(self) -> list[str]:
     if self.queued:
       return ["gcloud", "compute", "tpus", "queued-resources", "delete", self.name,
@@ -144,18 +155,34 @@ class Tpu:
 
 def relaunch(tpu: Tpu, start: list[list[str]], runner, *, sleep, poll_seconds: float,
              max_relaunches: int) -> int:
-  """Keeps a spot or queued TPU training until the run finishes: while the node is READY it
-  waits; when it is gone or PREEMPTED it deletes what is left, re-creates it and runs `start`
-  (copy, install, train), and the run resumes from its gs:// checkpoints. `runner(cmd)` runs a
-  command and returns (exit code, stdout). Returns the number of relaunches."""
+  """Keeps a spot or queued TPU training until the run finishes: while the node is READY and
+  its trainers run it waits; when it is gone or PREEMPTED it deletes what is left, re-creates
+  it and runs `start` (copy, install, train), and the run resumes from its gs:// checkpoints.
+  On a READY node whose trainer exited short of the end (kill -9, an OOM, an error) it stops
+  the other workers' trainers and runs the train command (`start[-1]`) again: it resumes, or,
+  killed before its first save, starts afresh (train/resume.py). Each counts as a relaunch.
+  `runner(cmd)` runs a command and returns (exit code, stdout). Returns the relaunches."""
   relaunches = 0
   while True:
     code, out = runner(tpu.state())
     if code == 0 and out.strip() == "READY":
+      code, out = runner(tpu.trainer_exited())  # Before `finished`: a trainer may end between.
+      exited = code == 0 and "exited" in out
       code, out = runner(tpu.finished())
       if code == 0 and out.strip().splitlines() and int(out.strip().splitlines()[-1]) > 0:
         return relaunches
-      sleep(poll_seconds)
+      if not exited:
+        sleep(poll_seconds)
+        continue
+      if relaunches >= max_relaunches:
+        raise TpuArgError(f"{tpu.name} is READY but its trainer exited before the run finished, "
+                          f"after {relaunches} relaunches (--max-relaunches): see "
+                          "`launch/tpu.py logs`")
+      for command in (tpu.stop_trainers(), start[-1]):
+        code, out = runner(command)
+        if code != 0:
+          raise TpuArgError(f"relaunch failed at: {shlex.join(command)}")
+      relaunches += 1
       continue
     if relaunches >= max_relaunches:
       raise TpuArgError(f"{tpu.name} is {out.strip() or 'gone'} and was relaunched "
