@@ -54,6 +54,56 @@ def current(workdir: str, started_with: dict) -> dict:
   return configs[-1] if configs else started_with
 
 
+# The events config_history.jsonl holds whole configs for (train/run_identity.py names the rest).
+EVENT_START, EVENT_CHANGE = "start", "config_change"
+REBUILT_FROM = "rebuilt_from"  # On a config_history.jsonl line rebuilt from checkpoint meta.
+
+
+def _changed(config: dict, changes: dict) -> dict:
+  """`config` (nested) with each change's "to" value set at its "section.key"."""
+  out = json.loads(json.dumps(config))
+  for key, change in changes.items():
+    node, *path, name = [out, *key.split(".")]
+    for part in path:
+      node = node.setdefault(part, {})
+    node[name] = change["to"]
+  return out
+
+
+def rebuild_missing(workdir: str, lineage: list[dict], step: int) -> list[str]:
+  """Before a resume from checkpoint `step`, whose meta holds `lineage` (the run's events up
+  to it): a missing config.json is rebuilt from config_history.jsonl's start event, a missing
+  config_history.jsonl from `lineage` (each change's config is config.json with the changes
+  up to it applied; lines say what they were rebuilt from). Never from the command line: a
+  config.json with no start event to rebuild it from raises UserError. Returns what it did."""
+  rd, done = RunDir(workdir), []
+  if not storage.exists(rd.config):
+    starts = [e for e in history(workdir) if e.get("event") == EVENT_START and "config" in e]
+    if not starts:
+      raise UserError(
+          f"{rd.config} is missing and {rd.config_history} holds no start config to rebuild "
+          f"it from (checkpoint step {step} keeps only the run-defining keys): put the run's "
+          "config.json back, or start afresh in a new --workdir")
+    storage.write_text(rd.config, json.dumps(starts[0]["config"], indent=2, sort_keys=True)
+                       + "\n")
+    done.append(f"{rd.config} was missing: rebuilt from {rd.config_history}'s start event")
+  if not storage.exists(rd.config_history):
+    config = json.loads(storage.read_text(rd.config))
+    source, lines = f"checkpoint step {step}'s meta", []
+    for event in lineage:
+      line = {**event, REBUILT_FROM: source}
+      if event.get("event") == EVENT_START:
+        line["config"] = config
+      elif event.get("event") == EVENT_CHANGE:
+        config = _changed(config, event.get("changes", {}))
+        line["config"] = config
+      lines.append(line)
+    storage.write_text(rd.config_history, "".join(json.dumps(e) + "\n" for e in lines))
+    done.append(f"{rd.config_history} was missing: rebuilt from {source} ({len(lines)} events; "
+                "each change's config is config.json with the run-defining changes applied)")
+  return done
+
+
 # Keys whose change makes another run: the architecture, what a step sees, the init and the
 # data order, and the learning-rate schedule. Implementation choices (kernels, remat) produce
 # the same function and may change freely, as may eval, logging and checkpoint settings.

@@ -21,7 +21,8 @@ WORKDIR/                          a local path or a URL (gs://, file://, memory:
 │   ├── <step>/state/, meta/      TrainState; JSON: checksums, data position, config, history
 │   │                             (train/checkpoint.py; data/ in checkpoints from before meta)
 │   └── rolled_back/<time>_from_<N>/<step>/   what a restore_step moved aside (checkpoint.py)
-├── overwritten/<time>/           a checkpointless run that train.overwrite moved aside (resume.py)
+├── overwritten/<time>/           a checkpointless run that train.overwrite moved aside (resume.py);
+│                                 holds `moving` until the move is over (a cut one is finished)
 ├── analysis/step_<N>/            launch/analyze.py (analysis/checkpoint/report.py):
 │                                 analysis_T<T>.json, init_null_T<T>.json, extrapolation.json,
 │                                 ablation_T<T>.json (--ablate, analysis/checkpoint/ablation.py)
@@ -64,6 +65,7 @@ CHECKPOINT_OWNER = "owner.json"  # Inside checkpoints/, where orbax lists no ste
 ROLLED_BACK = "rolled_back"  # Inside checkpoints/, where orbax lists no step.
 ROLLED_BACK_BATCH = "{time}_from_{step}"  # UTC time, and the newest step it moved.
 OVERWRITTEN = "overwritten"
+MOVING = "moving"  # Inside overwritten/<time>/ while a move aside is under way (resume.py).
 ANALYSIS = "analysis"
 ANALYSIS_STEP = "step_{step}"
 ANALYSIS_FILE = "analysis_T{seq_len}.json"

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from hybrid_nope import run_config, run_dir
-from hybrid_nope.errors import ConfigError
+from hybrid_nope.errors import ConfigError, UserError
 from hybrid_nope.train import loop
 from hybrid_nope.validate import validate
 from tests.helpers import tiny_config
@@ -71,3 +71,47 @@ def test_a_bad_config_history_line_fails_in_one_line_naming_the_file_for_every_r
   for read in readers:
     read()
   assert [e["event"] for e in run_config.history(str(tmp_path))] == ["start", "rollback"]
+
+
+def write_run(workdir, config_json: bool = True, history: bool = True):
+  started = json.loads(tiny_config().to_json_best_effort())
+  if config_json:
+    (workdir / run_dir.CONFIG).write_text(json.dumps(started))
+  if history:
+    (workdir / run_dir.CONFIG_HISTORY).write_text(json.dumps(
+        {"step": 0, "event": "start", "batch_size": 2, "config": started}) + "\n")
+  return started
+
+
+LINEAGE = [{"step": 0, "event": "start", "batch_size": 2, "time": "t0"},
+           {"step": 8, "event": "config_change", "batch_size": 4, "time": "t1",
+            "changes": {"data.batch_size": {"from": 2, "to": 4}}}]
+
+
+def test_a_missing_config_json_is_rebuilt_from_the_start_event(tmp_path):
+  started = write_run(tmp_path, config_json=False)
+  (note,) = run_config.rebuild_missing(str(tmp_path), LINEAGE, 8)
+  assert "config.json was missing: rebuilt from" in note
+  assert json.loads((tmp_path / run_dir.CONFIG).read_text()) == started
+
+
+def test_a_missing_history_is_rebuilt_from_the_lineage_with_each_changes_config(tmp_path):
+  started = write_run(tmp_path, history=False)
+  (note,) = run_config.rebuild_missing(str(tmp_path), LINEAGE, 8)
+  assert "rebuilt from checkpoint step 8's meta (2 events" in note
+  events = run_config.history(str(tmp_path))
+  assert [e["event"] for e in events] == ["start", "config_change"]
+  assert events[0]["config"] == started and events[1]["config"]["data"]["batch_size"] == 4
+  assert run_config.current(str(tmp_path), started)["data"]["batch_size"] == 4
+  assert run_config.rebuild_missing(str(tmp_path), LINEAGE, 8) == []  # Nothing missing now.
+
+
+def test_config_json_with_no_start_event_to_rebuild_it_from_is_refused_until_put_back(tmp_path):
+  started = write_run(tmp_path, config_json=False, history=False)
+  with pytest.raises(UserError, match=r"config.json is missing and .*config_history.jsonl "
+                     r"holds no start config .*: put the run's config.json back"):
+    run_config.rebuild_missing(str(tmp_path), LINEAGE, 8)
+  assert not (tmp_path / run_dir.CONFIG).exists()  # Nothing written from the command line.
+  (tmp_path / run_dir.CONFIG).write_text(json.dumps(started))  # The advice, followed.
+  (note,) = run_config.rebuild_missing(str(tmp_path), LINEAGE, 8)
+  assert "config_history.jsonl was missing" in note

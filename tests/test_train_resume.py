@@ -148,6 +148,9 @@ def test_lowering_train_steps_warns_and_raising_it_needs_the_opt_in(run_copy, ca
     summary = loop.train(tiny_config(train__steps=6), str(run_copy))
   assert summary["step"] == 8 and "train.steps lowered from 8 to 6" in caplog.text
   assert "nothing to train" in caplog.text
+  (change,) = [e for e in history(run_copy) if e["event"] == "config_change"]
+  assert change["changes"] == {"train.steps": {"from": 8, "to": 6}}  # What analysis reads.
+  assert checkpoints.load_config(str(run_copy)).train.steps == 6
 
 
 @pytest.mark.integration
@@ -268,3 +271,88 @@ def test_records_of_another_run_without_a_checkpoint_still_refuse(tmp_path, chan
     _plan(workdir, config)
   assert (workdir / "metrics.jsonl").exists() and not (workdir / run_dir.OVERWRITTEN).exists()
   assert _plan(workdir, tiny_config(train__overwrite=True)).step is None  # The advice works.
+
+
+BATCH_4 = dict(data__batch_size=4, train__steps=10, checkpoint__every_steps=2,
+               train__allow_changes=("data.batch_size", "train.steps"))
+
+
+@pytest.mark.integration
+def test_a_missing_config_json_is_rebuilt_from_the_history_never_from_the_command_line(
+    run_copy, caplog):
+  # Issue 38 case 7: a deleted config.json was rewritten from this command (batch 4 for a run
+  # that started at 2).
+  loop.train(tiny_config(**BATCH_4), str(run_copy))
+  started = json.loads((run_copy / "config.json").read_text())
+  os.remove(run_copy / "config.json")
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    loop.train(tiny_config(**BATCH_4), str(run_copy))
+  assert "config.json was missing: rebuilt from" in caplog.text
+  assert json.loads((run_copy / "config.json").read_text()) == started
+  assert started["data"]["batch_size"] == 2
+
+
+@pytest.mark.integration
+def test_a_missing_config_history_is_rebuilt_from_the_checkpoints_meta(run_copy, caplog):
+  # Issue 38 case 7: a deleted config_history.jsonl was not rebuilt, so analysis read the
+  # batch size the run started with.
+  loop.train(tiny_config(**BATCH_4), str(run_copy))
+  recorded = history(run_copy)
+  os.remove(RunDir(str(run_copy)).config_history)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    loop.train(tiny_config(**BATCH_4), str(run_copy))
+  assert "config_history.jsonl was missing: rebuilt from checkpoint step 10's meta" in caplog.text
+  rebuilt = history(run_copy)
+  assert [e["event"] for e in rebuilt] == [e["event"] for e in recorded] == [
+      "start", "config_change"]
+  assert rebuilt[1]["changes"] == recorded[1]["changes"]
+  assert checkpoints.load_config(str(run_copy)).data.batch_size == 4  # What analysis reads.
+  loop.train(tiny_config(**BATCH_4), str(run_copy))  # A rerun records nothing twice.
+  assert len(history(run_copy)) == 2
+
+
+@pytest.mark.integration
+def test_overwrite_where_checkpoints_exist_says_it_resumes_and_keeps_them(run_copy, caplog):
+  # Issue 38 case 7: train.overwrite=True over checkpoints resumed without a word.
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    summary = loop.train(tiny_config(train__overwrite=True), str(run_copy))
+  assert summary["step"] == 8
+  assert "train.overwrite=True: " in caplog.text and "so this resumes from step 8 and moves " \
+      "nothing aside" in caplog.text
+  assert Checkpointer(str(run_copy), keep=100).all_steps() == [4, 8]
+  assert not (run_copy / run_dir.OVERWRITTEN).exists()
+
+
+def test_an_overwrite_cut_halfway_is_finished_by_the_next_start(tmp_path, monkeypatch, caplog):
+  # Issue 38 case 9: a kill in the middle of an overwrite's move left the old run's TensorBoard
+  # events and recency sums in the workdir, where the new run wrote beside them.
+  old = {"metrics.jsonl": '{"step": 1, "loss": 5.0}\n', "recency.jsonl": '{"step": 0}\n',
+         "config.json": "{}\n", "config_history.jsonl": '{"step": 0, "event": "start"}\n',
+         "tensorboard/events.out.tfevents.1": "old", "recency_sums/step_00000000.npz": "old"}
+  for name, text in old.items():
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_text(text)
+  config = tiny_config(train__overwrite=True)
+  order = ["metrics.jsonl", "recency.jsonl", "config.json", "config_history.jsonl",
+           "tensorboard", "recency_sums"]
+  listdir, move = resume.storage.listdir, resume.storage.move
+
+  def cut(source, destination):
+    if os.path.basename(source) == "tensorboard":
+      raise KeyboardInterrupt  # A kill after the records had moved.
+    move(source, destination)
+  monkeypatch.setattr(resume.storage, "listdir", lambda path: sorted(
+      listdir(path), key=lambda n: order.index(n) if n in order else -1))
+  monkeypatch.setattr(resume.storage, "move", cut)
+  with pytest.raises(KeyboardInterrupt):
+    resume.plan(config, str(tmp_path), Checkpointer(str(tmp_path), keep=100))
+  monkeypatch.setattr(resume.storage, "move", move)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    plan = resume.plan(config, str(tmp_path), Checkpointer(str(tmp_path), keep=100))
+  assert plan.step is None and "was cut short: moved the rest there now" in caplog.text
+  left = {n for n in os.listdir(tmp_path) if not n.startswith(".")}
+  assert not left & {"tensorboard", "recency_sums", "metrics.jsonl"}, left
+  (aside,) = os.listdir(tmp_path / run_dir.OVERWRITTEN)
+  moved = tmp_path / run_dir.OVERWRITTEN / aside
+  assert sorted(os.listdir(moved)) == sorted(order)  # One folder, the whole old run, no marker.
+  assert (moved / "tensorboard" / "events.out.tfevents.1").read_text() == "old"

@@ -21,3 +21,16 @@ def test_a_checkpoint_from_before_a_key_was_added_resumes_unless_the_key_changes
 def test_the_delta_kernel_is_free_and_the_gate_defines_the_run():
   assert not run_identity.is_defining("model.delta_impl")
   assert run_identity.is_defining("model.delta_gate")
+
+
+def test_lowering_train_steps_is_allowed_and_is_a_change_to_record():
+  # Issue 38 case 7: lowering train.steps on resume left no event, so analysis said steps=8.
+  saved = run_identity.defining(tiny_config(train__steps=8))
+  found, warnings = run_identity.check_resume(saved, tiny_config(train__steps=6), step=4,
+                                              where="ckpt")
+  assert found == {"train.steps": (8, 6)}
+  assert any("train.steps lowered from 8 to 6" in w for w in warnings)
+  event = run_identity.change_event(4, found, tiny_config(train__steps=6))
+  assert event["changes"] == {"train.steps": {"from": 8, "to": 6}}
+  with pytest.raises(run_identity.RunChangedError, match="train.steps: 8 -> 12"):
+    run_identity.check_resume(saved, tiny_config(train__steps=12), step=4, where="ckpt")

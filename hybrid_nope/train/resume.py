@@ -66,15 +66,34 @@ def _has_records(workdir: str) -> list[str]:
   return found
 
 
-def _move_aside(workdir: str) -> str:
-  """Moves everything of a run that left no checkpoint into WORKDIR/overwritten/<time>/."""
+def _move_aside(workdir: str, where: str | None = None) -> str:
+  """Moves everything of a run that left no checkpoint into WORKDIR/overwritten/<time>/ (or
+  `where`, a move cut short). A marker there names the move unfinished until the last file is
+  moved, so a kill halfway leaves no old TensorBoard events or sums in the next run."""
   rd = RunDir(workdir)
-  where = rd.overwritten_now()
-  storage.makedirs(where)
+  if where is None:
+    where = rd.overwritten_now()
+    storage.makedirs(where)
+  marker = storage.join(where, run_dir.MOVING)
+  storage.write_text(marker, f"moving the files of {workdir} here; a start finishes it\n")
   for name in storage.listdir(workdir):
     if name not in KEPT_BY_OVERWRITE and not name.startswith(storage.WRITE_PROBE_PREFIX):
       storage.move(rd.path(name), storage.join(where, name))  # Its name kept.
+  storage.remove(marker)
   return where
+
+
+def _finish_cut_move(workdir: str) -> None:
+  """Finishes a move aside that a kill cut short (its folder still holds the marker)."""
+  folder = RunDir(workdir).overwritten
+  if not storage.exists(folder):
+    return
+  for name in sorted(storage.listdir(folder)):
+    where = storage.join(folder, name)
+    if storage.exists(storage.join(where, run_dir.MOVING)):
+      _move_aside(workdir, where)
+      logging.warning("a move of %s's files into %s was cut short: moved the rest there now",
+                      workdir, where)
 
 
 def _not_ours(config, workdir: str, run_id: str) -> str | None:
@@ -163,10 +182,17 @@ def plan(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
   """Raises CheckpointOwnedError, RunChangedError, WorkdirInUseError or ConfigError before
   anything is built. The checkpoint directory is claimed first: no step of it is read unless
   it is this workdir's."""
+  if jax.process_index() == 0:
+    _finish_cut_move(workdir)
   owner = checkpoint_owner.claim(workdir, ckpt.run_dir.checkpoint_directory)
   if not ckpt.all_steps():
     return _fresh(config, workdir, ckpt, owner.run_id)
   step, roll_back = _restore_point(config, ckpt)
+  if config.train.overwrite:  # Never deletes a checkpoint: a requeue may pass it every time.
+    logging.warning("train.overwrite=True: %s holds checkpoints (steps %s), so this resumes "
+                    "from step %d and moves nothing aside; train.overwrite only starts afresh "
+                    "over records that have no checkpoint (to start afresh here, use a new "
+                    "--workdir)", ckpt.directory, ckpt.all_steps(), step)
   meta = ckpt.read_meta(step)
   where = ckpt.step_directory(step)
   saved = _saved_config(workdir, meta, step, where)
@@ -178,6 +204,9 @@ def plan(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
   saved_batch = (saved or {}).get("data.batch_size", int(config.data.batch_size))
   history = list((meta or {}).get("history") or [
       {**run_identity.start_event(config), "batch_size": saved_batch}])
+  if jax.process_index() == 0:  # From what the run saved, never from this command line.
+    for note in run_config.rebuild_missing(workdir, history, step):
+      logging.warning("%s", note)
   events = []
   if found:
     events.append(run_identity.change_event(step, found, config))
@@ -204,7 +233,8 @@ def plan(config, workdir: str, ckpt: Checkpointer) -> ResumePlan:
 
 def _without_time(event: dict) -> dict:
   """An event as a rerun would derive it again: without its time and the config written."""
-  return {k: v for k, v in event.items() if k not in ("time", "config")}
+  return {k: v for k, v in event.items()
+          if k not in ("time", "config", run_config.REBUILT_FROM)}
 
 
 def record(workdir: str, config, events: list[dict], writer) -> None:

@@ -16,15 +16,16 @@ import json
 from hybrid_nope.errors import UserError
 # The rule of which keys define a run lives beside the config files (analysis reads it too).
 from hybrid_nope.run_config import (ADDED_KEYS, DEFINING_KEYS,  # noqa: F401
-                                    DEFINING_PREFIXES, FREE_MODEL_KEYS, allowed_changes,
-                                    defining, flat, is_defining)
+                                    DEFINING_PREFIXES, EVENT_CHANGE, EVENT_START,
+                                    FREE_MODEL_KEYS, allowed_changes, defining, flat,
+                                    is_defining)
 
 # train.steps sets the cosine decay's length: lowering it is allowed with a warning (the run
 # stops earlier; the schedule from here on decays faster), raising it needs the opt-in.
 STEPS_KEY = "train.steps"
 
-EVENT_START, EVENT_CHANGE, EVENT_ROLLBACK, EVENT_SKIP = ("start", "config_change", "rollback",
-                                                         "skip_batches")
+# The start and change events are named beside the file that holds them (run_config.py).
+EVENT_ROLLBACK, EVENT_SKIP = "rollback", "skip_batches"
 
 
 class RunChangedError(UserError):
@@ -50,13 +51,13 @@ def check_resume(saved: dict, config, *, step: int, where: str) -> tuple[dict, l
   allowed = set(allowed_changes(config))
   warnings = []
   old_steps, new_steps = found.get(STEPS_KEY, (None, None))
-  if STEPS_KEY in found and STEPS_KEY not in allowed and isinstance(old_steps, int) and (
-      new_steps < old_steps):
-    del found[STEPS_KEY]  # Lowering train.steps is allowed: the run stops earlier.
+  lowered = isinstance(old_steps, int) and isinstance(new_steps, int) and new_steps < old_steps
+  if lowered:  # Allowed without the opt-in (the run stops earlier), and recorded as a change.
     warnings.append(f"train.steps lowered from {old_steps} to {new_steps}: the run stops "
                     "earlier, and from here the cosine schedule decays to its end at the new "
                     "train.steps")
-  refused = {k: v for k, v in found.items() if k not in allowed}
+  refused = {k: v for k, v in found.items()
+             if k not in allowed and not (k == STEPS_KEY and lowered)}
   if refused:
     listed = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, (a, b) in refused.items())
     raise RunChangedError(
