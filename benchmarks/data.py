@@ -20,8 +20,9 @@ from the dense bf16 datasheet numbers in hybrid_nope.train.flops.PEAK_FLOPS (H10
 what a chip can consume: pipeline >= 10x that.
 
 Hash verification (data.verify_hashes): an uncompressed domain of --hash_tokens tokens is
-written with md5 and sha1 in index.json and opened three ways: unchecked, first open (every
-shard hashed), and again (stamped in the cache, not hashed); printed as seconds per GB.
+written with md5 and sha1 in index.json and opened four ways: unchecked, first open (every
+shard hashed), again (stamped in the cache, not hashed), and with verify_hashes='always'
+(hashed at every start); printed as seconds per GB.
 """
 import argparse
 import hashlib
@@ -106,7 +107,8 @@ def hash_verification_cost(root, num_tokens):
   open_seconds(False)  # Page cache warm: the disk is not what is measured.
   rows = [("verify_hashes=False", open_seconds(False)),
           ("verify_hashes=True, first open (sha1 of every shard)", open_seconds(True)),
-          ("verify_hashes=True, stamped (later starts)", open_seconds(True))]
+          ("verify_hashes=True, stamped (later starts)", open_seconds(True)),
+          ("verify_hashes='always' (every start, past the stamps)", open_seconds("always"))]
   with open(os.path.join(path, sorted(f for f in os.listdir(path) if f.startswith("shard."))[0]),
             "rb") as f:
     sample = f.read()

@@ -63,6 +63,18 @@ def boolean(config, key: str) -> bool:
   return x
 
 
+VERIFY_ALWAYS = "always"  # data.verify_hashes: hash every shard at every start (no stamps).
+
+
+def verify_hashes(config) -> bool | str:
+  """data.verify_hashes: True (hash a shard once per file version: a stamp skips it later),
+  False (never), or "always" (every start, past the stamps: bit rot after the first check)."""
+  x = value(config, "data.verify_hashes")
+  require(isinstance(x, bool) or x == VERIFY_ALWAYS, "data.verify_hashes", x,
+          f"True, False or {VERIFY_ALWAYS!r}")
+  return x
+
+
 def string(config, key: str, allowed: str, *, nonempty: bool = False) -> str:
   x = value(config, key)
   require(isinstance(x, str) and (x or not nonempty), key, x, allowed)

@@ -14,7 +14,8 @@ from absl import logging
 from hybrid_nope import run_config, storage
 from hybrid_nope.config_values import (DATA_SOURCES, is_int, require, boolean, data_seed,
                                        eval_fraction, exclude_samples, int_in, number_in,
-                                       one_of, positive_int, string, value)
+                                       one_of, positive_int, string, value,
+                                       verify_hashes)
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
@@ -97,7 +98,8 @@ def validate(config, *, check_paths: bool = True) -> None:
           and len(set(multiples)) == len(multiples) and 1 in multiples,
           "eval.length_multiples", multiples, "distinct integers >= 1 including 1, e.g. (1, 2, 4) "
           "(eval rows of k × data.seq_len)")
-  for key in ("data.verify_hashes", "data.allow_changed_data", "metrics.figures"):
+  verify_hashes(config)
+  for key in ("data.allow_changed_data", "metrics.figures"):
     boolean(config, key)
   samples_every = int_in(config, "eval.sample_every_steps", 0, None,
                          "an integer >= 0 (0 = no samples during training)")

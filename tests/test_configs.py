@@ -289,3 +289,15 @@ def test_train_seed_drives_the_data_order_and_data_seed_can_be_set_alone():
   assert c.data.seed == 3
   c.data.seed = 7  # A plain FieldReference would set train.seed to 7 as well.
   assert (c.train.seed, c.data.seed) == (3, 7)
+
+
+def test_verify_hashes_takes_always_beside_the_booleans():
+  # A bool default would refuse "always" (ml_collections keeps a field's type): the field is
+  # typed object, and validate reads it through config_values.verify_hashes.
+  for value in (True, False, "always"):
+    config = tiny_config()
+    config.data.verify_hashes = value
+    validate(config)
+  config.data.verify_hashes = "yes"
+  with pytest.raises(ConfigError, match="config.data.verify_hashes='yes' is invalid"):
+    validate(config)

@@ -17,10 +17,13 @@ import pickle
 import shutil
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 
+from hybrid_nope import config_values
 from hybrid_nope.data import mds
+from hybrid_nope.errors import ConfigError
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 sys.path.insert(0, TESTDATA)
@@ -367,6 +370,33 @@ def test_a_verified_shard_is_hashed_once_until_the_file_changes(tmp_path, monkey
   os.utime(first, ns=(os.stat(first).st_atime_ns, os.stat(first).st_mtime_ns + 10**9))
   with pytest.raises(mds.MDSFormatError, match="md5"):
     mds.MDSDataset(str(directory), cache_dir=cache)[0]
+
+
+def test_verify_hashes_always_finds_bit_rot_that_kept_size_and_mtime(tmp_path):
+  # Issue 38 What to build 7: after the first verified start a stamp skips the hash, so a byte
+  # that rots later (same size, same mtime) is read unchecked; "always" hashes at every start.
+  directory = written_with_hashes(tmp_path, hashes=("sha1",))
+  cache = str(tmp_path / "cache")
+  mds.MDSDataset(str(directory), cache_dir=cache).array_lengths("input_ids")  # Stamped.
+  first = sorted(directory.glob("shard.*.mds"))[0]
+  stat = os.stat(first)
+  flip_one_bit(first)
+  os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert mds.MDSDataset(str(directory), cache_dir=cache)[0]["input_ids"].shape == (500,)
+  with pytest.raises(mds.MDSFormatError, match=rf"{first} \(shards\[0\] of .*\) has sha1"):
+    mds.MDSDataset(str(directory), cache_dir=cache, verify_hashes="always")[0]
+
+
+@pytest.mark.parametrize("value", [True, False, "always"])
+def test_verify_hashes_takes_true_false_or_always(value):
+  config = ml_collections.ConfigDict({"data": {"verify_hashes": value}})
+  assert config_values.verify_hashes(config) == value
+
+
+def test_verify_hashes_refuses_other_values_naming_the_key():
+  with pytest.raises(ConfigError, match=r"config.data.verify_hashes='yes' is invalid: expected "
+                     r"True, False or 'always'"):
+    config_values.verify_hashes(ml_collections.ConfigDict({"data": {"verify_hashes": "yes"}}))
 
 
 def test_hashes_hashlib_lacks_fail_unless_verification_is_off(tmp_path):

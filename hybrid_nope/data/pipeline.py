@@ -62,7 +62,7 @@ def _documents_rows(config, split: str,
   path = config_values.string(config, "data.path", "a prepared documents directory",
                               nonempty=True)
   seq_len = _positive_int(config, "data.seq_len")
-  verify = config_values.boolean(config, "data.verify_hashes")
+  verify = config_values.verify_hashes(config)
   if split == "train":
     return documents.train_rows(path, seq_len, verify_hashes=verify)
   if split != "eval":
@@ -103,7 +103,7 @@ def train_mixture(config):
       seq_len=_positive_int(config, "data.seq_len"),
       document_masking=config_values.boolean(config, "data.document_masking"),
       vocab_size=_positive_int(config, "model.vocab_size"), seed=config_values.data_seed(config),
-      cache_dir=cache_dir or None, verify_hashes=config_values.boolean(config, "data.verify_hashes"),
+      cache_dir=cache_dir or None, verify_hashes=config_values.verify_hashes(config),
       exclude_samples=config_values.exclude_samples(config))
 
 

@@ -30,7 +30,8 @@ What is verified, and when (each failure one line naming the file):
                   that lists no hashes logs one warning per dataset per process: nothing but
                   sizes and structure can be checked then.
   first open of   an uncompressed shard: its bytes against index.json's hashes (with
-  a shard         data.verify_hashes; a stamp in the cache skips it until the file changes);
+  a shard         data.verify_hashes; a stamp in the cache skips it until the file changes,
+                  but with data.verify_hashes="always");
                   a compressed one, as it is decompressed: size and hashes, and the sha1
                   of the bytes is written beside the cached copy (cache.py); then the
                   sample offsets in the shard's header.

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from hybrid_nope.config_values import VERIFY_ALWAYS
 from hybrid_nope.data.mds import cache
 from hybrid_nope.data.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError, _decode,
                                            ndarray_headers, ndarray_itemsizes)
@@ -35,13 +36,14 @@ class MDSDataset:
     verify_hashes: check an uncompressed shard against index.json's hashes the first time it is
       opened (compressed shards are checked as they are decompressed). A verified shard leaves
       a stamp in the cache keyed by its size and mtime, so it is hashed once per machine and
-      version of the file, not at every start. An index.json without hashes is read with one
+      version of the file, not at every start; "always" hashes it at every open past the
+      stamp (bit rot that kept size and mtime). An index.json without hashes is read with one
       warning per process. Cached decompressed copies are checked against the sha1 written
       beside them at their first use in each process either way (cache.py).
   """
 
   def __init__(self, path: str, *, cache_dir: str | None = None, max_open_shards: int = 64,
-               verify_hashes: bool = True):
+               verify_hashes: bool | str = True):
     self.path = os.path.abspath(os.fspath(path))
     columns, self._shards, index_bytes = _load_index(self.path)
     self.columns = {c.name: c for c in columns}
@@ -112,7 +114,7 @@ class MDSDataset:
     key = f"{os.path.realpath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\0{algo}\0"
     stamp = os.path.join(self._cache_root, "verified",
                          hashlib.sha256((key + shard.raw_hashes[algo]).encode()).hexdigest())
-    if os.path.exists(stamp):
+    if os.path.exists(stamp) and self._verify_hashes != VERIFY_ALWAYS:
       return
     with open(path, "rb") as f:
       h = hashlib.file_digest(f, algo)
