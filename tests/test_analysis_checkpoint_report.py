@@ -220,3 +220,20 @@ def test_summary_text_states_the_noise_levels_and_the_data_control(analyzed):
   assert f"data control P(t_i = t_i-d) gap {now['data_gap']:.4f}" in text
   assert f"a random M: ± {now['alignment_null']:.4f}" in text
   assert f"probe {a['probe']['documents']} documents in {len(a['probe']['rows'])} rows" in text
+
+
+@pytest.mark.integration
+def test_lengths_outside_recency_lengths_are_scored_for_loss_alone(analyzed, tmp_path):
+  """The same losses as a full analysis at 2x, without the hook's records; a recency length that
+  is not one of the lengths is refused before anything is restored."""
+  workdir, full = analyzed
+  result = report.analyze(workdir, step=8, lengths=(1, 2), recency_lengths=(1,),
+                          out_dir=str(tmp_path), figures=False)
+  one, two = result["extrapolation"]["lengths"]
+  _, full_two = full["extrapolation"]["lengths"]
+  assert "gap" in one and "gap" not in two and "logit_gap" not in two
+  for key in ("loss", "loss_near", "loss_beyond", "ratio", "loss_by_position"):
+    assert two[key] == full_two[key]
+  assert "2x (128)" in report.summary_text(result)
+  with pytest.raises(report.checkpoints.AnalysisError, match=r"recency_lengths=\[4\]"):
+    report.analyze(workdir, step=8, lengths=(1, 2), recency_lengths=(4,), out_dir=str(tmp_path))

@@ -206,10 +206,17 @@ def evaluate_by_context(model_def: ModelDef, params, batches: Sequence[dict], *,
 
 def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
             init_params=None, train_seq_len: int | None = None,
-            rows_per_call: int | None = None) -> dict[str, Any]:
-  """Recency records (and init records if `init_params`) and eval loss at `seq_len`."""
+            rows_per_call: int | None = None, recency: bool = True) -> dict[str, Any]:
+  """Recency records (and init records if `init_params`) and eval loss at `seq_len`; with
+  `recency` False the eval loss alone."""
   config = _with_seq_len(config, seq_len)
   batches = pipeline.eval_batches(config)
+  evaluate = lambda: evaluate_by_context(model_def, params, batches,
+                                         bucket_size=config.eval.bucket_size,
+                                         train_seq_len=train_seq_len or seq_len,
+                                         rows_per_call=rows_per_call)
+  if not recency:
+    return {"seq_len": seq_len, "eval": evaluate()}
   lags = analysis_lags(seq_len, config.metrics.far_lag,
                        window_of(config.model))
   hook = _hook(config, model_def, pipeline.probe_pool(config), lags)
@@ -218,10 +225,7 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
             "records": hook.records(step, params, data_control=True)}
   if init_params is not None:
     result["init_records"] = hook.records(0, init_params)
-  result["eval"] = evaluate_by_context(model_def, params, batches,
-                                       bucket_size=config.eval.bucket_size,
-                                       train_seq_len=train_seq_len or seq_len,
-                                       rows_per_call=rows_per_call)
+  result["eval"] = evaluate()
   return result
 
 
@@ -248,7 +252,8 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
             lengths: Sequence[int] = DEFAULT_LENGTHS,
             overrides: Mapping[str, Any] | None = None, out_dir: str | None = None,
             rows_per_call: int | None = None, figures: bool = True,
-            init_seeds: int = 0, ablate: str | None = None) -> dict[str, Any]:
+            init_seeds: int = 0, ablate: str | None = None,
+            recency_lengths: Sequence[int] | None = None) -> dict[str, Any]:
   """Analyses checkpoint `step` (None = latest) of the run in `workdir`.
 
   `init_seeds`: also measure K fresh initialisations on the same probe (the empirical init
@@ -260,7 +265,9 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
 
   `seq_len`: analysis length (None = the training length); `lengths`: factors of the training
   length to score for extrapolation (empty = skip); `overrides`: {"eval.path": ...} applied to
-  the run's config (not data.seq_len: use `seq_len`); `rows_per_call`: eval rows per forward
+  the run's config (not data.seq_len: use `seq_len`); `recency_lengths`: the factors of
+  `lengths` whose rows also carry the recency records (None = all; the others are scored for
+  loss alone: the hook's cost grows with the length, the loss's barely); `rows_per_call`: eval rows per forward
   pass (None = eval.batch_size), to bound memory at long lengths; `out_dir`: default
   WORKDIR/analysis/step_<N>. Returns {"step", "out_dir", "files", "analysis", "extrapolation"}.
   """
@@ -274,6 +281,10 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
   lengths = [int(k) for k in lengths]
   if any(k < 1 for k in lengths):
     raise checkpoints.AnalysisError(f"lengths={lengths}: factors must be integers >= 1")
+  recency_at = set(lengths if recency_lengths is None else (int(k) for k in recency_lengths))
+  if not recency_at <= set(lengths):
+    raise checkpoints.AnalysisError(
+        f"recency_lengths={sorted(recency_at)}: each must be one of lengths={lengths}")
   ablated_layers = ablation.check(ablate, config.model) if ablate else None
   check_data(config)
   _with_seq_len(config, seq_len)  # Fails on far_lag before anything is restored.
@@ -323,8 +334,9 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
     for k in sorted(set(lengths)):
       at = main if k * train_T == seq_len else measure(
           config, k * train_T, model_def, params, step=step, train_seq_len=train_T,
-          rows_per_call=rows_per_call)
-      rows.append({"factor": k, **at["eval"], **summarize(at["records"])})
+          rows_per_call=rows_per_call, recency=k in recency_at)
+      rows.append({"factor": k, **at["eval"],
+                   **(summarize(at["records"]) if "records" in at else {})})
     extrapolation = {"workdir": where, "step": step,
                      "train_seq_len": train_T, "lengths": rows}
     files.append(_write_json(storage.join(out_dir, run_dir.EXTRAPOLATION_FILE), extrapolation))
@@ -362,7 +374,7 @@ def summary_text(result: dict) -> str:
   for row in (result["extrapolation"] or {}).get("lengths", []):
     lines.append(f"  {row['factor']}x ({row['seq_len']}): loss {row['loss']:.4f}, positions "
                  f"[T/2, T) {fmt(row['loss_near'])}, >= T {fmt(row['loss_beyond'])}, ratio "
-                 f"{fmt(row['ratio'])}, gap {fmt(row['gap'])}")
+                 f"{fmt(row['ratio'])}, gap {fmt(row.get('gap'))}")
   if result.get("ablation"):
     lines += ablation.summary_lines(result["ablation"])
   lines.append(f"  outputs in {result['out_dir']}")

@@ -353,7 +353,7 @@ def extrapolation(ext: dict, path: str) -> str:
   for i, row in enumerate(ext["lengths"]):
     _plot_loss(ax, row, color=f"C{i}", markersize=3,
                label=f"{row['factor']}× ({row['seq_len']}): ratio {fmt(row['ratio'])}, "
-                     f"gap {fmt(row['gap'])}, logit gap {fmt(row['logit_gap'], '+.3f')}")
+                     f"gap {fmt(row.get('gap'))}, logit gap {fmt(row.get('logit_gap'), '+.3f')}")
   ax.axvline(ext["train_seq_len"], color="0.5", linestyle=":", label="training length")
   ax.set_xlabel("context position (bucket centre)")
   ax.set_ylabel("eval loss (nats/token)")
