@@ -227,7 +227,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_when_the_sweep_re
   monkeypatch.setattr(sweep, "commands", lambda run, **kw: [  # Training is what is tested.
       real(run, **kw)[0], [sys.executable, "-c", "pass"]])
   status = sweep.sweep([run], parallel=1, threads=1, records_dir=None, log=lambda m: None,
-                       train_args=flags)
+                       lock_dir=str(tmp_path / "locks"), train_args=flags)  # Not the machine's.
   assert status == {"swa16/seed0": "done"}
   (aside,) = os.listdir(os.path.join(run.workdir, "overwritten"))
   assert "recency.jsonl" in os.listdir(os.path.join(run.workdir, "overwritten", aside))
