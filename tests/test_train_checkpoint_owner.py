@@ -1,3 +1,7 @@
+# Tiers (pytest.ini): two workdirs started together on one checkpoint directory train through
+# launch/train.py, so that test is integration, `make test-all` only
+# (test_two_workdirs_started_together_on_one_checkpoint_directory_one_trains); the claim's rules
+# are checked here in `make test`.
 """One workdir per checkpoint directory: the marker a start writes, the refusal of a second
 workdir (naming both, writing nothing), and the moves and copies that keep a run its own."""
 import json
