@@ -16,10 +16,12 @@
 # (test_analyze_without_the_state_item_says_so_in_one_line).
 """Restoring a run for analysis, and the errors for unusable workdirs, steps, configs and
 checkpoints (corrupt, truncated or missing state: refused in one line, as the trainer does)."""
+import glob
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -27,11 +29,14 @@ import orbax.checkpoint as ocp
 import pytest
 import tensorstore as ts
 
+from hybrid_nope import checkpoint_integrity as integrity
 from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope.errors import USAGE_EXIT_CODE
 from hybrid_nope.model.definition import init_model
+from hybrid_nope.train.optimizer import make_optimizer
+from hybrid_nope.train.state import init_train_state
 from tests.analysis_runs import trained_run
-from tests.helpers import REPO, tiny_config
+from tests.helpers import REPO, tiny_config, tiny_flags
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +273,143 @@ def test_analyze_without_the_state_item_says_so_in_one_line(run, tmp_path):
       f"analyze.py: checkpoint step 8 has no state/ in {workdir}/checkpoints/8: expected the "
       f"orbax item 'state' (TrainState: step, params, opt_state) that launch/train.py saves in "
       f"every checkpoint; other steps with a checkpoint: [4] (--step=N picks one)")
+
+
+# ---- beside a live trainer -----------------------------------------------------------------
+
+def live_run(directory: str, steps=(1, 2)) -> str:
+  """A workdir as a trainer leaves it between saves: config.json and finished checkpoints
+  `steps`, written by orbax as train/checkpoint.py writes them (items state and meta, meta
+  holding the state's checksums)."""
+  config = tiny_config()
+  workdir = os.path.join(directory, "live")
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort())
+  _, state = init_train_state(config.model, make_optimizer(config.train), seed=0)
+  sums = {k: int(v) for k, v in jax.device_get(jax.jit(integrity.state_checksums)(state)).items()}
+  with ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
+                             item_names=("state", "meta")) as manager:
+    for step in steps:
+      manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                 meta=ocp.args.JsonSave({"checksums": sums})))
+      manager.wait_until_finished()
+  return workdir
+
+
+def unfinished_copy(workdir: str, of: int, step: int, name: str | None = None) -> str:
+  """Step `of` copied as step `step` the trainer has not finished: no commit marker and half
+  its state (its OCDBT manifest not yet written), under `name` (default the step's own: a save
+  in place, as on gs://; orbax's tmp name for a local save in flight)."""
+  checkpoints_dir = os.path.join(workdir, "checkpoints")
+  target = os.path.join(checkpoints_dir, name or str(step))
+  shutil.copytree(os.path.join(checkpoints_dir, str(of)), target)
+  for marker in glob.glob(os.path.join(target, "**", integrity.COMMIT_MARKER), recursive=True):
+    os.remove(marker)
+  os.remove(os.path.join(target, "state", "manifest.ocdbt"))
+  return target
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+  return live_run(str(tmp_path_factory.mktemp("live")))
+
+
+def _reader_copy(live, tmp_path) -> str:
+  workdir = str(tmp_path / "reader")
+  shutil.copytree(live, workdir)
+  return workdir
+
+
+TMP_NAME = f"3{ocp.path.atomicity_types.TMP_DIR_SUFFIX}-1733000000"  # orbax's, for step 3.
+
+
+@pytest.mark.parametrize("name", [None, TMP_NAME])
+def test_a_step_being_written_is_passed_over_for_the_newest_finished(live, tmp_path, caplog,
+                                                                     name):
+  workdir = _reader_copy(live, tmp_path)
+  unfinished_copy(workdir, of=2, step=3, name=name)
+  config = checkpoints.load_config(workdir)
+  assert checkpoints.available_steps(workdir, config) == [1, 2]
+  step, _, params = checkpoints.restore_params(workdir, config)
+  assert step == 2 and jax.tree.leaves(params)
+  assert caplog.text.count("step 3 is being written; reading step 2") == 1, caplog.text
+
+
+def test_a_step_being_written_asked_for_by_number_is_refused_naming_the_finished_ones(
+    live, tmp_path):
+  workdir = _reader_copy(live, tmp_path)
+  unfinished_copy(workdir, of=2, step=3)
+  config = checkpoints.load_config(workdir)
+  with pytest.raises(checkpoints.StepNotFoundError) as e:
+    checkpoints.restore_params(workdir, config, step=3)
+  assert str(e.value) == (
+      f"step 3 is being written in {workdir}/checkpoints (it has no commit_success.txt yet); "
+      f"rerun when it is finished, or pick a finished step: [1, 2]")
+  assert checkpoints.restore_params(workdir, config, step=2)[0] == 2  # The advice, followed.
+
+
+def test_a_first_save_still_being_written_says_so(live, tmp_path):
+  workdir = _reader_copy(live, tmp_path)
+  unfinished_copy(workdir, of=2, step=3, name=TMP_NAME)
+  for step in ("1", "2"):  # Step 3 is the run's first save.
+    shutil.rmtree(os.path.join(workdir, "checkpoints", step))
+  with pytest.raises(checkpoints.WorkdirError, match=(
+      r"no checkpoints in .*/checkpoints \(workdir .*\): step 3 is being written; rerun when it "
+      r"is finished$")):
+    checkpoints.restore_params(workdir, checkpoints.load_config(workdir))
+
+
+def test_the_newest_step_removed_while_read_gives_way_to_the_newest_finished(live, tmp_path,
+                                                                            monkeypatch, caplog):
+  """The trainer commits step 3 and its checkpoint.keep deletes step 2 while step 2 is read."""
+  workdir = _reader_copy(live, tmp_path)
+  checkpoints_dir = os.path.join(workdir, "checkpoints")
+  real, reads = checkpoints._restore_step, []
+
+  def trainer_meanwhile(workdir_, config, step, others):
+    reads.append(step)
+    if len(reads) == 1:
+      shutil.copytree(os.path.join(checkpoints_dir, "2"), os.path.join(checkpoints_dir, "3"))
+      shutil.rmtree(os.path.join(checkpoints_dir, "2", "state"))  # Deleted file by file.
+    return real(workdir_, config, step, others)
+
+  monkeypatch.setattr(checkpoints, "_restore_step", trainer_meanwhile)
+  step, _, _ = checkpoints.restore_params(workdir, checkpoints.load_config(workdir))
+  assert (step, reads) == (3, [2, 3])
+  assert "step 2 was removed or replaced by the trainer while being read; reading step 3" in \
+      caplog.text
+
+
+def test_a_bad_newest_step_nothing_changed_under_is_refused(live, tmp_path):
+  """No trainer is live: the newest step's own fault is reported, not read around."""
+  workdir = _reader_copy(live, tmp_path)
+  os.remove(os.path.join(workdir, "checkpoints", "2", "state", "manifest.ocdbt"))
+  with pytest.raises(checkpoints.CorruptCheckpointError,
+                     match=r"^checkpoint step 2 cannot be read \(.*other steps with a "
+                           r"checkpoint: \[1\] \(--step=N picks one\)"):
+    checkpoints.restore_params(workdir, checkpoints.load_config(workdir))
+
+
+@pytest.mark.integration
+def test_readers_beside_a_real_trainer_saving_every_step(tmp_path):
+  """launch/train.py saving every step (checkpoint.keep=2), and restore_params reading its
+  newest step again and again meanwhile: every read succeeds."""
+  workdir = str(tmp_path / "run")
+  trainer = subprocess.Popen(
+      [sys.executable, "launch/train.py", "--config=configs/demo.py", f"--workdir={workdir}",
+       *tiny_flags(train__steps=400, checkpoint__every_steps=1, checkpoint__keep=2,
+                   eval__every_steps=10**6, metrics__every_steps=10**6)],
+      cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    deadline, reads = time.time() + 240, []
+    while time.time() < deadline and trainer.poll() is None and len(reads) < 30:
+      if not integrity.list_steps(os.path.join(workdir, "checkpoints")).finished:
+        time.sleep(0.5)  # Before the first save commits.
+        continue
+      reads.append(checkpoints.restore_params(workdir, checkpoints.load_config(workdir))[0])
+  finally:
+    trainer.kill()
+    trainer.wait()
+  assert len(reads) >= 10, (reads, trainer.stderr.read()[-2000:])

@@ -5,12 +5,13 @@ A workdir written by `launch/train.py` holds `config.json` (the run's full confi
 JSON with a checksum of every state leaf). Only `state.params` is read, as a partial restore into
 single-device arrays, so neither the training mesh nor the optimizer state is needed, and each
 leaf read is checked against its checksum (hybrid_nope/checkpoint_integrity.py), as the trainer
-checks a resume. Every failure names the path or step and says what was expected.
+checks a resume. Every failure names the path or step and says what was expected. A run still
+training is read as it stands: only the steps orbax committed, the newest that reads and
+verifies (`restore_params`).
 """
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Mapping
 
 import jax
@@ -19,11 +20,13 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from hybrid_nope import run_config, storage
-from hybrid_nope.checkpoint_integrity import (corrupt_message, differing_leaves,
-                                              params_checksums, unreadable_message)
+from hybrid_nope.checkpoint_integrity import (COMMIT_MARKER, StepListing, being_written_message,
+                                              corrupt_message, differing_leaves, list_steps,
+                                              params_checksums, read_quietly,
+                                              unreadable_message)
 from hybrid_nope.errors import UserError
 from hybrid_nope.model.definition import ModelDef, abstract_params, model_definition
-from hybrid_nope.run_dir import (CHECKPOINT_DATA, CHECKPOINT_META, CHECKPOINT_STATE, CHECKPOINTS,
+from hybrid_nope.run_dir import (CHECKPOINT_META, CHECKPOINT_STATE, CHECKPOINTS,
                                  CONFIG, RunDir)
 
 
@@ -100,23 +103,23 @@ def run_dir_of(workdir: str, config) -> RunDir:
   return RunDir(workdir, config.get("checkpoint", {}).get("directory", ""))
 
 
-def _manager(directory: str) -> ocp.CheckpointManager:
-  return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
-                               item_names=(CHECKPOINT_STATE, CHECKPOINT_DATA))
-
-
 def available_steps(workdir: str, config) -> list[int]:
-  """Steps with a finished checkpoint; raises WorkdirError when there is none."""
+  """Steps with a finished checkpoint (committed: `checkpoint_integrity.list_steps`); raises
+  WorkdirError when there is none."""
+  return list(_listing(workdir, config).finished)
+
+
+def _listing(workdir: str, config) -> StepListing:
+  """The checkpoint directory's steps; WorkdirError when none is finished."""
   directory = run_dir_of(workdir, config).checkpoints
-  steps = []
-  if "://" in directory or os.path.isdir(directory):
-    with _manager(directory) as manager:
-      steps = sorted(manager.all_steps())
-  if not steps:
-    raise WorkdirError(f"no checkpoints in {directory} (workdir {workdir}): the training loop "
-                       f"saves one every checkpoint.every_steps="
-                       f"{config.checkpoint.every_steps} steps and at the end")
-  return steps
+  listing = list_steps(directory)
+  if not listing.finished:
+    writing = (f"step {listing.unfinished[-1]} is being written; rerun when it is finished"
+               if listing.unfinished else
+               f"the training loop saves one every checkpoint.every_steps="
+               f"{config.checkpoint.every_steps} steps and at the end")
+    raise WorkdirError(f"no checkpoints in {directory} (workdir {workdir}): {writing}")
+  return listing
 
 
 def resolve_step(workdir: str, config, step: int | None,
@@ -187,37 +190,81 @@ def _saved_checksums(step: int, step_dir: str, where: str, others: str) -> dict 
   return meta["checksums"]
 
 
+_ATTEMPTS = 5  # Reads of the newest step while a trainer saving every step removes it.
+
+
 def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, ModelDef, dict]:
-  """(step, model_def, params) of checkpoint `step` (None = latest), on the default device,
-  each leaf verified against the checksum saved with it. Raises CorruptCheckpointError for a
-  state that is missing, unreadable or differs from its checksums."""
-  steps = available_steps(workdir, config)
-  step = resolve_step(workdir, config, step, steps)
+  """(step, model_def, params) of checkpoint `step` (None = the newest finished one), on the
+  default device, each leaf verified against the checksum saved with it. Raises
+  CorruptCheckpointError for a state that is missing, unreadable or differs from its
+  checksums. A live trainer is tolerated: a step it is still writing is not read (one warning
+  says which is read instead), and the newest step, when it fails while the trainer's
+  checkpoint.keep deletes it or a newer one is committed meanwhile, gives way to the newest
+  finished one."""
+  listing = _listing(workdir, config)
+  if step is not None:
+    if step in listing.unfinished and step not in listing.finished:
+      raise StepNotFoundError(
+          f"step {step} is being written in {run_dir_of(workdir, config).checkpoints} (it has "
+          f"no {COMMIT_MARKER} yet); rerun when it is finished, or pick a finished step: "
+          f"{list(listing.finished)}")
+    return _read_step(workdir, config, resolve_step(workdir, config, step,
+                                                    list(listing.finished)), listing)
+  chosen = listing.finished[-1]
+  for attempt in range(_ATTEMPTS):
+    note = being_written_message(listing, chosen)
+    if note:
+      logging.warning("%s", note)
+    try:
+      return _read_step(workdir, config, chosen, listing)
+    except AnalysisError as e:
+      now = list_steps(run_dir_of(workdir, config).checkpoints)
+      if not now.finished or (chosen in now.finished and now.finished[-1] == chosen):
+        raise  # Nothing changed under the read: the step itself is bad.
+      if attempt + 1 == _ATTEMPTS:
+        raise type(e)(
+            f"{e}; the trainer replaced the newest step each of the {_ATTEMPTS} times it was "
+            f"read: rerun, or let it save less often or keep more steps (checkpoint.every_steps"
+            f"={config.checkpoint.every_steps}, checkpoint.keep={config.checkpoint.keep})"
+        ) from None
+      logging.warning("step %d was removed or replaced by the trainer while being read; "
+                      "reading step %d", chosen, now.finished[-1])
+      listing, chosen = now, now.finished[-1]
+  raise AssertionError("unreachable")
+
+
+def _read_step(workdir: str, config, step: int,
+               listing: StepListing) -> tuple[int, ModelDef, dict]:
+  """restore_params of the finished step `step`, with what orbax's threads print held back
+  (`read_quietly`)."""
+  others = _other_steps(list(listing.finished), step)
+  where = run_dir_of(workdir, config).checkpoint_state(step)
+  return read_quietly(
+      lambda: _restore_step(workdir, config, step, others),
+      lambda e: CorruptCheckpointError(f"{unreadable_message(step, e, where)}; {others}"))
+
+
+def _restore_step(workdir: str, config, step: int, others: str) -> tuple[int, ModelDef, dict]:
   rd = run_dir_of(workdir, config)
   step_dir, state_dir = rd.checkpoint(step), rd.checkpoint_state(step)
   if not storage.exists(state_dir):
     raise CorruptCheckpointError(
         f"checkpoint step {step} has no {CHECKPOINT_STATE}/ in {step_dir}: expected the orbax "
         f"item {CHECKPOINT_STATE!r} (TrainState: step, params, opt_state) that launch/train.py "
-        f"saves in every checkpoint; {_other_steps(steps, step)}")
-  try:
-    with ocp.PyTreeCheckpointer() as checkpointer:
-      metadata = checkpointer.metadata(state_dir)
-  except Exception as e:  # orbax raises many kinds; the cause is in the text.
-    raise CorruptCheckpointError(f"{unreadable_message(step, e, state_dir)}; "
-                                 f"{_other_steps(steps, step)}") from None
+        f"saves in every checkpoint; {others}")
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    metadata = checkpointer.metadata(state_dir)
   stored = getattr(metadata, "item_metadata", metadata)
   if stored is None:
     raise CorruptCheckpointError(
         f"checkpoint step {step} cannot be read ({state_dir}: orbax reads no metadata of its "
-        f"leaves there, where launch/train.py saves the TrainState); "
-        f"{_other_steps(steps, step)}")
+        f"leaves there, where launch/train.py saves the TrainState); {others}")
   if "params" not in stored:
     raise IncompatibleCheckpointError(f"checkpoint {step_dir} has no state.params (keys: "
                                       f"{sorted(stored)})")
   wanted = abstract_params(config.model, config.train.seed)
   check_compatible(stored["params"], wanted, step_dir)
-  saved = _saved_checksums(step, step_dir, rd.checkpoint_meta(step), _other_steps(steps, step))
+  saved = _saved_checksums(step, step_dir, rd.checkpoint_meta(step), others)
 
   # Read as stored (a checksum is of the saved bits), then cast to the config's dtypes.
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -225,21 +272,16 @@ def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, 
   target = {"params": jax.tree_util.tree_map_with_path(
       lambda path, x: jax.ShapeDtypeStruct(x.shape, stored_flat[_name(path)].dtype,
                                            sharding=device), wanted)}
-  try:
-    with ocp.PyTreeCheckpointer() as checkpointer:
-      restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
-          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-          partial_restore=True))
-  except Exception as e:  # orbax and tensorstore raise many kinds; the cause is in the text.
-    raise CorruptCheckpointError(f"{unreadable_message(step, e, state_dir)}; "
-                                 f"{_other_steps(steps, step)}") from None
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True))
   params = restored["params"]
   if saved is not None:
     computed = jax.device_get(jax.jit(params_checksums)(params))
     differing = differing_leaves(saved, computed)
     if differing:
-      raise CorruptCheckpointError(f"{corrupt_message(step, step_dir, differing)}; "
-                                   f"{_other_steps(steps, step)}")
+      raise CorruptCheckpointError(f"{corrupt_message(step, step_dir, differing)}; {others}")
   params = jax.tree.map(lambda x, w: x if x.dtype == w.dtype else x.astype(w.dtype), params,
                         wanted)
   return step, model_definition(config.model), params
