@@ -35,7 +35,8 @@ from hybrid_nope.model.definition import init_model
 from hybrid_nope.model.layers import apply_rope
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO, tiny_config
-from tests.test_analysis_checkpoint_checkpoints import FLIPPED_LEAF, flipped_copy
+from tests.test_analysis_checkpoint_checkpoints import (FLIPPED_LEAF, flipped_copy, live_run,
+                                                      unfinished_copy)
 
 
 def _silu(x):
@@ -431,3 +432,11 @@ def test_cli_refuses_a_flipped_checkpoint_in_one_line(run, tmp_path):
       f"differ from the checksums saved with them (first: {FLIPPED_LEAF}); other steps with a "
       f"checkpoint: [4] (--step=N picks one)")
   assert not out.exists()  # Nothing written from a corrupt checkpoint.
+
+
+def test_export_beside_a_live_save_writes_the_newest_finished_step(tmp_path, caplog):
+  workdir = live_run(str(tmp_path))
+  unfinished_copy(workdir, of=2, step=3)
+  result = hf.export(workdir, str(tmp_path / "hf"))
+  assert result["step"] == 2 and (tmp_path / "hf" / "model.safetensors").exists()
+  assert "step 3 is being written; reading step 2" in caplog.text
