@@ -15,6 +15,7 @@ from absl import app, flags
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
+from hybrid_nope import logs
 from hybrid_nope.errors import (INTERRUPTED_EXIT_CODE, RUN_STOPPED_EXIT_CODE, USAGE_EXIT_CODE,
                                 RunStopped, UserError)
 
@@ -191,6 +192,7 @@ def run(main: Callable[[list[str]], None], *, positional: str | None = None) -> 
   it a positional argument is refused, since absl would hand it to main unread (a list flag's
   value split at its commas, say)."""
   def guarded(argv):
+    logs.quiet_library_logs()  # Before main: jax's backend probe comes at its first call.
     try:
       if positional is None and len(argv) > 1:
         raise UserError(f"unexpected argument(s) {' '.join(argv[1:])!r}: this command takes "

@@ -15,6 +15,7 @@ WORKDIR/                          a local path or a URL (gs://, file://, memory:
 ├── wandb_run_id.txt              the W&B run id a resume continues (train/wandb_sink.py)
 ├── wandb/                        W&B's own local files, when WANDB_DIR is unset (wandb)
 ├── trainer.lock                  host, pid, heartbeat of the one trainer (train/workdir_lock.py)
+├── library_errors.log            what orbax's threads print when a save fails (hybrid_nope/logs.py)
 ├── checkpoints/                  orbax, unless checkpoint.directory names another place
 │   ├── owner.json                the workdir and run id that own this checkpoint directory
 │   │                             (train/checkpoint_owner.py)
@@ -57,6 +58,7 @@ PROFILE = "profile"
 WANDB_ID = "wandb_run_id.txt"
 WANDB = "wandb"  # wandb's own name for its folder under the dir= it is given.
 LOCK = "trainer.lock"
+LIBRARY_ERRORS = "library_errors.log"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_STATE = "state"  # The orbax items of checkpoints/<step>/.
 CHECKPOINT_META = "meta"
@@ -120,6 +122,10 @@ class RunDir:
   @property
   def config_history(self) -> str:
     return self.path(CONFIG_HISTORY)
+
+  @property
+  def library_errors(self) -> str:
+    return self.path(LIBRARY_ERRORS)
 
   @property
   def metrics(self) -> str:
@@ -239,6 +245,7 @@ class RunDir:
         ("recency_sums", f"{RECENCY_SUMS}/{wildcard(SUMS_FILE)}"),
         ("tensorboard", f"{TENSORBOARD}/"), ("profile", f"{PROFILE}/"),
         ("wandb_id", WANDB_ID), ("wandb", f"{WANDB}/"), ("lock", LOCK),
+        ("library_errors", LIBRARY_ERRORS),
         *(() if not checkpoints else (("rolled_back", f"{checkpoints}/{ROLLED_BACK}/"),
                                       ("checkpoint_owner", f"{checkpoints}/{CHECKPOINT_OWNER}"),
                                       ("checkpoints", f"{checkpoints}/"))),

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import re
 import shutil
 import sys
 import tempfile
@@ -31,6 +33,7 @@ from hybrid_nope import storage
 from hybrid_nope.checkpoint_integrity import (corrupt_message, differing_leaves, read_error,
                                               state_checksums, unreadable_message)
 from hybrid_nope.errors import UserError
+from hybrid_nope.logs import LibraryErrors
 from hybrid_nope.run_dir import CHECKPOINT_DATA, CHECKPOINT_META, CHECKPOINT_STATE, RunDir
 from hybrid_nope.train import run_identity
 
@@ -70,6 +73,8 @@ class Checkpointer:
     self._checksums = jax.jit(state_checksums, **(
         {} if replicated is None else {"out_shardings": replicated}))
     self._saving = None  # The step of the last save started, until its errors were checked.
+    self._library_errors = None  # Opened at the first save: only a trainer saves.
+    self._errors_named = 0  # How many of its records an error line pointed to.
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -87,6 +92,8 @@ class Checkpointer:
     """Starts an async save of `state` with `meta` (data position, fingerprint, config,
     history) and the state's checksums; a failure is raised by `check_saved()`."""
     self.check_saved()
+    if self._library_errors is None and jax.process_index() == 0:
+      self._library_errors = LibraryErrors(self.run_dir.library_errors).open()
     meta = {**meta, "checksums": self.checksums(state)}
     self.manager.save(step, args=ocp.args.Composite(**{
         CHECKPOINT_STATE: ocp.args.StandardSave(state), CHECKPOINT_META: ocp.args.JsonSave(meta)}))
@@ -103,14 +110,32 @@ class Checkpointer:
       self.manager.check_for_errors()
     except Exception as e:  # orbax re-raises the writer thread's error, of any kind.
       step, self._saving = self._saving, None
-      raise CheckpointError(f"saving checkpoint step {step} to {self.directory} failed "
-                            f"({read_error(e, self.step_directory(step))}); the run stops: "
-                            "free space or fix the directory, then rerun to resume from the "
-                            "newest good checkpoint") from None
+      raise CheckpointError(self._save_failed(step, e)) from None
     self._saving = None
 
+  def _save_failed(self, step: int, error: Exception) -> str:
+    """The one line of a failed save: why, how to go on from what is on disk, and where
+    orbax's tracebacks went."""
+    older = self._older(step)
+    if older:
+      then = (f"Free space or fix the directory, then rerun the same command: it resumes from "
+              f"step {older[-1]}, the newest good checkpoint")
+    else:  # overwrite moves the records of a run without checkpoints aside (train/resume.py).
+      then = ("No checkpoint was saved before it: free space or fix the directory, then rerun "
+              "with --config.train.overwrite=True to start afresh (the run's records are moved "
+              "aside)")
+    errors = self._library_errors
+    traces = ""
+    if errors and errors.diverted:
+      traces, self._errors_named = f"; {errors.where()}", errors.diverted
+    return (f"saving checkpoint step {step} to {self.directory} failed "
+            f"({_save_error(error, self.step_directory(step))}); the run stops. {then}{traces}")
+
+  def _older(self, step: int) -> list[int]:
+    return [s for s in self.all_steps() if s < step]
+
   def _how_to_go_on(self, step: int) -> str:
-    older = [s for s in self.all_steps() if s < step]
+    older = self._older(step)
     if not older:
       return (f"no older checkpoint is kept: move {self.step_directory(step)} aside and rerun "
               "to start afresh")
@@ -228,8 +253,8 @@ class Checkpointer:
     free = shutil.disk_usage(local).free
     if free >= 2 * size:
       return None
-    return (f"{local} has {free / 2**30:.2f} GiB free, under twice one checkpoint "
-            f"({size / 2**30:.2f} GiB): a save may fail for lack of space")
+    return (f"{local} has {_bytes(free)} free, under twice one checkpoint ({_bytes(size)}): "
+            "a save may fail for lack of space")
 
   def wait(self) -> None:
     """Blocks until the last save is over; its failure is a one-line CheckpointError."""
@@ -245,6 +270,12 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+    errors = self._library_errors
+    if errors is not None:
+      errors.close()
+      if errors.diverted > self._errors_named:  # Errors no save failure accounted for.
+        logging.warning("orbax logged %d errors that stopped nothing: %s", errors.diverted -
+                        self._errors_named, errors.where())
 
 
 class _SavedPosition:
@@ -262,6 +293,33 @@ class _SavedPosition:
 
   def start_prefetch(self) -> None:
     pass
+
+
+def _bytes(n: int) -> str:
+  """n bytes in the largest binary unit that keeps a whole number in front: 12.0 KiB, not
+  0.00 GiB."""
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= scale:
+      return f"{n / scale:.1f} {unit}"
+  return f"{n} B"
+
+
+_OS_ERROR = re.compile(r"\[os_error_code='?(\d+)'?\]")  # How tensorstore names errno.
+
+
+def _save_error(error: BaseException, where: str) -> str:
+  """What failed a save, as the system says it ("No space left on device") when an OSError or
+  tensorstore's status names its errno; else tensorstore's status line (`read_error`)."""
+  chain = []
+  while error is not None and len(chain) < 10:
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  for e in chain:
+    code = e.errno if isinstance(e, OSError) and e.errno else None
+    match = code is None and _OS_ERROR.search(str(e))
+    if code or match:
+      return f"{os.strerror(code or int(match.group(1)))}, in {where}"
+  return read_error(chain[0], where)
 
 
 def _what_changed(changes: list[str]) -> str:
