@@ -1,3 +1,6 @@
+# Tiers (pytest.ini): one test trains end to end twice, so it is integration; test-all only: a
+# full disk under the recency hook stops the run in one line and the rerun resumes
+# (test_a_full_disk_under_the_recency_hook_stops_the_run_and_the_rerun_resumes).
 import json
 import logging
 import math
@@ -243,3 +246,66 @@ def test_samples_reach_metrics_jsonl_and_tensorboard_text(tmp_path):
            for v in e.summary.value if v.metadata.plugin_data.plugin_name == "text"}
   assert texts == {f"samples/{i}/text_summary": f"```\n{s['prompt']}{s['text']}\n```"
                    for i, s in enumerate(samples)}
+
+
+def test_a_full_disk_under_the_records_is_one_line_and_close_does_not_repeat_it(tmp_path):
+  # Issue 38 case 5: an OSError traceback from the recency hook (exit 1), and another from
+  # TensorBoard's flush in close. /dev/full refuses every write with ENOSPC, as a full disk.
+  from hybrid_nope.train.metrics_writer import RecordsError
+  writer = MetricsWriter(str(tmp_path))
+  writer.write(1, {"loss": 1.0})
+  os.remove(tmp_path / "metrics.jsonl")
+  os.symlink("/dev/full", tmp_path / "metrics.jsonl")
+  with pytest.raises(RecordsError) as refused:
+    writer.write(2, {"loss": 0.5})
+  message = str(refused.value)
+  assert "\n" not in message and message.startswith(
+      f"cannot write {tmp_path / 'metrics.jsonl'} (No space left on device): the run stops. "
+      "Free space on that disk")
+  assert "rerun the same command: it resumes from the newest checkpoint" in message
+  assert isinstance(refused.value, UserError)  # cli.run: one line, exit code 2.
+  writer.close()  # The same disk's refusal again is not raised over the first.
+
+
+def test_a_side_file_the_disk_refuses_is_one_line_naming_it(tmp_path, monkeypatch):
+  import errno
+  from hybrid_nope.run_dir import RunDir
+  from hybrid_nope.train.metrics_writer import RecordsError
+
+  def full(path, data):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  writer = MetricsWriter(str(tmp_path))
+  monkeypatch.setattr(storage, "write_bytes", full)
+  path = RunDir(str(tmp_path)).recency_sums_file(3)
+  with pytest.raises(RecordsError, match=rf"^cannot write {path} \(No space left on device\)"):
+    writer.write_file(path, b"sums")  # What the recency hook writes its sums with.
+  monkeypatch.undo()
+  writer.write_file(path, b"sums")  # Room again: written.
+  assert open(path, "rb").read() == b"sums"
+  writer.close()
+
+
+@pytest.mark.integration
+def test_a_full_disk_under_the_recency_hook_stops_the_run_and_the_rerun_resumes(tmp_path,
+                                                                                monkeypatch):
+  import errno
+  from hybrid_nope.analysis.measure.hook import RecencyHook
+  from hybrid_nope.train import loop
+  from hybrid_nope.train.metrics_writer import RecordsError
+  from tests.helpers import tiny_config
+  config, real = tiny_config(metrics__every_steps=2), storage.write_bytes
+
+  def full_at_step_6(path, data):
+    if path.endswith("step_00000006.npz"):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    real(path, data)
+  monkeypatch.setattr(storage, "write_bytes", full_at_step_6)
+  with pytest.raises(RecordsError, match=r"step_00000006.npz \(No space left on device\): the "
+                     r"run stops.* rerun the same command: it resumes from the newest"):
+    loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
+  monkeypatch.undo()  # Space freed; the advice, followed.
+  summary = loop.train(config, str(tmp_path), hooks=[RecencyHook.for_run])
+  assert summary["step"] == 8
+  records = storage.read_jsonl(str(tmp_path / "recency.jsonl"))
+  keys = [(r["step"], r["layer"], r["module"]) for r in records]
+  assert sorted({k[0] for k in keys}) == [0, 2, 4, 6, 8] and len(keys) == len(set(keys))

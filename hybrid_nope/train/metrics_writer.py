@@ -9,7 +9,9 @@ written locally and uploaded under DIR/tensorboard/ at the same flushes. A memor
 lives in this process only: its records and events are gone when it exits.
 
 Records are JSON lines through `storage.to_json`: a non-finite float is written as null (JSON
-has no NaN), which `storage.read_jsonl` reads back as NaN.
+has no NaN), which `storage.read_jsonl` reads back as NaN. A write the disk refuses (full, or
+read-only) stops the run with RecordsError, one line; what was cut is past the checkpoint the
+rerun resumes from, and a resume drops it.
 """
 from __future__ import annotations
 
@@ -27,6 +29,17 @@ from hybrid_nope.errors import UserError
 from hybrid_nope.run_dir import METRICS, RunDir
 from hybrid_nope.train import config_summary
 from hybrid_nope.train.wandb_sink import rgb_array
+
+
+class RecordsError(UserError):
+  """A record, event file or side file the run could not write (a full disk, a permission)."""
+
+
+def _cannot_write(path: str, error: OSError) -> RecordsError:
+  return RecordsError(
+      f"cannot write {path} ({error.strerror or error}): the run stops. Free space on that disk "
+      "(or fix its permissions), then rerun the same command: it resumes from the newest "
+      "checkpoint (with none saved yet, add --config.train.overwrite=True to start afresh)")
 
 
 def _whole(method):
@@ -56,6 +69,7 @@ class MetricsWriter:
     self._dirty: set[str] = set()
     self._tb_uploaded: dict = {}  # Event files already on storage, by size and mtime.
     self._tb = self._tb_local = None
+    self._failed = False  # A write failed and was raised: close() does not raise it again.
     if self.active:
       storage.makedirs(workdir)
       from tensorboardX import SummaryWriter  # Imported lazily: only process 0 needs it.
@@ -89,11 +103,23 @@ class MetricsWriter:
                      f"({name} could not be written there): restore it and rerun to resume, or "
                      f"start over with a new --workdir")
 
+  @contextlib.contextmanager
+  def _writing(self, path: str):
+    """A write to `path`: the disk's refusal as RecordsError (a vanished workdir: `_gone`)."""
+    try:
+      yield
+    except FileNotFoundError:
+      raise
+    except OSError as e:
+      self._failed = True
+      raise _cannot_write(path, e) from None
+
   def _replace(self, name: str, lines: list[str]) -> None:
     """The whole file at once: a kill at any instant leaves the old or the new one."""
     if self._local is not None and not os.path.isdir(self._local):
       raise self._gone(name)  # Not recreated: the rest of the run's files went with it.
-    storage.write_text(self.run_dir.path(name), "".join(lines))
+    with self._writing(self.run_dir.path(name)):
+      storage.write_text(self.run_dir.path(name), "".join(lines))
 
   def _append(self, name: str, record: dict) -> None:
     line = storage.to_json(record) + "\n"
@@ -102,10 +128,21 @@ class MetricsWriter:
       self._dirty.add(name)
     else:
       try:
-        with open(storage.local_path(self.run_dir.path(name)), "a") as f:
-          f.write(line)
+        with self._writing(self.run_dir.path(name)):
+          with open(storage.local_path(self.run_dir.path(name)), "a") as f:
+            f.write(line)
       except FileNotFoundError:
         raise self._gone(name) from None
+
+  @_whole
+  def write_file(self, path: str, data: bytes | str) -> None:
+    """A side file of the run, whole (recency_probe.json, recency_sums/...; `run_dir.py`)."""
+    if self.active:
+      with self._writing(path):
+        if isinstance(data, str):
+          storage.write_text(path, data)
+        else:
+          storage.write_bytes(path, data)
 
   @_whole
   def drop_step(self, name: str, step: int) -> None:
@@ -194,15 +231,22 @@ class MetricsWriter:
     for name in sorted(self._dirty):
       self._replace(name, self._lines[name])
     self._dirty.clear()
-    self._tb.flush()
-    storage.copy_tree(self._tb_local, self.run_dir.tensorboard, self._tb_uploaded)
+    with self._writing(self.run_dir.tensorboard):
+      self._tb.flush()
+      storage.copy_tree(self._tb_local, self.run_dir.tensorboard, self._tb_uploaded)
 
   @_whole
   def close(self) -> None:
+    reported = self._failed  # The run stops on that error: the same disk's again is no news.
     if self._tb is not None:
-      self.flush()
-      self._tb.close()
-      if self._local is None:
-        storage.copy_tree(self._tb_local, self.run_dir.tensorboard, self._tb_uploaded)
+      try:
+        self.flush()
+        with self._writing(self.run_dir.tensorboard):
+          self._tb.close()
+          if self._local is None:
+            storage.copy_tree(self._tb_local, self.run_dir.tensorboard, self._tb_uploaded)
+      except RecordsError:
+        if not reported:
+          raise
     if self._wandb is not None:
       self._wandb.finish()

@@ -112,7 +112,7 @@ class RecencyHook:
     if run.writer is not None and run.writer.active:
       path = RunDir(run.writer.workdir).recency_probe
       if not storage.exists(path):
-        storage.write_text(path, json.dumps(hook.describe()) + "\n")
+        run.writer.write_file(path, json.dumps(hook.describe()) + "\n")
     return hook
 
   def _sums(self, batch, fn, x, *args, lags=None, **kwargs):
@@ -215,8 +215,8 @@ class RecencyHook:
     sums = self.sums(params)
     records = self.build_records(step, sums, data_control=step == 0)
     if self.writer.active:  # Per-cluster sums, for paired comparisons across steps and runs.
-      storage.write_bytes(RunDir(self.writer.workdir).recency_sums_file(step),
-                          records_lib.encode_sums(sums, self.lags, self.far))
+      self.writer.write_file(RunDir(self.writer.workdir).recency_sums_file(step),
+                             records_lib.encode_sums(sums, self.lags, self.far))
     scalars = {}
     for r in records:
       tag = (f"recency/data_{r['module']}" if r["layer"] == DATA_LAYER
