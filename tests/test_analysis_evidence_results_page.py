@@ -136,3 +136,12 @@ def test_two_corpora_with_causal_tests_and_where_they_agree(tmp_path):
   row = next(l for l in agree.splitlines() if l.startswith("| swa16: global NoPE layers"))
   assert row.endswith("| no |")
   assert "| swa16: recency strengthens with training |" in agree
+  # Every row of a table has its header's cells (a "|" inside a cell's text would split it).
+  lines = text.splitlines()
+  for i, line in enumerate(lines):
+    if line.startswith("|---"):
+      cells = lines[i - 1].replace("\\|", "").count("|")
+      for row in lines[i + 1:]:
+        if not row.startswith("|"):
+          break
+        assert row.replace("\\|", "").count("|") == cells, row

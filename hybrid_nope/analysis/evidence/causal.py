@@ -27,7 +27,7 @@ STATISTIC = ("ablated − control logit gap at the final checkpoint, each global
              "by its clean logit gap (negative: the read-out shrinks), mean over layers and heads")
 NULL = ("removing position from the local branches changes the read-out no more than an "
         "equal-norm rotated perturbation")
-MARGIN_RULE = "a tenth of the clean |logit gap| (the read-out the ablation should remove)"
+MARGIN_RULE = "a tenth of the clean logit gap's size (the read-out the ablation should remove)"
 
 
 def _layer_replicates(result: dict, condition: str, layer: int) -> np.ndarray:
