@@ -35,6 +35,13 @@ def load(name):
 def with_data_paths(config, tmp_path):
   config.data.path = str(tmp_path)
   config.eval.path = str(tmp_path)
+  if config.data.source == "documents":  # A prepared corpus, as `make prose` writes one.
+    from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+    config.data.path = str(tmp_path / "documents")
+    if not os.path.exists(config.data.path):
+      docs = [(f"chapter {i}", b"In the beginning. " * (i + 1)) for i in range(40)]
+      documents.write(config.data.path, docs, eval_fraction=0.3, corpus={
+          "name": "fake", "title": "fake", "licence": "made here", "source": "here"})
   return config
 
 

@@ -51,7 +51,6 @@ from hybrid_nope.model import decode
 from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train import evaluation, loop
 from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
-from hybrid_nope.train.resume import WorkdirInUseError
 from hybrid_nope.train.step import train_step_for
 from hybrid_nope.errors import ConfigError
 from tests.helpers import tiny_config, tiny_flags
@@ -250,19 +249,14 @@ def saved_params_finite(workdir, config):
 
 # End to end for lr=1e6 by default; the NaN hyperparameters take the same refusal path, which
 # test_train_step checks per step, so their end-to-end runs are `make test-all` only. There the
-# first update is refused before any save, and the rerun the refusal advises is refused in turn
-# ("holds records but no checkpoint"): issue 38's bug 5, kept visible as a strict xfail until
-# a requeue without a checkpoint resumes.
-_NO_CHECKPOINT_RERUN = pytest.mark.xfail(
-    strict=True, raises=WorkdirInUseError,
-    reason="issue 38: a run stopped before its first checkpoint cannot be rerun as advised")
+# first update is refused before any save, and the rerun the refusal advises starts afresh
+# (issue 38: records of this run with no checkpoint are moved aside; they had been refused).
 
 
 @pytest.mark.parametrize("bad", [
     dict(train__learning_rate=1e6),
-    pytest.param(dict(train__b2=float("nan")), marks=[pytest.mark.slow, _NO_CHECKPOINT_RERUN]),
-    pytest.param(dict(train__weight_decay=float("nan")),
-                 marks=[pytest.mark.slow, _NO_CHECKPOINT_RERUN])])
+    pytest.param(dict(train__b2=float("nan")), marks=pytest.mark.slow),
+    pytest.param(dict(train__weight_decay=float("nan")), marks=pytest.mark.slow)])
 @pytest.mark.integration
 def test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite(tmp_path, monkeypatch, bad):
   # The guard must hold whatever validation lets through, so validation is bypassed here.
