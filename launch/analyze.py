@@ -19,7 +19,6 @@ from ml_collections import config_flags  # noqa: E402
 from configs import base  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.analysis.checkpoint import ablation, report  # noqa: E402
-from hybrid_nope.logs import quiet_library_logs  # noqa: E402  (orbax logs every file)
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to analyse; default the latest.")
@@ -45,7 +44,6 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
   del argv
-  quiet_library_logs()
   result = report.analyze(
       flags.FLAGS.workdir, step=flags.FLAGS.step, seq_len=flags.FLAGS.seq_len,
       lengths=[int(k) for k in flags.FLAGS.lengths],

@@ -16,7 +16,6 @@ from ml_collections import config_flags  # noqa: E402
 
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.data import check  # noqa: E402
-from hybrid_nope.logs import quiet_library_logs  # noqa: E402
 from hybrid_nope.validate import validate  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
@@ -26,7 +25,6 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   del argv
-  quiet_library_logs()
   validate(flags.FLAGS.config)  # The trainer's first check, before the data is read.
   print(check.check(flags.FLAGS.config).text())
 

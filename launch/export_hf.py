@@ -17,7 +17,6 @@ from absl import flags  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.errors import UserError  # noqa: E402
 from hybrid_nope.export import hf  # noqa: E402
-from hybrid_nope.logs import quiet_library_logs  # noqa: E402  (orbax logs every file)
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to export; default the latest.")
@@ -33,7 +32,6 @@ flags.mark_flags_as_required(["workdir", "out"])
 
 def main(argv):
   del argv
-  quiet_library_logs()
   if flags.FLAGS.max_position_embeddings < 1:
     raise UserError(f"--max_position_embeddings={flags.FLAGS.max_position_embeddings} is "
                     "invalid: expected a positive number of positions")

@@ -15,7 +15,6 @@ from absl import flags  # noqa: E402
 
 from hybrid_nope import cli, storage  # noqa: E402
 from hybrid_nope.analysis.checkpoint import generate  # noqa: E402
-from hybrid_nope.logs import quiet_library_logs  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_multi_string("prompt", None, "Text to continue; repeat for a batch.")
@@ -34,7 +33,6 @@ flags.mark_flags_as_required(["workdir", "prompt"])
 
 def main(argv):
   del argv
-  quiet_library_logs()
   f = flags.FLAGS
   result = generate.generate_text(f.workdir, f.prompt, step=f.step,
                                   max_new_tokens=f.max_new_tokens, temperature=f.temperature,

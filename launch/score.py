@@ -13,7 +13,6 @@ from absl import flags  # noqa: E402
 
 from hybrid_nope import cli, storage  # noqa: E402
 from hybrid_nope.analysis.checkpoint import score  # noqa: E402
-from hybrid_nope.logs import quiet_library_logs  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
@@ -25,7 +24,6 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
-  quiet_library_logs()
   if len(argv) < 2:
     raise score.AnalysisError("name at least one FILE to score")
   result = score.score_files(flags.FLAGS.workdir, argv[1:], step=flags.FLAGS.step,
