@@ -104,7 +104,7 @@ def unreadable_message(step: int, error: BaseException, where: str) -> str:
 # and reads only those that hold the commit marker.
 COMMIT_MARKER = ocp.path.atomicity_types.COMMIT_SUCCESS_FILE
 _STEP_NAME = re.compile(r"^(\d+)(" + re.escape(ocp.path.atomicity_types.TMP_DIR_SUFFIX) + r".*)?$")
-_SETTLE_SECONDS = 1.0  # After a failed read, how long tensorstore's threads take to stop.
+SETTLE_SECONDS = 1.0  # After a failed read, how long tensorstore's threads take to stop.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +178,7 @@ def read_quietly(read: Callable[[], T], describe: Callable[[BaseException], User
       try:
         result = read()
       except Exception:
-        time.sleep(_SETTLE_SECONDS)  # Reads still in flight finish (and print) here,
+        time.sleep(SETTLE_SECONDS)  # Reads still in flight finish (and print) here,
         gc.collect()  # and the failed ones' coroutines report now, not at a later collection.
         raise
   except Exception as e:  # orbax and tensorstore raise many kinds; the cause is in the text.

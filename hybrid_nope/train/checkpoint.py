@@ -30,15 +30,15 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from hybrid_nope import storage
-from hybrid_nope.checkpoint_integrity import (corrupt_message, differing_leaves, read_error,
-                                              state_checksums, unreadable_message)
+from hybrid_nope.checkpoint_integrity import (SETTLE_SECONDS, corrupt_message,
+                                              differing_leaves, read_error, state_checksums,
+                                              unreadable_message)
 from hybrid_nope.errors import UserError
 from hybrid_nope.logs import LibraryErrors
 from hybrid_nope.run_dir import CHECKPOINT_DATA, CHECKPOINT_META, CHECKPOINT_STATE, RunDir
 from hybrid_nope.train import run_identity
 
 ITEMS = (CHECKPOINT_STATE, CHECKPOINT_DATA, CHECKPOINT_META)  # DATA: only in pre-meta ones.
-_SETTLE_SECONDS = 1.0  # After a failed read, how long tensorstore's threads take to stop.
 
 
 class CheckpointError(UserError):
@@ -153,7 +153,7 @@ class Checkpointer:
         try:
           restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception:
-          time.sleep(_SETTLE_SECONDS)  # Reads still in flight finish (and print) here.
+          time.sleep(SETTLE_SECONDS)  # Reads still in flight finish (and print) here.
           raise
     except Exception as e:  # orbax and tensorstore raise many kinds; the cause is in the text.
       with tempfile.NamedTemporaryFile("w", prefix=f"restore_step_{step}_", suffix=".txt",
