@@ -106,5 +106,13 @@ def kill_before_first_save(command: list[str], workdir: str, *, env=None, timeou
       break
     time.sleep(0.02)
   assert proc.wait() == -signal.SIGKILL, f"{command} exited {proc.returncode} before step 0"
+  # The leader is reaped; its group's other members (the trainer under a wrapper script) may
+  # still be exiting. A requeue comes after the whole job is gone, so wait for that too.
+  while time.time() < deadline:
+    try:
+      os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+      break
+    time.sleep(0.05)
   steps = [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
   assert not steps, f"killed too late: checkpoints {steps} exist"
