@@ -45,8 +45,18 @@ def get_config() -> ml_collections.ConfigDict:
       attention_impl="auto",
       linear_impl="auto",      # Kernel of the gated linear attention (L) layers.
       delta_impl="auto",       # Kernel of the gated delta rule (D) layers.
-      delta_gate="head",       # D layers' decay: "head" (one α per kv head, Gated DeltaNet) or
-                               # "channel" (one per key channel, Kimi Delta Attention).
+      delta_gate="head",       # D layers' decay: "head" (one α per value head, Gated DeltaNet)
+                               # or "channel" (one per key channel, Kimi Delta Attention).
+      delta_gate_form="gla",   # D layers' gates (model/delta_gates.py): gla (GLA's low-rank
+                               # logsigmoid; D's first form), mamba2 (Gated DeltaNet, Qwen3-Next:
+                               # −exp(A_log)·softplus(x W_a + dt_bias); gate head) or kda (Kimi
+                               # Linear: per channel, low rank, and its sigmoid output gate).
+      delta_expand_v=1,        # D layers' value head dim = expand_v x head_dim (fla's GDN: 2).
+      delta_v_heads=0,         # D layers' value heads: 0 = num_kv_heads; a multiple of it shares
+                               # each q/k head among value heads (GVA, Qwen3-Next; needs
+                               # num_heads == num_kv_heads).
+      delta_qk_scale="1",      # D layers' query scale: "1" or "1/sqrt(d_k)" (the published one).
+      delta_allow_neg_eigval=False,  # D layers' β = 2·sigmoid (in (0, 2)) instead of sigmoid.
   ))
 
   c.data = ml_collections.ConfigDict(dict(
@@ -142,6 +152,16 @@ def get_config() -> ml_collections.ConfigDict:
       wandb_entity="",         # W&B team or user; "" = the logged-in user's default.
   ))
   return c
+
+
+# The D layer as published (model/delta.py and delta_gates.py cite each form's source):
+# Gated DeltaNet as fla's GatedDeltaNet defaults (Mamba2's gate, expand_v 2, q scaled by
+# 1/sqrt(d_k)); KDA as Kimi Linear (transformers' KimiLinearDeltaAttention).
+DELTA_PUBLISHED = {
+    "gdn": dict(delta_gate_form="mamba2", delta_gate="head", delta_expand_v=2,
+                delta_qk_scale="1/sqrt(d_k)"),
+    "kda": dict(delta_gate_form="kda", delta_gate="channel", delta_qk_scale="1/sqrt(d_k)"),
+}
 
 
 def experiment(size: str, window: int | None, swa_pos: str = "rope", local: str = "S",

@@ -19,6 +19,8 @@ from hybrid_nope.run_dir import RunDir
 # is read as holding that value: a resume (train/run_identity.py) and the seed grouping of
 # compare alike; any other value is a change.
 ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
+              "model.delta_gate_form": "gla", "model.delta_expand_v": 1, "model.delta_v_heads": 0,
+              "model.delta_qk_scale": "1", "model.delta_allow_neg_eigval": False,
               "eval.sample_every_steps": 0, "eval.sample_prompts": [],
               "eval.sample_max_new_tokens": 64, "data.skip_batches": 0,
               "data.exclude_samples": [], "train.grad_accum_steps": 1,

@@ -41,9 +41,16 @@ Conventions, each checked against transformers 5.23 by tests/hf/check_hf.py (`ma
   (and D's convolution windows) start empty there in modeling_hybrid_nope.py.
 Anything the export cannot express (an unknown layer kind, a model key this file does not know)
 fails with an ExportError naming the config key.
+
+model.safetensors' metadata also holds what an import (hf_import.py) needs to read the export
+back bit for bit (`round_trip_metadata`): our model config (config.json cannot say, e.g., the
+window of a pattern without S) and, with a tied head, the final norm's gains before the fold
+(float32 g·D^(−1/2) is not invertible: D^(−1/2) is no power of two, so two gains can round to
+one). transformers ignores both.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -76,6 +83,13 @@ MAPPED_KEYS = {"pattern", "num_layers", "d_model", "num_heads", "num_kv_heads", 
                "mlp_dim", "window", "swa_pos", "global_pos", "rope_theta", "vocab_size",
                "tie_embeddings", "norm_eps", "delta_gate"}
 COMPUTE_KEYS = {"dtype", "remat", "attention_impl", "linear_impl", "delta_impl"}
+# The D layer's options at the values of its first form, the only one modeling_hybrid_nope.py
+# writes (the published forms are tests/hf/check_delta_hf.py's parity, not an export yet).
+DELTA_FIRST_FORM = {"delta_gate_form": "gla", "delta_expand_v": 1, "delta_v_heads": 0,
+                    "delta_qk_scale": "1", "delta_allow_neg_eigval": False}
+# model.safetensors' metadata keys of `round_trip_metadata`.
+META_MODEL = "hybrid_nope.model"
+META_FINAL_NORM = "hybrid_nope.final_norm.scale_D"
 SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
                       np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int32): "I32",
                       np.dtype(np.int64): "I64"}
@@ -88,7 +102,7 @@ class ExportError(UserError):
 def check_exportable(model_cfg) -> str:
   """The layer kinds (pattern repeated to num_layers), or an ExportError naming the model.* key
   the export cannot represent."""
-  unknown = sorted(set(model_cfg.keys()) - MAPPED_KEYS - COMPUTE_KEYS)
+  unknown = sorted(set(model_cfg.keys()) - MAPPED_KEYS - COMPUTE_KEYS - set(DELTA_FIRST_FORM))
   if unknown:
     raise ExportError(
         f"config.model.{unknown[0]} is not known to the Hugging Face exporter (hybrid_nope/"
@@ -105,6 +119,12 @@ def check_exportable(model_cfg) -> str:
     kinds = layer_kinds(pattern, model_cfg.num_layers)
   except ValueError as e:
     raise ExportError(str(e)) from None
+  for key, first in DELTA_FIRST_FORM.items():
+    if "D" in kinds and model_cfg.get(key, first) != first:
+      raise ExportError(
+          f"config.model.{key}={model_cfg[key]!r}: the exporter writes the D layer's first form "
+          f"only ({', '.join(f'{k}={v!r}' for k, v in DELTA_FIRST_FORM.items())}); the "
+          f"published forms have no remote-code counterpart in modeling_hybrid_nope.py yet")
   if all(k in RECURRENT_KINDS for k in kinds):
     raise ExportError(
         f"config.model.pattern={pattern!r} has no attention layer (S or G): transformers counts "
@@ -251,6 +271,17 @@ def hf_state_dict(params: dict, model_cfg) -> dict[str, np.ndarray]:
   return {name: np.ascontiguousarray(x) for name, x in out.items()}
 
 
+def round_trip_metadata(params: dict, model_cfg) -> dict[str, str]:
+  """What an import needs beyond the weights to give back `params` and `model_cfg` exactly:
+  model.* as JSON and, with a tied head, the final norm's float32 gains (little-endian bytes,
+  base64) before hf_state_dict folds 1/sqrt(D) into them."""
+  out = {META_MODEL: json.dumps(model_cfg.to_dict(), sort_keys=True)}
+  if model_cfg.tie_embeddings:
+    gains_D = np.asarray(params["final_norm"]["scale_D"], np.float32).astype("<f4")
+    out[META_FINAL_NORM] = base64.b64encode(gains_D.tobytes()).decode("ascii")
+  return out
+
+
 def write_safetensors(path: str, tensors: dict[str, np.ndarray],
                       metadata: dict[str, str] | None = None) -> None:
   """The safetensors format: u64 little-endian header length, the JSON header (name → dtype,
@@ -329,7 +360,8 @@ def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | 
   os.makedirs(out, exist_ok=True)  # Only once the checkpoint is read: no empty OUT on failure.
   tensors = hf_state_dict(params, config.model)
   config_path, weights_path = os.path.join(out, CONFIG_FILE), os.path.join(out, WEIGHTS_FILE)
-  write_safetensors(weights_path, tensors, metadata={"format": "pt"})
+  write_safetensors(weights_path, tensors,
+                    metadata={"format": "pt", **round_trip_metadata(params, config.model)})
   with open(config_path, "w") as f:
     json.dump(hf_config(config, bos_token_id=plan.bos_id, eos_token_id=plan.eos_id,
                         max_position_embeddings=max_position_embeddings), f, indent=2)

@@ -34,10 +34,12 @@ def gate_log_decay(x_BTD: jax.Array, w_down_DR: jax.Array, w_up_RG: jax.Array,
   return jax.nn.log_sigmoid(logits) / GATE_TEMPERATURE
 
 
-def init_output(layer: nnx.Module, rngs: nnx.Rngs, D: int, N: int, H: int) -> None:
-  """The parameters of GatedLinearAttention.output (per-head norm, swish gate, W_O), on `layer`:
-  the D layer shares that output by its parameter names."""
-  layer.w_out_gate_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
+def init_output(layer: nnx.Module, rngs: nnx.Rngs, D: int, N: int, H: int,
+                gate: bool = True) -> None:
+  """The parameters of gated_norm_output (per-head norm, W_O) and, with `gate`, GLA's swish
+  gate's W_G, on `layer`: the D layer shares that output by its parameter names."""
+  if gate:
+    layer.w_out_gate_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
   layer.out_norm_scale_H = nnx.Param(jnp.ones((H,), jnp.float32), out_sharding=("kv",),
                                      eager_sharding=False)
   layer.wo_NHD = param(rngs, default_init, (N, H, D), ("heads", "kv", "embed"), in_axes=(0, 1))
@@ -84,9 +86,15 @@ class GatedLinearAttention(nnx.Module):
 
   def output(self, out_BTNH: jax.Array, x_BTD: jax.Array) -> jax.Array:
     """W_O (RMSNorm_head(o) ⊙ swish(x W_G)) of the recurrence's output o and the layer input x."""
-    x_BTD = x_BTD.astype(self.dtype)
-    o32 = out_BTNH.astype(jnp.float32)
-    normed = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, -1, keepdims=True) + self.norm_eps)
-    gate_BTNH = jax.nn.silu(project(x_BTD, self.w_out_gate_DNH[...].astype(self.dtype)))
-    y_BTNH = (normed * self.out_norm_scale_H[...]).astype(self.dtype) * gate_BTNH
-    return project(constrain(y_BTNH, BTNH), self.wo_NHD[...].astype(self.dtype), contract=2)
+    gate_BTNH = jax.nn.silu(project(x_BTD.astype(self.dtype),
+                                    self.w_out_gate_DNH[...].astype(self.dtype)))
+    return gated_norm_output(self, out_BTNH, gate_BTNH)
+
+
+def gated_norm_output(layer: nnx.Module, out_BTNH: jax.Array, gate_BTNH: jax.Array) -> jax.Array:
+  """W_O (RMSNorm_head(o) ⊙ gate), the norm in float32, on `layer`'s out_norm_scale_H and wo_NHD:
+  the output of the L and D layers, whatever their gate."""
+  o32 = out_BTNH.astype(jnp.float32)
+  normed = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, -1, keepdims=True) + layer.norm_eps)
+  y_BTNH = (normed * layer.out_norm_scale_H[...]).astype(layer.dtype) * gate_BTNH
+  return project(constrain(y_BTNH, BTNH), layer.wo_NHD[...].astype(layer.dtype), contract=2)

@@ -51,7 +51,9 @@ class Block(nnx.Module):
       self.attn = GatedLinearAttention(norm_eps=cfg.norm_eps, impl=cfg.linear_impl, **shape)
     elif kind == "D":
       self.attn = DeltaAttention(norm_eps=cfg.norm_eps, gate=cfg.delta_gate, impl=cfg.delta_impl,
-                                 **shape)
+                                 gate_form=cfg.delta_gate_form, expand_v=cfg.delta_expand_v,
+                                 v_heads=cfg.delta_v_heads, qk_scale=cfg.delta_qk_scale,
+                                 allow_neg_eigval=cfg.delta_allow_neg_eigval, **shape)
     else:
       self.attn = Attention(window=cfg.window if sliding else None,
                             position=cfg.swa_pos if sliding else cfg.global_pos,

@@ -28,12 +28,29 @@ def mixer_params(kind: str, model_cfg) -> int:
   multiply-add per token, as a matmul weight is)."""
   m = model_cfg
   D, N, K, H = m.d_model, m.num_heads, m.num_kv_heads, m.head_dim
-  params = D * H * (2 * N + 2 * K)
-  if kind in ("L", "D"):
-    gate_channels = K * H if kind == "L" or m.delta_gate == "channel" else K
-    params += D * N * H + GATE_RANK * (D + gate_channels)
   if kind == "D":
-    params += D * K + CONV_WIDTH * (N + 2 * K) * H
+    return _delta_mixer_params(m)
+  params = D * H * (2 * N + 2 * K)
+  if kind == "L":
+    params += D * N * H + GATE_RANK * (D + K * H)
+  return params
+
+
+def _delta_heads(m) -> tuple[int, int, int]:
+  """(V value heads, J = d_v, O output heads) of a D layer (model/delta.py's head layout)."""
+  V = m.delta_v_heads or m.num_kv_heads
+  return V, m.delta_expand_v * m.head_dim, (V if V != m.num_kv_heads else m.num_heads)
+
+
+def _delta_mixer_params(m) -> int:
+  """A D layer's: q, k, v, o, the output gate, the forget gate of its form, β and the taps."""
+  D, N, K, H = m.d_model, m.num_heads, m.num_kv_heads, m.head_dim
+  V, J, O = _delta_heads(m)
+  params = D * H * (N + K) + D * V * J + O * J * D + D * V + CONV_WIDTH * (N * H + K * H + V * J)
+  params += D * J + J * O * J if m.delta_gate_form == "kda" else D * O * J  # output gate
+  gate_channels = V * H if m.delta_gate == "channel" else V
+  params += {"gla": GATE_RANK * (D + gate_channels), "mamba2": D * V,
+             "kda": H * (D + V * H)}[m.delta_gate_form]
   return params
 
 
@@ -62,15 +79,20 @@ def linear_attention_flops_per_token(num_heads: int, num_kv_heads: int, head_dim
 
 
 def delta_attention_flops_per_token(num_heads: int, num_kv_heads: int, head_dim: int,
-                                    chunk: int = DELTA_CHUNK) -> float:
+                                    chunk: int = DELTA_CHUNK, *, v_heads: int = 0,
+                                    v_dim: int = 0) -> float:
   """Forward FLOPs per token of the chunked gated delta rule, counted as useful work: linear
-  attention's (above), and per kv head the delta rule's own: the strictly lower half of k·kᵀ,
-  the unit-lower-triangular inverse (C³/3 per chunk of C), the transformed keys and values
-  (causal halves) and the state's prediction of each value, S k."""
+  attention's (above: per read-out head the causal halves of q·k and of the weighted values and
+  q·S, per state k vᵀ), and per state (value head) the delta rule's own: the strictly lower half
+  of k·kᵀ, the unit-lower-triangular inverse (C³/3 per chunk of C), the transformed keys and
+  values (causal halves) and the state's prediction of each value, S k. v_heads / v_dim: value
+  heads and their dim when they differ from the kv heads and head_dim (GVA, expand_v)."""
   H, C = head_dim, chunk
-  delta_rule = 2 * H * (C - 1) / 2 + C * C / 3 + 2 * 2 * H * (C + 1) / 2 + 2 * H * H
-  return (linear_attention_flops_per_token(num_heads, num_kv_heads, head_dim, chunk)
-          + num_kv_heads * delta_rule)
+  V, J = v_heads or num_kv_heads, v_dim or head_dim
+  O = V if V != num_kv_heads else num_heads  # read-out heads
+  linear = O * ((2 * H + 2 * J) * (C + 1) / 2 + 2 * H * J) + V * 2 * H * J
+  delta_rule = 2 * H * (C - 1) / 2 + C * C / 3 + (2 * H + 2 * J) * (C + 1) / 2 + 2 * H * J
+  return linear + V * delta_rule
 
 
 def mixer_flops_per_token(kind: str, model_cfg, seq_len: int) -> float:
@@ -79,7 +101,9 @@ def mixer_flops_per_token(kind: str, model_cfg, seq_len: int) -> float:
   if kind == "L":
     return linear_attention_flops_per_token(m.num_heads, m.num_kv_heads, m.head_dim)
   if kind == "D":
-    return delta_attention_flops_per_token(m.num_heads, m.num_kv_heads, m.head_dim)
+    V, J, _ = _delta_heads(m)
+    return delta_attention_flops_per_token(m.num_heads, m.num_kv_heads, m.head_dim, v_heads=V,
+                                           v_dim=J)
   return 4 * m.num_heads * m.head_dim * attended_pairs_per_query(kind, m.window, seq_len)
 
 
