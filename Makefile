@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
-.PHONY: demo prose test test-all analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval
+.PHONY: demo prose test test-all analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval \
+	check-delta-hf
 
 CUDA ?= 13  # CUDA major version of the GPU jax build; current H100/H200 drivers run CUDA 13.
 
@@ -56,6 +57,11 @@ install-hf:
 
 check-hf: install-hf
 	.venv-hf/bin/python tests/hf/check_hf.py
+
+# Layer D's published forms against transformers' Qwen3-Next and Kimi Linear delta layers
+# (tests/hf/check_delta_hf.py): tiny random models, their weights mapped into D, outputs compared.
+check-delta-hf: install-hf
+	.venv-hf/bin/python tests/hf/check_delta_hf.py
 
 # lm-evaluation-harness's rolling loglikelihood on an export against launch/score.py
 # (tests/hf/check_lm_eval.py, docs/evaluation.md). lm_eval goes into .venv-hf constrained to
