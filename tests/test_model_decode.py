@@ -29,13 +29,20 @@ PATTERNS = {
     "G": dict(model__pattern="G"),
     "LG": dict(model__pattern="LG"),
     "DG": dict(model__pattern="DG"),
+    # The published forms: Gated DeltaNet with wide values, and KDA with GVA (value heads
+    # sharing q/k heads: 2 query = 2 key heads, 4 value heads), and β in (0, 2).
+    "DG_gdn": dict(model__pattern="DG", model__delta_gate_form="mamba2",
+                   model__delta_expand_v=2, model__delta_qk_scale="1/sqrt(d_k)"),
+    "DG_kda_gva": dict(model__pattern="DG", model__delta_gate_form="kda",
+                       model__delta_gate="channel", model__num_heads=2, model__delta_v_heads=4,
+                       model__delta_allow_neg_eigval=True),
 }
 
 
 @functools.lru_cache(maxsize=None)
 def tiny_model(name: str) -> LanguageModel:
-  config = tiny_config(model__window=3, model__num_heads=4, model__num_kv_heads=2,
-                       model__tie_embeddings=False, **PATTERNS[name])
+  config = tiny_config(**{**dict(model__window=3, model__num_heads=4, model__num_kv_heads=2,
+                                 model__tie_embeddings=False), **PATTERNS[name]})
   return LanguageModel(config.model, rngs=nnx.Rngs(params=0))
 
 
