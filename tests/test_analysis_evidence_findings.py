@@ -101,3 +101,10 @@ def test_seeds_to_decide_is_the_first_n_at_which_the_t_test_would_pass():
   passes = lambda k: 0.2 / (sd / np.sqrt(k)) > scipy.stats.t.ppf(0.975, k - 1)
   assert v.verdict == "inconclusive" and passes(n) and not passes(n - 1)
   assert f"about {n} seeds" in v.note
+  # On a page Holm multiplied this p (0.22) by 4: the seeds needed are those at α / 4.
+  assert 4 * v.p < 1
+  v.p_adjusted = 4 * v.p
+  n_holm = v.seeds_to_decide()
+  passes_holm = lambda k: 0.2 / (sd / np.sqrt(k)) > scipy.stats.t.ppf(1 - 0.05 / 8, k - 1)
+  assert n_holm > n and passes_holm(n_holm) and not passes_holm(n_holm - 1)
+  assert f"about {n_holm} seeds" in v.note

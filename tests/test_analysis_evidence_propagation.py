@@ -48,3 +48,13 @@ def test_an_unseen_kind_is_not_guessed():
   runs = {"a": [_stack("SG")], "g": [_stack("GG")]}
   rows = {r["config"]: r for r in propagation.account(runs)}
   assert rows["a"]["error_across"] is None and rows["a"]["holds_across"] is False
+
+
+def test_the_error_stays_finite_where_one_layers_gap_is_near_zero():
+  """A layer whose measured gap is ~0 (prose) weighs by its size, not by 1/gap: the error is
+  Σ|pred − meas| / Σ|meas|, checked by hand, where the per-layer ratio read millions of percent."""
+  import numpy as np
+  measured, predicted = np.array([0.2, 1e-7, 0.1]), np.array([0.22, 0.01, 0.1])
+  err = propagation.relative_error(predicted, measured)
+  assert err == pytest.approx((0.02 + 0.01 - 1e-7) / (0.3 + 1e-7))
+  assert np.mean(np.abs(predicted - measured) / measured) > 1e4  # the old form

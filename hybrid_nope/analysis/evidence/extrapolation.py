@@ -65,8 +65,9 @@ def regression(points: Sequence[dict], resamples: int = 4000, seed: int = 0) -> 
 def decided(result: dict) -> str:
   """The reading: the slope's interval excludes 0 or not, and whether any config fails."""
   if result["slope"] is None:
-    return (f"undecided: {result['n']} configs with every number; the regression needs "
-            f"{MIN_CONFIGS}")
+    n = result["n"]
+    return (f"undecided: {n} config{'' if n == 1 else 's'} with every number; the regression "
+            f"needs {MIN_CONFIGS}")
   lo, hi = result["ratio_range"]
   fails = "" if hi > 1 else (" Every ratio is below 1: at this length no config fails to "
                              "extrapolate, so there is no failure to explain yet.")

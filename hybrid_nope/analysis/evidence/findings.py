@@ -142,15 +142,21 @@ class Verdict:
     if self.sign * self.mean > 0:
       needed = self.seeds_to_decide()
       return (f"{where}; at this mean and spread about "
-              f"{needed if needed else 'more than 1000'} seeds would decide it")
+              f"{needed if needed else 'more than 1000'} seeds would decide it (at its Holm "
+              "level on this page)")
     return f"{where}, against the claim's direction but not significant"
 
   def seeds_to_decide(self, most: int = 1000) -> int | None:
-    """The fewest seeds at which the observed mean and per-seed spread would pass the t test
-    (unadjusted; the spread is the error's, scaled as if it were all at the seed level)."""
+    """The fewest seeds at which the observed mean and per-seed spread would pass the t test at
+    this finding's Holm level: α times p / p_holm, the factor Holm's step-down applied to it on
+    this page (α itself before `adjust`). The spread is the error's, scaled as if it were all
+    at the seed level."""
+    level = ALPHA
+    if self.p_adjusted and self.p and self.p_adjusted > self.p:
+      level = ALPHA * self.p / self.p_adjusted
     sd = self.se * math.sqrt(max(self.n, 2))
     for n in range(max(self.n, 2), most + 1):
-      if abs(self.mean) / (sd / math.sqrt(n)) > scipy.stats.t.ppf(1 - ALPHA / 2, n - 1):
+      if abs(self.mean) / (sd / math.sqrt(n)) > scipy.stats.t.ppf(1 - level / 2, n - 1):
         return n
     return None
 
