@@ -41,9 +41,12 @@ class _LibraryInfoFilter(std_logging.Filter):
 
 
 def quiet_library_logs():
-  handler = logging.get_absl_handler()
-  if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
-    handler.addFilter(_LibraryInfoFilter())
+  """On absl's handler (what launch scripts print through, records of every logger) and on the
+  "absl" logger itself, which orbax logs to: where no absl app runs (a notebook or script
+  calling loop.train), its records reach Python's own handlers without absl's."""
+  for where in (logging.get_absl_handler(), std_logging.getLogger("absl")):
+    if not any(isinstance(f, _LibraryInfoFilter) for f in where.filters):
+      where.addFilter(_LibraryInfoFilter())
 
 
 def _closed_loop(exc_value) -> bool:

@@ -83,3 +83,25 @@ def test_orbax_errors_and_closed_loop_tracebacks_go_to_the_file_and_writes_that_
   lost.close()
   assert lost.where().startswith("orbax's tracebacks could not be written to ") \
       and "(No such file or directory); 0 of 1 were" in lost.where()
+
+
+def test_the_noise_is_quiet_where_no_absl_app_runs(tmp_path):
+  """A script or notebook that calls loop.train (which quiets the libraries) without absl's app:
+  orbax's records go from the "absl" logger to Python's own handlers, not absl's."""
+  import subprocess
+  import sys
+  from tests.helpers import REPO
+  script = f"""
+import logging
+logging.basicConfig()  # A notebook's or script's own logging set-up.
+from hybrid_nope.logs import quiet_library_logs
+quiet_library_logs()
+absl = logging.getLogger("absl")
+for pathname, level, msg in {NOISE[1:]!r} + [("/x/orbax/checkpoint/y.py", logging.WARNING,
+                                               "orbax's other warning")]:
+  absl.handle(logging.LogRecord("absl", level, pathname, 1, msg, None, None))
+"""
+  proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stderr.splitlines() == ["WARNING:absl:orbax's other warning"]

@@ -140,6 +140,9 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   with caplog.at_level(logging.WARNING, logger="absl"):
     again = loop.train(tiny_config(**SAMPLED), str(tmp_path), hooks=[RecencyHook.for_run])
   assert again["step"] == 8
+  # Its summary (launch/train.py's `done:` line) is the run's last recorded losses.
+  assert again["loss"] == losses_by_step(tmp_path)[8]
+  assert again["eval_loss"] == evals[-1]["eval_loss"]
   assert [r for r in read_metrics(tmp_path) if "recency_seconds" not in r] == [
       r for r in records if "recency_seconds" not in r]
   assert sum("recency_seconds" in r and r["step"] == 8 for r in read_metrics(tmp_path)) == 1

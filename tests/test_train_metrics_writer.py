@@ -27,6 +27,19 @@ def test_records_and_truncation_on_resume(tmp_path):
   assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.5)]
 
 
+def test_latest_is_the_newest_value_up_to_the_resume_step(tmp_path):
+  writer = MetricsWriter(str(tmp_path))
+  assert math.isnan(writer.latest("loss"))
+  for step in range(1, 6):
+    writer.write(step, {"loss": 1.0 / step, **({"eval_loss": 9.0 + step} if step < 4 else {})})
+  writer.write(5, {"tokens_per_second": 7.0})  # A later record of the step without the key.
+  writer.close()
+  assert MetricsWriter(str(tmp_path), resume_step=5).latest("loss") == 1 / 5
+  assert MetricsWriter(str(tmp_path), resume_step=5).latest("eval_loss") == 12.0
+  assert MetricsWriter(str(tmp_path), resume_step=2).latest("loss") == 1 / 2
+  assert math.isnan(MetricsWriter(str(tmp_path), resume_step=5).latest("missing"))
+
+
 def write_steps(workdir, steps):
   writer = MetricsWriter(str(workdir))
   for step in steps:

@@ -7,6 +7,7 @@
 """The loop's side work as one schedule (train/schedule.py): when each entry is due, what a
 preempted step and a resumed step do with it, and a user's hook with its own period."""
 import json
+import logging
 
 import pytest
 
@@ -87,6 +88,16 @@ def test_the_schedule_redoes_what_is_not_on_record_and_drops_its_partial_records
   assert ran == [6] and progress.noted == ["<lambda>"]
   assert [r for _, r in writer.written][0].keys() == {"<lambda>_seconds"}
   assert progress.tracked == {"eval": 3, "<lambda>": 3}
+
+
+def test_the_init_measurement_of_a_fresh_run_is_not_called_a_redo(caplog):
+  entries = [_entry(name="init", at_start=True, done_key="init_seconds")]
+  side = schedule.Schedule(entries, _Writer(set()), _Progress(), None)
+  with caplog.at_level(logging.INFO):
+    assert [e.name for e in side.owed_at_resume(0, final=False)] == ["init"]
+    assert [e.name for e in side.owed_at_resume(3, final=False)] == ["init"]
+  assert caplog.messages == ["step 0: running init at init",
+                             "step 3: init was not on record (preempted?); running it now"]
 
 
 def test_a_bad_period_or_two_entries_of_one_name_fail_naming_them():

@@ -256,3 +256,29 @@ def test_no_wandb_login_is_one_line_saying_how_to_log_in_or_go_offline(tmp_path,
   assert "\n" not in text and " ".join(message.split()) in text
   assert text.startswith("config.logging.wandb_project='hybrid-nope-test': W&B could not start")
   assert "`wandb login`" in text and "WANDB_MODE=offline" in text
+
+
+@pytest.mark.integration
+def test_a_training_run_with_samples_between_log_steps_keeps_every_training_scalar(tmp_path,
+                                                                                  offline):
+  """Samples and evals at steps off train.log_every_steps: W&B keeps a row only at a step not
+  below the last it saw, so the loop writes the pending training steps before any side work."""
+  from hybrid_nope.train import loop
+  from hybrid_nope.storage import read_jsonl
+  workdir = str(tmp_path / "run")
+  config = tiny_config(train__log_every_steps=4, eval__every_steps=3, eval__sample_every_steps=3,
+                       eval__sample_prompts=("def ",), eval__sample_max_new_tokens=2)
+  config.logging.wandb_project = "hybrid-nope-test"
+  loop.train(config, workdir)
+  records = read_jsonl(RunDir(workdir).metrics)
+  train = {r["step"]: r for r in records if "loss" in r}
+  assert sorted(train) == list(range(1, 9))
+  _, log = offline_run(offline, open(RunDir(workdir).wandb_id).read().strip())
+  rows = history(log)
+  for key in ("loss", "grad_norm", "learning_rate"):
+    assert {s: rows[s][key] for s in train if key in rows.get(s, {})} == {
+        s: pytest.approx(r[key]) for s, r in train.items()}, key
+  assert {s for s in rows if "samples" in rows[s]} == {3, 6, 8}
+  assert {s for s in rows if "eval_loss" in rows[s]} == {3, 6, 8}
+  # metrics.jsonl is in step order too.
+  assert [r["step"] for r in records] == sorted(r["step"] for r in records)

@@ -1,6 +1,7 @@
 """Model FLOPs per token (for MFU) and the peak rate they are measured against."""
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -19,6 +20,13 @@ PEAK_FLOPS = {
     "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12,
     "H200": 989e12, "H100": 989e12, "A100": 312e12,
 }
+# A CPU has no datasheet figure here: its float32 matmul roofline per core, the best of three
+# runs of `python benchmarks/cpu_roofline.py` (20, 50, 50 repeats) on an AMD EPYC (Zen 4, 2
+# cores under KVM, shared) at ead5429: 131.9 GFLOP/s on 2 cores at 1024² (the runs' bests
+# 129.9, 131.9, 116.8). A faster CPU reads MFU above 100% (the progress line warns): measure
+# it there and set train.peak_flops.
+CPU_PEAK_FLOPS_PER_CORE = 66.0e9
+CPU_ROOFLINE_COMMAND = "python benchmarks/cpu_roofline.py"
 
 
 def mixer_params(kind: str, model_cfg) -> int:
@@ -117,7 +125,7 @@ def flops_per_token(model_cfg, seq_len: int) -> float:
 
 
 def measure_matmul_flops(n: int = 2048, repeats: int = 5) -> float:
-  """Best observed float32 matmul rate of the default device (the CPU roofline)."""
+  """Best observed float32 n×n matmul rate of the default device (CPU_ROOFLINE_COMMAND)."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
@@ -129,8 +137,18 @@ def measure_matmul_flops(n: int = 2048, repeats: int = 5) -> float:
   return 2 * n**3 / best
 
 
+def host_cores() -> int:
+  """The cores this process may run on (its affinity where the OS says, else all)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # macOS, Windows.
+    return os.cpu_count() or 1
+
+
 def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
-  """(peak FLOP/s of one device, where the figure came from)."""
+  """(peak FLOP/s of one device, where the figure came from): train.peak_flops where set, else
+  the device's datasheet bf16 peak, else on CPU the stated roofline per core times the cores,
+  shared by the host's devices (simulated CPU devices share its cores)."""
   if configured > 0:
     return configured, "config train.peak_flops"
   device = jax.devices()[0]
@@ -138,6 +156,17 @@ def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
     if name in device.device_kind:
       return peak, f"datasheet bf16 peak of {device.device_kind}"
   if device.platform == "cpu":
-    return measure_matmul_flops(), "measured float32 matmul rate of this CPU"
+    cores, devices = host_cores(), jax.local_device_count()
+    per_device = f" over {devices} host devices" if devices > 1 else ""
+    return (CPU_PEAK_FLOPS_PER_CORE * cores / devices,
+            f"CPU float32 matmul roofline, {CPU_PEAK_FLOPS_PER_CORE / 1e9:.1f} GFLOP/s per core "
+            f"× {cores} cores{per_device} ({CPU_ROOFLINE_COMMAND})")
   raise ValueError(f"no peak FLOP/s known for device_kind={device.device_kind!r}; "
                    "set config train.peak_flops")
+
+
+def model_flops_utilization(tokens_per_second: float, flops_per_token_: float,
+                            peak_flops: float) -> float:
+  """MFU: the model's FLOPs per second (flops_per_token × tokens/s) over the peak of every
+  device the step runs on."""
+  return tokens_per_second * flops_per_token_ / peak_flops

@@ -179,13 +179,18 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   return run, state
 
 
-def _log(run: _Run, progress: Progress, pending: list, last_saved) -> dict:
-  """Fetches the pending steps' metrics, writes them (stopping at a non-finite one) and the
-  progress scalars; returns the summary fields."""
+def _write_pending(run: _Run, pending: list, last_saved) -> tuple[int, dict]:
+  """Fetches the pending steps' metrics and writes them in step order (stopping at a non-finite
+  one); returns the last step's."""
   records = [(s, jax.device_get(m)) for s, m in pending]
   pending.clear()
   _write_finite(run.writer, records, last_saved)
-  step, metrics = records[-1]
+  return records[-1]
+
+
+def _log(run: _Run, progress: Progress, pending: list, last_saved) -> dict:
+  """Writes the pending steps' metrics and the progress scalars; returns the summary fields."""
+  step, metrics = _write_pending(run, pending, last_saved)
   loss = float(metrics["loss"])
   scalars = progress.report(step, loss, float(metrics["learning_rate"]))
   run.writer.write(step, scalars)
@@ -255,7 +260,9 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
   c = run.config
   start = int(state.step)
   t_start = time.perf_counter()
-  summary = {"step": start, "loss": float("nan"), "eval_loss": float("nan"),
+  # A run with nothing left to train reports what it ended with, from its records.
+  summary = {"step": start, "loss": run.writer.latest("loss"),
+             "eval_loss": run.writer.latest("eval_loss"),
              "tokens_per_second": float("nan"), "preempted": False}
   profiler = StepProfiler(workdir, c.train.profile_start_step, c.train.profile_steps)
   run.writer.critical = watcher.deferred  # A signal in a hook never cuts a write in half.
@@ -283,6 +290,7 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
       active_hooks = [make(run.run_context) for make in hooks]
       sampler = samples.for_run(c, run.model_def, run.writer)
       progress = Progress(c, start)
+      summary["mfu_against"] = progress.peak_source
       entries = _side_work(run, active_hooks, sampler, save,
                            lambda: _minutes_due(c.checkpoint.every_minutes, saved_at), summary)
       side_work = schedule.Schedule(entries, run.writer, progress, watcher)
@@ -313,6 +321,10 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
         # Losses are fetched only at log and save steps so the host runs ahead of the devices.
         if step % c.train.log_every_steps == 0 or saving:
           summary.update(_log(run, progress, pending, last_saved))
+        elif due:  # Side work writes at this step: the steps before it go first, since W&B
+          # drops a row logged below a step it has seen (and metrics.jsonl stays in order).
+          step_done, metrics = _write_pending(run, pending, last_saved)
+          summary.update(step=step_done, loss=float(metrics["loss"]))
         try:
           side_work.run(due, step, state)
         except Interrupted:

@@ -164,6 +164,15 @@ class MetricsWriter:
         keys.update(record)
     return keys
 
+  def latest(self, key: str) -> float:
+    """The newest value of `key` in metrics.jsonl up to the resume step, NaN where none is (or
+    off process 0): a rerun of a finished run reports the loss it ended with."""
+    for line in reversed(self._kept(METRICS) if self.active else []):
+      record = json.loads(line)
+      if record.get(key) is not None:
+        return float(record[key])
+    return float("nan")
+
   @_whole
   def write(self, step: int, metrics: dict) -> None:
     if not self.active:

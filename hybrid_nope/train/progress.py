@@ -22,6 +22,14 @@ def memory_in_use() -> tuple[float, str]:
   return float(rss if sys.platform == "darwin" else rss * 1024), "host peak RSS"
 
 
+def _rate(flops_per_second: float) -> str:
+  """A FLOP/s figure in the unit that reads best: 131.9 GFLOP/s, 989 TFLOP/s, 31.6 PFLOP/s."""
+  for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12)):
+    if flops_per_second >= scale:
+      return f"{flops_per_second / scale:.4g} {unit}"
+  return f"{flops_per_second / 1e9:.4g} GFLOP/s"
+
+
 def _duration(seconds: float) -> str:
   seconds = int(round(seconds))
   hours, rest = divmod(seconds, 3600)
@@ -42,7 +50,12 @@ class Progress:
     self.flops_per_token = flops.flops_per_token(config.model, config.data.seq_len)
     peak, source = flops.peak_flops_per_device(config.train.peak_flops)
     self.peak = peak * jax.device_count()
-    logging.info("MFU against %.1f GFLOP/s (%s)", self.peak / 1e9, source)
+    # Named in the progress line, the run's summary and, with where it came from, here.
+    self.peak_name = _rate(self.peak)
+    self.peak_source = f"{self.peak_name}: {source}" + (
+        f", × {jax.device_count()} devices" if jax.device_count() > 1 else "")
+    logging.info("MFU against %s", self.peak_source)
+    self._warned_above_peak = False
     self.step, self.time = start_step, time.perf_counter()
     # Side work by kind: its period in steps (0: once, not again) and (seconds, count) so far.
     self._every = {"eval": config.eval.every_steps, "hooks": config.metrics.every_steps,
@@ -97,11 +110,16 @@ class Progress:
     self._steps_timed += steps
     self.step, self.time, self._side_in_interval = step, now, 0.0
     tokens_per_second = self.tokens_per_step / seconds_per_step
-    mfu = tokens_per_second * self.flops_per_token / self.peak
+    mfu = flops.model_flops_utilization(tokens_per_second, self.flops_per_token, self.peak)
+    if mfu > 1 and not self._warned_above_peak:
+      self._warned_above_peak = True
+      logging.warning("MFU %.1f%% is above 100%%: the peak it is measured against (%s) is below "
+                      "this machine's; set train.peak_flops to its peak per device (on CPU: "
+                      "%s measures it)", 100 * mfu, self.peak_source, flops.CPU_ROOFLINE_COMMAND)
     memory, memory_kind = memory_in_use()
-    logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% | %.3f s/step | ETA %s | "
-                 "%s %.2f GiB | lr %.2e", step, self.total_steps, loss, tokens_per_second,
-                 100 * mfu, seconds_per_step, _duration(self.eta_seconds(step)), memory_kind,
-                 memory / 2**30, learning_rate)
+    logging.info("step %d/%d | loss %.4f | %.0f tokens/s | MFU %.1f%% of %s | %.3f s/step | "
+                 "ETA %s | %s %.2f GiB | lr %.2e", step, self.total_steps, loss,
+                 tokens_per_second, 100 * mfu, self.peak_name, seconds_per_step,
+                 _duration(self.eta_seconds(step)), memory_kind, memory / 2**30, learning_rate)
     return {"tokens_per_second": tokens_per_second, "mfu": mfu,
             "seconds_per_step": seconds_per_step, "memory_bytes": memory}

@@ -125,7 +125,10 @@ class Schedule:
                               for e in candidates])
     owed = [e for e, redo in zip(candidates, flags) if redo]
     for e in owed:
-      logging.info("step %d: %s was not on record (preempted?); running it now", step, e.name)
+      if step == 0:  # A fresh run's init measurement: nothing was cut short.
+        logging.info("step 0: running %s at init", e.name)
+      else:
+        logging.info("step %d: %s was not on record (preempted?); running it now", step, e.name)
       for name in e.record_files:
         self.writer.drop_step(name, step)
     return owed

@@ -52,8 +52,8 @@ def throughput_html(metrics: Sequence[dict], config) -> str:
           _row("best (memory: the peak)", found["best"]), _row(f"last (step {found['last_step']})", found["last"])]
   note = ("tokens/s counts every token of the batch (data.batch_size × data.seq_len per "
           "step); eval, hook and checkpoint time are left out; MFU is against "
-          "train.peak_flops, or where that is 0 the device's datasheet peak (on CPU: its "
-          "measured matmul rate)")
+          "train.peak_flops, or where that is 0 the device's datasheet peak (on CPU: the "
+          "stated float32 matmul roofline per core of hybrid_nope/train/flops.py)")
   if config is not None:
     tokens = int(config.data.batch_size) * int(config.data.seq_len)
     note += f"; {tokens:,} tokens per step"
