@@ -1,12 +1,16 @@
 # Tiers (pytest.ini): test_xla_matches_reference's grid of ten shapes (T up to 1000) costs ~55 s
 # cold on 2 cores, so by cost it is integration, `make test-all` only; the chunked form against
-# the reference on packed segments on and off chunk edges, extreme decays, prefill states and
-# the sequential form stays in `make test`.
+# the reference on packed segments on and off chunk edges, extreme decays, β near 2, prefill
+# states then steps and the sequential form stay in `make test`, their per-head gate in GQA and
+# their per-channel gate in GVA, both with d_v = 2 d_k (LAYOUTS); so does fla's naive gated
+# delta rule.
 # test-all only: the chunked "xla" form matches the float64 recurrence across T (1 to 1000),
 # GQA, decays, betas, per-head and per-channel gates and chunk sizes
 # (test_xla_matches_reference); on identical keys with no decay
 # (test_identical_keys_no_decay); in bfloat16 (test_bfloat16_close_to_reference);
-# under jax_enable_x64 (test_xla_runs_under_x64). By cost (10-30 s cold each).
+# under jax_enable_x64 (test_xla_runs_under_x64); the public dispatch on every head layout
+# with either gate (test_public_dispatch_head_layouts); fla's naive KDA
+# (test_matches_fla_naive_recurrent_with_repeated_heads[kda]). By cost (2-30 s cold each).
 """hybrid_nope.kernels.delta_attention (dispatch, argument checks, lowering), its "xla" chunked
 form and delta_step, against the float64 recurrence of delta_reference.py on fresh random
 inputs each run.
@@ -36,19 +40,19 @@ fresh_rng = functools.partial(seeded_rng, "DELTA_TEST_SEED")
 
 
 def sequential_fn(q, k, v, g, beta, segment_ids=None):
-  """delta_xla's one-token-at-a-time form, through the public reshapes of the gates."""
-  g = g if g.ndim == 4 else g[..., None]
-  return delta_xla.sequential(q, k, v, g, beta[..., None], segment_ids=segment_ids)
+  """delta_xla's one-token-at-a-time form, through the dispatch's operands (GVA's repeated q
+  and k, the gates' unit axes)."""
+  q, k, g, beta = dispatch._gqa_operands(q, k, g, beta, v.shape[2])
+  return delta_xla.sequential(q, k, v, g, beta, segment_ids=segment_ids)
 
 
 @functools.cache
 def xla_fn(chunk):
-  """delta_xla's chunked form at this chunk, through the public reshapes of the gates (one
-  function per chunk, so that tests of equal shapes share compiled programs)."""
+  """delta_xla's chunked form at this chunk, through the dispatch's operands (one function
+  per chunk, so that tests of equal shapes share compiled programs)."""
   def fn(q, k, v, g, beta, segment_ids=None):
-    g = g if g.ndim == 4 else g[..., None]
-    return delta_xla.delta_attention(q, k, v, g, beta[..., None], segment_ids=segment_ids,
-                                     chunk=chunk)
+    q, k, g, beta = dispatch._gqa_operands(q, k, g, beta, v.shape[2])
+    return delta_xla.delta_attention(q, k, v, g, beta, segment_ids=segment_ids, chunk=chunk)
   return fn
 
 
@@ -63,26 +67,36 @@ def out_and_grads_fn(fn):
   return out_and_grads
 
 
+def draw(rng, B, T, decay="mixed", beta="uniform", per_channel=False, *, N=4, gqa=2, gva=1,
+         H=8, Hv=None):
+  """(q, k, v, log_decay, beta as random_delta_inputs draws them, the output's shape): q has N
+  heads, k N / gqa, v gva times as many as k (GVA where gva > 1: then gqa = 1) of size Hv
+  (default H)."""
+  K = N // gqa
+  inputs = random_delta_inputs(rng, B, T, N, K, H, decay, beta, per_channel, V=K * gva, Hv=Hv)
+  return list(inputs), (B, T, max(N, K * gva), Hv or H)
+
+
 def check(fn, T, gqa, segments, decay, *, beta="uniform", per_channel=False, same_keys=False,
-          dtype=jnp.float32, tol=1e-5, B=2, N=4, H=8):
-  """Forward and the five gradients of `fn` (one jitted program) against the reference.
-  `segments`: False, True (random packed runs with padding) or an explicit [B, T] array;
-  `same_keys`: every key of a row and head points the same way (the delta rule's hardest
-  triangular systems)."""
+          dtype=jnp.float32, tol=1e-5, B=2, **heads):
+  """Forward and the five gradients of `fn` (one jitted program) against the reference; heads
+  as draw()'s. `segments`: False, True (random packed runs with padding) or an explicit [B, T]
+  array; `same_keys`: every key of a row and head points the same way (the delta rule's
+  hardest triangular systems)."""
   rng, seed = fresh_rng()
-  args = list(random_delta_inputs(rng, B, T, N, N // gqa, H, decay, beta, per_channel))
+  args, out_shape = draw(rng, B, T, decay, beta, per_channel, gqa=gqa, **heads)
   if same_keys:
     args[1] = args[1][:, :1] * rng.uniform(0.5, 2.0, (B, T, 1, 1))
   seg = segments if not isinstance(segments, bool) else (
       random_runs(rng, B, T) if segments else None)
   args = [jnp.asarray(a, dtype) for a in args]
-  dout = jnp.asarray(rng.standard_normal(args[0].shape), dtype)
+  dout = jnp.asarray(rng.standard_normal(out_shape), dtype)
   seg_j = None if seg is None else jnp.asarray(seg, jnp.int32)
   out_and_grads = out_and_grads_fn(fn)
   out, grads = out_and_grads(args, seg_j, dout)
   # The reference sees exactly the (rounded) inputs the kernel saw.
   ref_out, ref_grads = delta_reference(*args, seg, dout=dout)
-  assert out.shape == args[0].shape and out.dtype == dtype
+  assert out.shape == dout.shape and out.dtype == dtype
   names = ("out", "dq", "dk", "dv", "dlog_decay", "dbeta")
   pairs = list(zip(names, (out, *grads), (ref_out, *ref_grads)))
   assert all(got.dtype == dtype and got.shape == want.shape for _, got, want in pairs)
@@ -137,9 +151,19 @@ PACKED = np.tile(np.repeat([1, 2, 3, 2, 3, 1, 0, 2, 0], [15, 1, 1, 14, 2, 1, 6, 
                  (2, 1)).astype(np.int32)
 
 
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+# Head layouts (check()'s keywords; issue 39). The everyday tests run their per-head gate on
+# GQA and their per-channel gate on GVA with V = 4K, both with d_v = 2 d_k: one compiled
+# program per gate, shared by the tests of equal shapes.
+GQA_DV, GVA_DV = dict(N=4, gqa=2, Hv=16), dict(N=2, gqa=1, gva=4, Hv=16)
+LAYOUTS = {False: GQA_DV, True: GVA_DV}
+GATES = pytest.mark.parametrize("per_channel", [False, True],
+                                ids=["per_head_gqa_dv2", "per_channel_gva4_dv2"])
+
+
+@GATES
 def test_segment_boundaries_off_and_on_chunk_edges(per_channel):
-  check(xla_fn(16), 64, 2, PACKED, "mixed", per_channel=per_channel)
+  check(xla_fn(16), 64, segments=PACKED, decay="mixed", beta="two", per_channel=per_channel,
+        **LAYOUTS[per_channel])
 
 
 @pytest.mark.integration
@@ -149,16 +173,17 @@ def test_bfloat16_close_to_reference(per_channel):
         tol=2e-2)
 
 
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+@GATES
 def test_extreme_decays_and_padding_rows_stay_finite(per_channel):
   # Decay exactly 0 (-inf), ~0 or exactly 1 everywhere; row 1 is all padding: zeros, no NaN.
   rng, seed = fresh_rng()
-  q, k, v, g, beta = (jnp.asarray(a, jnp.float32) for a in random_delta_inputs(
-      rng, 2, 64, 4, 2, 8, per_channel=per_channel))
+  inputs, out_shape = draw(rng, 2, 64, beta="two", per_channel=per_channel,
+                           **LAYOUTS[per_channel])
+  q, k, v, g, beta = (jnp.asarray(a, jnp.float32) for a in inputs)
   seg = ONE_DOCUMENT * np.array([[1], [0]], np.int32)
   for log_decay in (-1e4, -80.0, -np.inf, 0.0):
     g = jnp.full(g.shape, log_decay, jnp.float32)
-    dout = jnp.ones(q.shape)
+    dout = jnp.ones(out_shape)
     out, grads = out_and_grads_fn(xla_fn(16))((q, k, v, g, beta), jnp.asarray(seg), dout)
     ref_out, ref_grads = delta_reference(q, k, v, g, beta, seg, dout=dout)
     for got, want in zip((out, *grads), (ref_out, *ref_grads)):
@@ -167,17 +192,19 @@ def test_extreme_decays_and_padding_rows_stay_finite(per_channel):
       assert rel_err(got, want) <= 1e-5, (log_decay, seed)
 
 
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+@GATES
 def test_sequential_matches_reference(per_channel):
-  check(sequential_fn, 37, 2, True, "mixed", per_channel=per_channel)
+  check(sequential_fn, 37, segments=True, decay="mixed", beta="two", per_channel=per_channel,
+        **LAYOUTS[per_channel])
 
 
 def test_reference_gradients_match_finite_differences():
   rng, seed = fresh_rng()
   seg = np.array([[1, 1, 1, 2, 2, 0, 0, 2, 2, 2, 2], [0, 3, 3, 3, 3, 3, 1, 1, 0, 1, 1]])
-  for per_channel in (False, True):
-    inputs = list(random_delta_inputs(rng, 2, 11, 4, 2, 3, "moderate", "uniform", per_channel))
-    dout = rng.standard_normal(inputs[0].shape)
+  # Per-head gate on GQA; per-channel gate on GVA (V = 2K) with d_v ≠ d_k; β in [0, 2].
+  for per_channel, heads in ((False, dict(N=4, gqa=2)), (True, dict(N=2, gqa=1, gva=2, Hv=5))):
+    inputs, out_shape = draw(rng, 2, 11, "moderate", "two", per_channel, H=3, **heads)
+    dout = rng.standard_normal(out_shape)
     _, grads = delta_reference(*inputs, seg, dout=dout)
     eps = 1e-6
     for idx, grad in enumerate(grads):
@@ -200,39 +227,6 @@ def test_reference_follows_the_contract():
   out = delta_reference(ones, ones, v, np.log(half), half, np.array([[1, 1, 1, 2, 2, 0, 2]]))
   np.testing.assert_allclose(out[0, :, 0, 0], [0.5, 1.125, 1.78125, 2.0, 3.0, 0.0, 3.5],
                              rtol=1e-5)
-
-
-def test_step_matches_reference():
-  # delta_step applied token by token is the reference without segments.
-  rng, seed = fresh_rng()
-  for per_channel in (False, True):
-    q, k, v, g, beta = random_delta_inputs(rng, 2, 9, 4, 2, 8, "mixed", "uniform", per_channel)
-    want = delta_reference(q, k, v, g, beta)
-    state = jnp.zeros((2, 2, 8, 8))
-    step = jax.jit(kernels.delta_step)
-    for t in range(9):
-      state, out = step(state, *(jnp.asarray(x[:, t], jnp.float32) for x in (q, k, v, g, beta)))
-      assert out.dtype == jnp.float32 and state.dtype == jnp.float32
-      assert rel_err(out, want[:, t]) <= 1e-5, (per_channel, t, seed)
-
-
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
-def test_prefill_state_is_the_reference_state_after_the_last_token(per_channel):
-  # T = 75, not a multiple of the chunk. Row 0: packed runs with padding, the last run
-  # starting mid-chunk; the state is that run's alone (reset at its start). Row 1: a
-  # left-padded prompt, as generation lays prompts out.
-  rng, seed = fresh_rng()
-  B, T, N, K, H = 2, 75, 4, 2, 8
-  q, k, v, g, beta = random_delta_inputs(rng, B, T, N, K, H, "mixed", "uniform", per_channel)
-  seg = np.zeros((B, T), np.int32)
-  seg[0] = random_runs(rng, 1, T, rate=0.08)[0]
-  seg[0, -11:] = 7
-  seg[1, 20:] = 1
-  want = delta_reference_state(q, k, v, g, beta, seg)
-  got = kernels.delta_prefill(*(jnp.asarray(x, jnp.float32) for x in (q, k, v, g, beta)),
-                              segment_ids=jnp.asarray(seg))
-  assert got.shape == (B, K, H, H) and got.dtype == jnp.float32
-  assert rel_err(got, want) <= 1e-5, (per_channel, seed)
 
 
 def test_backward_keeps_only_inputs_and_chunk_states():
@@ -300,12 +294,12 @@ def test_bad_arguments_name_themselves(kwargs, name):
 def test_bad_heads_and_step_arguments():
   q, k = jnp.zeros((1, 8, 4, 4)), jnp.zeros((1, 8, 3, 4))
   g = jnp.zeros((1, 8, 3))
-  with pytest.raises(ValueError, match="q heads N=4 must be a multiple of k/v heads K=3"):
+  with pytest.raises(ValueError, match="heads N=4, K=3, V=3; .* GQA .* or GVA"):
     kernels.delta_attention(q, k, k, g, g)
   with pytest.raises(ValueError, match=r"state shape \(1, 2, 4, 3\): expected .* \(1, 2, 4, 4\)"):
     kernels.delta_step(jnp.zeros((1, 2, 4, 3)), jnp.zeros((1, 4, 4)), jnp.zeros((1, 2, 4)),
                        jnp.zeros((1, 2, 4)), jnp.zeros((1, 2)), jnp.zeros((1, 2)))
-  with pytest.raises(ValueError, match=r"beta shape \(1, 2, 1\): expected \[batch, kv heads\]"):
+  with pytest.raises(ValueError, match=r"beta shape \(1, 2, 1\): expected \[batch, value heads\]"):
     kernels.delta_step(jnp.zeros((1, 2, 4, 4)), jnp.zeros((1, 4, 4)), jnp.zeros((1, 2, 4)),
                        jnp.zeros((1, 2, 4)), jnp.zeros((1, 2)), jnp.zeros((1, 2, 1)))
 
@@ -314,3 +308,140 @@ def test_bad_heads_and_step_arguments():
 def test_xla_runs_under_x64():
   with jax.enable_x64(True):
     check(xla_fn(8), 30, 2, True, "mixed")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [GQA_DV, dict(N=2, gqa=1, gva=2), GVA_DV],
+                         ids=["gqa_dv2", "gva2", "gva4_dv2"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+def test_public_dispatch_head_layouts(layout, per_channel):
+  # kernels.delta_attention itself (its tuned chunk; T = 100 ends mid-chunk) on every layout
+  # and gate, β in [0, 2].
+  check(kernels.delta_attention, 100, segments=True, decay="mixed", beta="two",
+        per_channel=per_channel, **layout)
+
+
+@GATES
+def test_beta_near_two_on_identical_keys(per_channel):
+  # β ~ 2 (allow_neg_eigval) on one key direction with no decay: each write reflects the
+  # state along k (eigenvalue 1 − β ~ −1) instead of erasing it, so the state is a random walk
+  # whose steps the chunk form sums (U) and the UT transform's inverse (I + β KK)⁻¹ has ±2
+  # entries all along its chunk. Worst 1.4e-5 over 30 seeds per gate (the sequential form's
+  # ~4e-6; at β ~ 1 the chunk form's ~7e-7, dlog_decay aside); delta_xla's docstring has
+  # chunk 32.
+  check(xla_fn(16), 64, segments=ONE_DOCUMENT, decay="near_one", beta="near_two",
+        per_channel=per_channel, same_keys=True, tol=5e-5, **LAYOUTS[per_channel])
+
+
+@GATES
+def test_prefill_then_steps_match_the_reference(per_channel):
+  # delta_prefill's state after a prompt of 75 tokens (not a multiple of the chunk), then
+  # delta_step token by token from it: the state and every generated output are the
+  # reference's over the whole sequence. Row 0: packed runs with padding, the last run starting
+  # mid-chunk and going on through the steps (the state is that run's alone); row 1 a
+  # left-padded prompt, as generation lays prompts out.
+  rng, seed = fresh_rng()
+  B, T, prompt = 2, 85, 75
+  inputs, (_, _, heads, Hv) = draw(rng, B, T, "mixed", "two", per_channel,
+                                   **LAYOUTS[per_channel])
+  V, H = inputs[2].shape[2], inputs[1].shape[3]
+  seg = np.zeros((B, T), np.int32)
+  seg[0] = random_runs(rng, 1, T, rate=0.08)[0]
+  seg[0, prompt - 11:] = 7
+  seg[1, 20:] = 1
+  want_out = delta_reference(*inputs, seg)
+  # The steps as padding leave the reference state where the prompt left it (and keep the
+  # shape, so the two reference calls share a program).
+  want_state = delta_reference_state(*inputs, np.where(np.arange(T) < prompt, seg, 0))
+  f32 = [jnp.asarray(x, jnp.float32) for x in inputs]
+  state = kernels.delta_prefill(*(x[:, :prompt] for x in f32),
+                                segment_ids=jnp.asarray(seg[:, :prompt]))
+  assert state.shape == (B, V, Hv, H) and state.dtype == jnp.float32
+  errors = [rel_err(state, want_state)]
+  step = jax.jit(kernels.delta_step)
+  for t in range(prompt, T):
+    state, out = step(state, *(x[:, t] for x in f32))
+    assert out.shape == (B, heads, Hv) and out.dtype == state.dtype == jnp.float32
+    errors.append(rel_err(out, want_out[:, t]))
+  print(f"state {errors[0]:.1e} steps {max(errors[1:]):.1e}")
+  assert max(errors) <= 1e-5, (per_channel, errors, seed)
+
+
+def fla_naive_recurrent(q, k, v, beta, g, scale):
+  """fla's naive_recurrent_gated_delta_rule (g [B, H, T]) and naive_recurrent_kda (g
+  [B, H, T, d_k]), written here from their published definitions in fla's [B, H, T, d] layout,
+  float64, with the l2norm fla applies first (x / sqrt(Σx² + 1e-6)): per (b, h) from S = 0
+  [d_k, d_v], S = S ⊙ exp(g_t) (per key row for KDA); S += k_t (β_t (v_t − Sᵀ k_t))ᵀ;
+  o_t = Sᵀ q_t with q scaled by `scale`."""
+  q, k = (x / np.sqrt(np.sum(x * x, -1, keepdims=True) + 1e-6) for x in (q, k))
+  q = q * scale
+  B, Hh, T, Dk = q.shape
+  S = np.zeros((B, Hh, Dk, v.shape[-1]))
+  o = np.zeros((B, Hh, T, v.shape[-1]))
+  for t in range(T):
+    decay = np.exp(g[:, :, t])
+    S = S * (decay[..., None, None] if decay.ndim == 2 else decay[..., :, None])
+    u = beta[:, :, t, None] * (v[:, :, t] - np.einsum("bhkv,bhk->bhv", S, k[:, :, t]))
+    S = S + k[:, :, t, :, None] * u[..., None, :]
+    o[:, :, t] = np.einsum("bhk,bhkv->bhv", q[:, :, t], S)
+  return o
+
+
+@pytest.mark.parametrize("per_channel", [
+    False, pytest.param(True, marks=pytest.mark.slow)], ids=["gated_delta_rule", "kda"])
+def test_matches_fla_naive_recurrent_with_repeated_heads(per_channel):
+  # Qwen3-Next's layout: V = 2K value heads, q and k repeat_interleave'd to them, d_v = 2 d_k,
+  # β = 2 sigmoid (allow_neg_eigval). Our kernel leaves q unscaled: its output times d_k^−1/2.
+  rng, seed = fresh_rng()
+  B, T, K, V, H, Hv = 2, 50, 2, 4, 8, 16
+  q, k, v, g, beta = random_delta_inputs(rng, B, T, K, K, H, "moderate", "two", per_channel,
+                                         V=V, Hv=Hv)
+  fla_layout = lambda x: np.moveaxis(x, 2, 1)  # [B, T, heads, ...] -> [B, heads, T, ...]
+  want = fla_naive_recurrent(*(fla_layout(np.repeat(x, V // K, axis=2)) for x in (q, k)),
+                             *(fla_layout(x) for x in (v, beta, g)), scale=H ** -0.5)
+  out = jax.jit(kernels.delta_attention)(*(jnp.asarray(x, jnp.float32)
+                                           for x in (q, k, v, g, beta)))
+  assert out.shape == (B, T, V, Hv)
+  err = rel_err(np.asarray(out) * H ** -0.5, fla_layout(want))
+  print(f"out {err:.1e}")
+  assert err <= 1e-5, (per_channel, err, seed)
+
+
+def _zeros(*shapes):
+  return [jnp.zeros(s) for s in shapes]
+
+
+@pytest.mark.parametrize("q, k, v", [
+    ((1, 8, 4, 4), (1, 8, 2, 4), (1, 8, 4, 4)),  # V ≠ K and N ≠ K: neither layout
+    ((1, 8, 2, 4), (1, 8, 2, 4), (1, 8, 3, 4)),  # V not a multiple of K
+    ((1, 8, 3, 4), (1, 8, 2, 4), (1, 8, 2, 4)),  # N not a multiple of K
+    ((1, 8, 2, 4), (1, 8, 2, 4), (1, 8, 4, 4, 1)),  # v of rank 5
+    ((1, 8, 2, 4), (1, 8, 2, 6), (1, 8, 2, 4)),  # q, k head dims differ
+    ((1, 8, 2, 4), (1, 8, 2, 4), (2, 8, 4, 4)),  # v's batch differs
+])
+def test_head_layouts_other_than_gqa_and_gva_are_refused(q, k, v):
+  V = v[2]
+  shape = lambda s: r"\(" + ", ".join(map(str, s)) + r"\)"
+  match = rf"q {shape(q)}, k {shape(k)}, v {shape(v)}: expected .* GQA .* GVA"
+  for fn in (kernels.delta_attention, kernels.delta_prefill):
+    with pytest.raises(ValueError, match=match):
+      fn(*_zeros(q, k, v, (1, 8, V), (1, 8, V)))
+  step_shapes = [s[:1] + s[2:] for s in (q, k, v)]
+  with pytest.raises(ValueError, match=r"q \(1, .*: expected q \[batch, heads N"):
+    kernels.delta_step(*_zeros((1, V, v[-1], q[-1]), *step_shapes, (1, V), (1, V)))
+
+
+def test_gva_gates_and_state_are_per_value_head():
+  # q, k 2 heads of 4, v 4 heads of 8: gates [.., 4 (, 4)], state [1, 4, 8, 4].
+  q, v = (1, 8, 2, 4), (1, 8, 4, 8)
+  with pytest.raises(ValueError, match=r"log_decay shape \(1, 8, 2\): expected .* \(1, 8, 4\) "
+                                       r".* \(1, 8, 4, 4\)"):
+    kernels.delta_attention(*_zeros(q, q, v, (1, 8, 2), (1, 8, 4)))
+  with pytest.raises(ValueError, match=r"beta shape \(1, 8, 2\): expected .* \(1, 8, 4\)"):
+    kernels.delta_attention(*_zeros(q, q, v, (1, 8, 4, 4), (1, 8, 2)))
+  with pytest.raises(ValueError, match=r"state shape \(1, 4, 4, 4\): expected \[batch, value "
+                                       r"heads, value dim, key dim\] = \(1, 4, 8, 4\)"):
+    kernels.delta_step(*_zeros((1, 4, 4, 4), (1, 2, 4), (1, 2, 4), (1, 4, 8), (1, 4), (1, 4)))
+  with pytest.raises(ValueError, match="q, k, v dtypes must match"):
+    kernels.delta_attention(*_zeros(q, q), jnp.zeros(v, jnp.bfloat16), *_zeros((1, 8, 4),
+                                                                               (1, 8, 4)))

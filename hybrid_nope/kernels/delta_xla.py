@@ -1,18 +1,29 @@
 """The gated delta rule in pure XLA: every backend, the CPU default.
 
-Per (batch row, kv head) the state S [value dim, key dim] follows
+Per (batch row, kv head) the state S [value dim Hv, key dim Hk] follows
   S_t = S_{t-1} diag(α_t) (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ,   out_t = S_t q_t,
 α_t = exp(g_t) per key channel (a scalar gate is the same value in every channel), q and k
 L2-normalised per head here, in float32. Equivalently, with S' = S_{t-1} diag(α_t):
 S_t = S' + β_t (v_t − S' k_t) k_tᵀ, the form `step` computes (one token: generation, and the
-sequential form the chunked one is checked against).
+sequential form the chunked one is checked against). The head layout here is GQA's (one
+state per kv head, q [.., N, Hk], k [.., K, Hk], v [.., K, Hv], Hv free); delta_attention.py
+maps GVA onto it by repeating q and k.
 
 Segments become gates: a run of equal nonzero ids starts with α = 0 (g = LOG_ZERO, whose exp is
 0 as exp(−inf) is), which is exactly a state reset; padding (id 0) gets α = 1, β = 0 and
 q = k = v = 0, so it leaves the state as it is and outputs 0. The chunk computations below never
 see segment ids, and take any g down to −inf to finite outputs and gradients.
 
-The chunked form (`chunked`): one lax.scan over chunks of C tokens carries the [H, H] state;
+β up to 2 (allow_neg_eigval) keeps the chunked form accurate on ordinary inputs (random keys,
+T=128, β in [2 − 1e-4, 2]: worst relative error over out and the five gradients 4.7e-6 against
+the sequential form's 1.1e-6, float64 reference). Its hardest case is one key direction with no
+decay: every write reflects the state along k, which random-walks, and the chunk form sums
+those steps (U) with ±2 entries in the UT inverse: 7.9e-5 at chunk 32 and 1.8e-5 at chunk 16
+against the sequential 7.6e-6 (tests/test_kernels_delta_attention.py's check() at B=2, T=128,
+N=4, K=2, H=8, Hv=16 over 4 seeds). An exact (float64) inverse takes the forward's 3.1e-5 to
+1.3e-5 and leaves the gradients', so the rest is the sums of U, not the recursive inverse.
+
+The chunked form (`chunked`): one lax.scan over chunks of C tokens carries the [Hk, Hv] state;
 each step computes its chunk from the caller's layout, its state-independent terms in the WY /
 UT form (_chunk_terms: a unit-lower-triangular inverse per chunk, by recursive 2x2 blocks) and
 then the state's part. Decay ratios inside a chunk are direct sums of log decays (_gate_sums,
@@ -85,12 +96,12 @@ def _unit_bwd(residuals, dy):
 _unit.defvjp(_unit_fwd, _unit_bwd)
 
 
-def step(S_RVK, q_RGH, k_RH, v_RH, g_RH, beta_R):
-  """One token's update on normalised float32 inputs: (S_t, out_t [R, G, H]). R is any leading
-  batch shape; g [.., H] or [.., 1] (a scalar gate)."""
-  S = S_RVK * jnp.exp(g_RH)[..., None, :]
+def step(S_RJH, q_RGH, k_RH, v_RJ, g_RH, beta_R):
+  """One token's update on normalised float32 inputs, state S [R, Hv, Hk]: (S_t, out_t
+  [R, G, Hv]). R is any leading batch shape; g [.., Hk] or [.., 1] (a scalar gate)."""
+  S = S_RJH * jnp.exp(g_RH)[..., None, :]
   predicted = jnp.einsum("...vd,...d->...v", S, k_RH)
-  S = S + (beta_R[..., None] * (v_RH - predicted))[..., :, None] * k_RH[..., None, :]
+  S = S + (beta_R[..., None] * (v_RJ - predicted))[..., :, None] * k_RH[..., None, :]
   return S, jnp.einsum("...vd,...gd->...gv", S, q_RGH)
 
 
@@ -108,12 +119,13 @@ def _gate(q, k, v, g, beta, start, valid):
   return zero(q), zero(k), zero(v), g, zero(beta)
 
 
-def sequential(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None):
-  """The recurrence one token at a time (lax.scan over T): the simple form, for checks."""
+def sequential(q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1, *, segment_ids=None):
+  """The recurrence one token at a time (lax.scan over T): the simple form, for checks;
+  [B, T, N, Hv]."""
   B, T, N, H = q_BTNH.shape
-  K = k_BTKH.shape[2]
+  K, J = v_BTKJ.shape[2:]
   q, k = l2norm(q_BTNH), l2norm(k_BTKH)
-  v, g, beta = (x.astype(jnp.float32) for x in (v_BTKH, g_BTKX, beta_BTK1))
+  v, g, beta = (x.astype(jnp.float32) for x in (v_BTKJ, g_BTKX, beta_BTK1))
   if segment_ids is not None:
     q, k, v, g, beta = _gate(q, k, v, g, beta,
                              *(x[:, :, None, None] for x in _runs(segment_ids)))
@@ -124,9 +136,9 @@ def sequential(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None):
     return step(S, q, k, v, g, beta[..., 0])
 
   time_major = lambda x: jnp.moveaxis(x, 1, 0)
-  _, out = lax.scan(body, jnp.zeros((B, K, H, H), jnp.float32),
+  _, out = lax.scan(body, jnp.zeros((B, K, J, H), jnp.float32),
                     tuple(map(time_major, (q, k, v, g, beta))))
-  return jnp.moveaxis(out, 0, 1).reshape(B, T, N, H).astype(q_BTNH.dtype)
+  return jnp.moveaxis(out, 0, 1).reshape(B, T, N, J).astype(q_BTNH.dtype)
 
 
 def _mm(spec, a, b):
@@ -218,8 +230,8 @@ _inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
 def _chunk_terms(q, k, v, g, beta, C):
-  """A chunk's state-independent terms, rows R = batch x kv heads: q [R, G, C, H], k, v
-  [R, C, H], g [R, C, X], beta [R, C].
+  """A chunk's state-independent terms, rows R = batch x kv heads: q [R, G, C, Hk], k
+  [R, C, Hk], v [R, C, Hv], g [R, C, X], beta [R, C].
 
   With h = Sᵀ the [key, value] state entering the chunk, Γ_i = exp(Σ_{s<=i} g_s) from the
   chunk start and u_t = β_t (v_t − hᵀ_{t−1} diag(α_t) k_t) the value the delta rule writes
@@ -251,8 +263,8 @@ def _heads_major(x, B, K):
 
 
 def _chunk(h, xs, *, B, K, C):
-  """One chunk of the recurrence: (state leaving it, out [B, C, N, H]) from the entering state
-  h [B·K, H key, H value] and the chunk's raw inputs (caller layout, [B, C, ...])."""
+  """One chunk of the recurrence: (state leaving it, out [B, C, N, Hv]) from the entering
+  state h [B·K, Hk, Hv] and the chunk's raw inputs (caller layout, [B, C, ...])."""
   q, k, v, g, beta, *runs = xs
   q, k = l2norm(q), l2norm(k)
   v, g, beta = (x.astype(jnp.float32) for x in (v, g, beta))
@@ -264,21 +276,21 @@ def _chunk(h, xs, *, B, K, C):
   u = u_tilde - _mm("rcd,rde->rce", w, h)
   out = _mm("rgcd,rde->rgce", q_state, h) + _mm("rgij,rjh->rgih", qk, u)
   h = decay[..., None] * h + _mm("rcd,rce->rde", k_write, u)
-  _, G, _, H = out.shape
-  return h, jnp.moveaxis(out.reshape(B, K, G, C, H), 3, 1).reshape(B, C, K * G, H)
+  _, G, _, J = out.shape
+  return h, jnp.moveaxis(out.reshape(B, K, G, C, J), 3, 1).reshape(B, C, K * G, J)
 
 
-def chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None, chunk=None,
+def chunked(q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1, *, segment_ids=None, chunk=None,
             return_state=False):
   """The chunked form: one lax.scan over chunks carrying the state, each step computing its
   chunk from the caller's layout (_chunk); autodiff gives the gradients, the step under
   jax.checkpoint so that the backward recomputes a chunk's terms instead of storing every
   chunk's (which made fwd+bwd twice as slow: page faults on ~10 input-sized buffers).
-  `return_state`: also the state after the last token, float32 [B, K, H value, H key] as
-  `step` holds it (a prompt's state, for generation to go on from)."""
+  Returns [B, T, N, Hv]; with `return_state` also the state after the last token, float32
+  [B, K, Hv, Hk] as `step` holds it (a prompt's state, for generation to go on from)."""
   C = chunk or CHUNK
   B, T, N, H = q_BTNH.shape
-  K = k_BTKH.shape[2]
+  K, J = v_BTKJ.shape[2:]
   Tp = -(-T // C) * C
   n = Tp // C
   # [B, T, ...] -> [n, B, C, ...]: the scan's steps (free for B = 1); the tail is padded with
@@ -286,24 +298,24 @@ def chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None, chun
   chunks = lambda x: jnp.moveaxis(
       jnp.pad(x, ((0, 0), (0, Tp - T)) + ((0, 0),) * (x.ndim - 2)).reshape(
           B, n, C, *x.shape[2:]), 1, 0)
-  xs = [chunks(x) for x in (q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1)]
+  xs = [chunks(x) for x in (q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1)]
   if segment_ids is not None:
     xs += [chunks(x) for x in _runs(segment_ids)]
   body = jax.checkpoint(functools.partial(_chunk, B=B, K=K, C=C))
-  h, out = lax.scan(body, jnp.zeros((B * K, H, H), jnp.float32), tuple(xs))
-  out = jnp.moveaxis(out, 0, 1).reshape(B, Tp, N, H)[:, :T].astype(q_BTNH.dtype)
+  h, out = lax.scan(body, jnp.zeros((B * K, H, J), jnp.float32), tuple(xs))
+  out = jnp.moveaxis(out, 0, 1).reshape(B, Tp, N, J)[:, :T].astype(q_BTNH.dtype)
   if not return_state:
     return out
   # The carry is [key, value] per (row, kv head); step's state is its transpose.
-  return out, jnp.swapaxes(h.reshape(B, K, H, H), -1, -2)
+  return out, jnp.swapaxes(h.reshape(B, K, H, J), -1, -2)
 
 
-def delta_attention(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, *, segment_ids=None,
+def delta_attention(q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1, *, segment_ids=None,
                     chunk: int | None = None):
-  """The gated delta rule; arguments as kernels.delta_attention after its reshapes: g
-  [B, T, K, H] or [B, T, K, 1] (scalar per kv head), beta [B, T, K, 1]. `chunk` (a power of
-  two) overrides the tuned chunk size (tests, benchmarks)."""
+  """The gated delta rule; arguments as kernels.delta_attention after its reshapes (GQA
+  layout, v [B, T, K, Hv]): g [B, T, K, Hk] or [B, T, K, 1] (scalar per kv head), beta
+  [B, T, K, 1]. `chunk` (a power of two) overrides the tuned chunk size (tests, benchmarks)."""
   C = chunk or CHUNK
   if C < 2 or C & (C - 1):
     raise ValueError(f"chunk={C}: expected a power of two >= 2")
-  return chunked(q_BTNH, k_BTKH, v_BTKH, g_BTKX, beta_BTK1, segment_ids=segment_ids, chunk=C)
+  return chunked(q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1, segment_ids=segment_ids, chunk=C)
