@@ -73,7 +73,7 @@ def repeated_override(argv: list[str], flag_values=flags.FLAGS) -> str | None:
   return None
 
 
-def _flag_value(argv: list[str], name: str) -> str | None:
+def flag_value(argv: list[str], name: str) -> str | None:
   """The value argv gives --NAME (=VALUE or a separate VALUE), the last one; None if absent."""
   value = None
   for i, arg in enumerate(argv[1:], 1):
@@ -90,7 +90,7 @@ def config_files(argv: list[str], flag_values=flags.FLAGS) -> dict[str, str]:
   """{flag name: its value in argv, FILE or FILE:ARG} for each DEFINE_config_file flag given."""
   out = {}
   for name in _config_file_flags(flag_values):
-    value = _flag_value(argv, name)
+    value = flag_value(argv, name)
     if value is not None:
       out[name] = value
   return out

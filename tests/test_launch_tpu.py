@@ -171,3 +171,94 @@ def test_relaunch_restarts_a_trainer_that_exited_on_a_ready_node():
     relaunch(tpu, start, lambda cmd: (0, "READY") if cmd == tpu.state() else
              (0, "exited") if cmd == tpu.trainer_exited() else (0, "0"),
              sleep=lambda s: None, poll_seconds=1, max_relaunches=2)
+
+
+def git(repo, *args):
+  subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def temp_repo(tmp_path):
+  """A git repo with one commit holding an MDS config whose data paths are empty."""
+  repo = tmp_path / "repo"
+  repo.mkdir()
+  git(repo, "init", "-q")
+  git(repo, "config", "user.email", "t@example.com")
+  git(repo, "config", "user.name", "t")
+  (repo / "mds.py").write_text(
+      "from configs import base\n\ndef get_config():\n  c = base.experiment('120m', 256)\n"
+      "  c.data.path, c.eval.path = '', ''\n  return c\n")
+  (repo / "prose.py").write_text(
+      "from configs import demo\n\ndef get_config(path=''):\n  c = demo.get_config()\n"
+      "  c.data.source, c.data.path = 'documents', path\n  return c\n")
+  git(repo, "add", ".")
+  git(repo, "commit", "-q", "-m", "configs")
+  return repo
+
+
+def test_uncommitted_edits_and_new_files_are_warned_about_and_a_clean_tree_is_not(temp_repo,
+                                                                                  tmp_path):
+  from hybrid_nope.cloud import launch_checks
+  assert launch_checks.uncommitted_warning(str(temp_repo)) is None
+  (temp_repo / "mds.py").write_text("changed\n")
+  (temp_repo / "new.py").write_text("")
+  warning = launch_checks.uncommitted_warning(str(temp_repo))
+  assert warning.startswith(f"warning: 2 uncommitted change(s) in {temp_repo} (mds.py, new.py)")
+  assert "`git archive HEAD`" in warning
+  git(temp_repo, "add", "new.py")  # Staged is not committed either.
+  assert "new.py" in launch_checks.uncommitted_warning(str(temp_repo))
+  git(temp_repo, "commit", "-q", "-am", "more")
+  assert launch_checks.uncommitted_warning(str(temp_repo)) is None
+  assert launch_checks.uncommitted(str(tmp_path / "not_a_repo")) == []
+
+
+@pytest.mark.parametrize("config, overrides, missing", [
+    ("mds.py", (), ["data.path", "eval.path"]),
+    ("mds.py", ("--config.data.path=/mnt/prolong",), ["eval.path"]),
+    ("mds.py", ("--config.data.path=gs://b/p", "--config.eval.path", "/mnt/t"), []),
+    ("mds.py", ("--config.data.source=stdlib",), []),  # The embedded corpus reads no path.
+    ("prose.py", (), ["data.path"]),
+    ("prose.py:/mnt/prose", (), []),  # FILE:ARG, as train.py's --config takes it.
+])
+def test_the_data_flags_a_config_needs_are_those_neither_it_nor_the_line_sets(
+    temp_repo, config, overrides, missing):
+  from hybrid_nope.cloud import launch_checks
+  assert launch_checks.missing_data_flags(str(temp_repo / config), overrides) == missing
+
+
+def test_the_data_keys_are_those_validate_refuses_empty(tmp_path):
+  from configs import base, demo
+  from hybrid_nope.cloud.launch_checks import data_keys
+  from hybrid_nope.errors import ConfigError
+  from hybrid_nope.validate import validate
+  c = base.experiment("120m", 256)
+  c.data.path, c.eval.path = "", ""
+  for key in data_keys("mds"):
+    with pytest.raises(ConfigError, match=f"config.{key}=''"):
+      validate(c)
+    c.data.path = str(tmp_path)  # Then the next key is the one refused.
+  c = demo.get_config()
+  c.data.source, c.data.path = "documents", ""
+  (key,) = data_keys("documents")
+  with pytest.raises(ConfigError, match=f"config.{key}=''"):
+    validate(c)
+  assert data_keys("stdlib") == ()
+  validate(demo.get_config())
+
+
+def test_create_warns_on_stderr_and_still_prints_its_commands(temp_repo, monkeypatch, capsys):
+  from hybrid_nope.cloud import tpu_cli
+  monkeypatch.setattr(tpu_cli, "REPO", str(temp_repo))
+  (temp_repo / "mds.py").write_text((temp_repo / "mds.py").read_text() + "# edited\n")
+  tpu_cli.main(["create", *COMMON, "--dry-run", "--tpu-type=v5p-8", "--config=mds.py"])
+  out, err = capsys.readouterr()
+  data, edits = err.splitlines()
+  assert data.startswith("warning: mds.py reads data.path and eval.path, which the launch line "
+                         "does not set") and "docs/reproduce.md" in data
+  assert edits.startswith("warning: 1 uncommitted change(s)") and "mds.py" in edits
+  assert "archive" in out and "launch/train.py --config=mds.py" in out
+  tpu_cli.main(["run", *COMMON, "--dry-run", "--config=mds.py", "--",
+                "--config.data.path=/d", "--config.eval.path=/e"])
+  assert capsys.readouterr().err == ""  # Nothing is shipped by `run`; its flags are all there.
+  tpu_cli.main(["status", *COMMON, "--dry-run"])
+  assert capsys.readouterr().err == ""

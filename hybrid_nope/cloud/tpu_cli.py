@@ -4,9 +4,11 @@ import argparse
 import os
 import shlex
 import subprocess
+import sys
 import time
 
 from hybrid_nope.cli import fail
+from hybrid_nope.cloud import launch_checks
 from hybrid_nope.cloud.tpu import Tpu, TpuArgError, relaunch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,6 +71,16 @@ def commands(args, overrides):
   return plans[args.command]()
 
 
+def warnings(args, overrides, repo: str) -> list[str]:
+  """What would make the shipped run differ from the one meant: a started run without the data
+  flags its config needs, a shipped tree with edits `git archive HEAD` leaves behind."""
+  starts = args.command in ("run", "relaunch") or (args.command == "create" and args.config)
+  ships = args.command in ("setup", "relaunch") or (args.command == "create" and args.config)
+  found = [launch_checks.data_flags_warning(args.config, overrides, repo)
+           if starts else None, launch_checks.uncommitted_warning(repo) if ships else None]
+  return [w for w in found if w]
+
+
 def _run(cmd):
   print(f"+ {shlex.join(cmd)}", flush=True)
   proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -81,6 +93,8 @@ def main(argv, description: str = ""):
   args, overrides = parse(argv, description)
   try:
     cmds = commands(args, overrides)
+    for warning in warnings(args, overrides, REPO):
+      print(warning, file=sys.stderr, flush=True)
     if args.command == "relaunch" and not args.dry_run:
       # The plan is [create, *start]; relaunch creates the node itself when it is needed.
       n = relaunch(tpu_of(args), cmds[1:], _run, sleep=time.sleep,
