@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
 .PHONY: demo prose test test-all analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval \
-	check-delta-hf
+	check-delta-hf tensorboard
 
 CUDA ?= 13  # CUDA major version of the GPU jax build; current H100/H200 drivers run CUDA 13.
 
@@ -35,6 +35,16 @@ prose: install
 
 analyze: install
 	$(PY) launch/analyze.py --workdir=$(DEMO_WORKDIR)
+
+# TensorBoard on a workdir's events (TB_LOGDIR, default the demo's), from a venv of its own:
+# .venv has only tensorboardX, which writes them. tensorboard 2.21.0 reads them without
+# TensorFlow ("reduced feature set"), the config under Text as tag config/text_summary.
+TB_LOGDIR ?= $(DEMO_WORKDIR)
+TENSORBOARD ?= tensorboard==2.21.0
+tensorboard:
+	[ -x .venv-tb/bin/tensorboard ] || { $(PYTHON) -m venv .venv-tb && \
+	    .venv-tb/bin/python -m pip install --quiet "$(TENSORBOARD)"; }
+	.venv-tb/bin/tensorboard --logdir $(TB_LOGDIR)
 
 # Two workers: the 2-core machines CI and users have. `test` is the everyday tier (every module's
 # unit and property tests); `test-all` adds the integration and slow tests, and is what CI runs
@@ -74,4 +84,4 @@ check-lm-eval: install-hf
 	.venv-hf/bin/python tests/hf/check_lm_eval.py
 
 clean:
-	rm -rf $(VENV) .venv-hf workdirs .pytest_cache
+	rm -rf $(VENV) .venv-hf .venv-tb workdirs .pytest_cache

@@ -61,15 +61,21 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict(dict(
       source="mds",            # mds (ProLong) | stdlib (embedded demo corpus) | documents (a
-                               # prepared byte corpus: hybrid_nope/data/documents.py)
-      path="",                 # Required for mds and documents.
+                               # prepared byte corpus: hybrid_nope/data/documents.py) | jsonl |
+                               # parquet | hf (a `datasets` save_to_disk directory): text
+                               # tokenised on the fly (hybrid_nope/data/text_rows.py).
+      path="",                 # Required for mds, documents and the text sources (a file, glob
+                               # or directory); a URL (gs://, hf://datasets/...) for mds and text.
+      text_field="text",       # Text sources: the field or column holding each document.
+      tokenizer="byte",        # Text sources: "byte" or a tokenizer.json path or URL.
       domains=PROLONG_DOMAINS,
       seq_len=8192,
       batch_size=64,           # Global, in sequences.
       seed=0,                  # The data order; follows train.seed unless set (below).
-      eval_fraction=0.05,      # stdlib only: held-out share of documents.
+      eval_fraction=0.05,      # stdlib and text sources: held-out share of documents.
       document_masking=True,   # False: one sequence per packed sample (ProLong single_seq).
-      cache_dir="",            # Where zstd MDS shards are decompressed; "" = ~/.cache/hybrid_nope.
+      cache_dir="",            # Where zstd MDS shards are decompressed, remote ones fetched
+                               # and text indexes kept; "" = ~/.cache/hybrid_nope/mds.
       # A bool or "always" (a field of either type, so the command line takes both).
       verify_hashes=ml_collections.FieldReference(True, field_type=object),
                                # Check each MDS shard against index.json's hashes when first read;

@@ -15,9 +15,12 @@ from hybrid_nope.errors import ConfigError
 # Where rows come from (data/pipeline.py's ROW_SOURCES holds one reader per name): the embedded
 # stdlib corpus, ProLong's MDS mixture, a prepared directory of byte-tokenised documents
 # (hybrid_nope.data.documents, e.g. the English prose corpus of launch/prepare_prose.py).
-DATA_SOURCES = ("stdlib", "mds", "documents")
+DATA_SOURCES = ("stdlib", "mds", "documents", "jsonl", "parquet", "hf")
 # The sources whose token ids are the byte tokenizer's (hybrid_nope.data.tokenizer).
 BYTE_SOURCES = ("stdlib", "documents")
+# The sources of text tokenised on the fly with data.tokenizer (hybrid_nope.data.text_rows).
+TEXT_SOURCES = ("jsonl", "parquet", "hf")
+BYTE_TOKENIZER = "byte"  # data.tokenizer's name for the byte tokenizer (data/tokenizer.py).
 
 
 def require(ok: bool, key: str, value, allowed: str):
@@ -104,6 +107,20 @@ def data_seed(config) -> int:
 
 def eval_fraction(config) -> float:
   return number_in(config, "data.eval_fraction", 0, 1, "a float in (0, 1)")
+
+
+def text_tokenizer(config) -> str:
+  """data.tokenizer: "byte" or the path or URL of a tokenizer.json (text sources)."""
+  return string(config, "data.tokenizer", f"{BYTE_TOKENIZER!r} or a tokenizer.json path or URL",
+                nonempty=True)
+
+
+def byte_tokenised(config) -> bool:
+  """Whether the run's token ids are the byte tokenizer's: a byte source, or a text source
+  read with data.tokenizer="byte"."""
+  source = value(config, "data.source")
+  return source in BYTE_SOURCES or (source in TEXT_SOURCES
+                                    and text_tokenizer(config) == BYTE_TOKENIZER)
 
 
 EXCLUDE_SAMPLES_FORM = ('a tuple of distinct "DOMAIN/SHARD:SAMPLE" strings, e.g. '

@@ -1,7 +1,7 @@
 """Log settings every launch script shares (`cli.run` applies them before main).
 
 At the default verbosity stderr carries the run's own lines and the one line of an error:
-orbax's and grain's INFO chatter, jax's probe for a TPU backend this machine lacks and orbax's
+orbax's, grain's and tensorflow_datasets' INFO chatter, jax's probe for a TPU backend this machine lacks and orbax's
 warnings about a checkpoint opened read-only are dropped (`--verbosity=1` shows them all).
 `LibraryErrors` moves what orbax's save threads print when a save fails (a full disk: a
 traceback per thread, and tensorstore's callbacks into a closed event loop) into a file of the
@@ -19,7 +19,7 @@ from absl import logging
 
 from hybrid_nope import storage
 
-_LIBRARIES = ("/orbax/", "/grain/")
+_LIBRARIES = ("/orbax/", "/grain/", "/tensorflow_datasets/")  # tfds: "Load dataset info ..."
 # (where a record comes from, how its message starts): noise that hides the one line. jax
 # probes every backend it knows of; orbax's readers open a checkpoint read-only and say so.
 _NOISE = (("/jax/_src/xla_bridge.py", "Unable to initialize backend"),

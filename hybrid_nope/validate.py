@@ -12,10 +12,10 @@ import shutil
 from absl import logging
 
 from hybrid_nope import run_config, storage
-from hybrid_nope.config_values import (DATA_SOURCES, is_int, require, boolean, data_seed,
-                                       eval_fraction, exclude_samples, int_in, number_in,
-                                       one_of, positive_int, string, value,
-                                       verify_hashes)
+from hybrid_nope.config_values import (DATA_SOURCES, TEXT_SOURCES, is_int, require, boolean,
+                                       data_seed, eval_fraction, exclude_samples, int_in,
+                                       number_in, one_of, positive_int, string, text_tokenizer,
+                                       value, verify_hashes)
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
@@ -82,8 +82,14 @@ def validate(config, *, check_paths: bool = True) -> None:
   int_in(config, "metrics.query_positions", 0, None, "an integer >= 0 (0 = every position)")
   one_of(config, "data.source", DATA_SOURCES)
   data_seed(config)
-  if d.source == "stdlib":
+  if d.source == "stdlib" or d.source in TEXT_SOURCES:
     eval_fraction(config)
+  if d.source in TEXT_SOURCES:
+    string(config, "data.text_field", "the field holding each document's text, e.g. 'text'",
+           nonempty=True)
+    text_tokenizer(config)
+    require(bool(d.path), "data.path", d.path, f"a file, glob or directory of data.source="
+            f"{d.source} files (local or a URL); pass --config.data.path=")
   string(config, "data.cache_dir", "a path or '' (the default cache)")
   boolean(config, "data.document_masking")
   exclude_samples(config)
@@ -97,7 +103,7 @@ def validate(config, *, check_paths: bool = True) -> None:
             f"{documents.MANIFEST}, train/ and eval/): run `make prose`, or pass "
             f"--config.data.path=")
   if d.source == "mds" and check_paths:
-    require(bool(d.path) and os.path.isdir(d.path), "data.path", d.path,
+    require(bool(d.path) and storage.isdir(d.path), "data.path", d.path,
             "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
     require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
             config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")

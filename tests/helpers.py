@@ -70,6 +70,14 @@ def take(iterator, n):
   return [next(iterator) for _ in range(n)]
 
 
+def assert_process_shards_interleave(shards, whole):
+  """Process p's batch k of n processes is rows p, p + n, ... of the global batch k."""
+  for k, global_batch in enumerate(whole):
+    for p, shard in enumerate(shards):
+      for key in global_batch:
+        np.testing.assert_array_equal(shard[k][key], global_batch[key][p::len(shards)], key)
+
+
 def assert_same_batches(a, b):
   assert len(a) == len(b)
   for x, y in zip(a, b):

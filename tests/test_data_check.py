@@ -1,7 +1,7 @@
-# Tiers (pytest.ini): test_the_command_exits_2_with_one_line runs launch/check_data.py in a
+# Tiers (pytest.ini): test_the_command_exits_2_listing_the_problem runs launch/check_data.py in a
 # subprocess, so it is integration, `make test-all` only.
-# test-all only: launch/check_data.py ends a failed check in one line with exit code 2
-# (test_the_command_exits_2_with_one_line; the checks themselves are in `make test`).
+# test-all only: launch/check_data.py ends a failed check with its problems listed and exit code
+# 2 (test_the_command_exits_2_listing_the_problem; the checks themselves are in `make test`).
 """launch/check_data.py's checks (hybrid_nope.data.check) on the committed MDS fixtures (two
 packed domains, one zstd-compressed, and a raw domain) and a prepared TextbookChapters set."""
 import json
@@ -87,8 +87,8 @@ def test_reports_each_domain_the_eval_set_and_the_vocabulary(data, eval_path):  
                             "{data}/tokenizer.json's 300 token ids"),
     ("no tokenizer", "no tokenizer.json in config.data.path={data} or in the eval directory"),
 ])
-def test_what_is_missing_or_wrong_is_one_line_naming_it(data, eval_path, problem,  # noqa: F811
-                                                        expected):
+def test_what_is_missing_or_wrong_is_a_line_naming_it(data, eval_path, problem,  # noqa: F811
+                                                      expected):
   if problem == "no domain directory":
     shutil.rmtree(data / "fineweb-edu")
   elif problem == "no index.json":
@@ -101,12 +101,46 @@ def test_what_is_missing_or_wrong_is_one_line_naming_it(data, eval_path, problem
     os.remove(data / "tokenizer.json")
   with pytest.raises(check.DataCheckError) as error:
     check.check(_config(data, eval_path))
-  message = str(error.value)
-  assert "\n" not in message and expected.format(data=data) in message
+  header, line, origin = str(error.value).splitlines()
+  assert header == "1 problem with the data of this config (data.source=mds):"
+  assert line.startswith("  " + expected.format(data=data))
+  assert origin.startswith('The data and how to fetch and prepare it: docs/reproduce.md, "Data"')
+  assert "princeton-nlp/prolong-data-64K" in origin
+
+
+def test_every_problem_is_listed_in_one_run(data, eval_path, tmp_path):  # noqa: F811
+  """A shard and a domain gone and a tokenizer larger than the model's vocabulary, then also the
+  eval set elsewhere: each on its line, then docs/reproduce.md with the dataset ids."""
+  shutil.rmtree(data / "fineweb-edu")
+  os.remove(data / "book-65536" / "shard.00001.mds")
+  _tokenizer(data / "tokenizer.json", 300)
+  with pytest.raises(check.DataCheckError) as error:
+    check.check(_config(data, eval_path))
+  lines = str(error.value).splitlines()
+  assert lines[0] == "3 problems with the data of this config (data.source=mds):"
+  assert [l.split(" (")[0].split(" is ")[0] for l in lines[1:4]] == [
+      f"  shard file {data}/book-65536/shard.00001.mds",
+      f"  domain 'fineweb-edu' of config.data.domains has no directory {data}/fineweb-edu under "
+      "config.data.path",
+      "  config.model.vocab_size=258"]
+  for dataset_id in ("princeton-nlp/prolong-data-64K", "princeton-nlp/TextbookChapters",
+                     "meta-llama/Meta-Llama-3-8B"):
+    assert dataset_id in lines[4] and "docs/reproduce.md" in lines[4]
+  with open(os.path.join(REPO, "docs", "reproduce.md")) as f:  # The ids are the docs' ones.
+    docs = f.read()
+  assert "\n## Data\n" in docs and all(i in docs for i in (
+      "princeton-nlp/prolong-data-64K", "meta-llama/Meta-Llama-3-8B",
+      "princeton-nlp/TextbookChapters"))
+  missing_eval = str(tmp_path / "no_chapters")
+  with pytest.raises(check.DataCheckError) as error:
+    check.check(_config(data, missing_eval))
+  lines = str(error.value).splitlines()
+  assert lines[3].startswith(f"  config.eval.path='{missing_eval}' must be a prepared")
+  assert lines[0].startswith("3 problems")  # The tokenizer's check needs the eval directory.
 
 
 @pytest.mark.integration
-def test_the_command_exits_2_with_one_line(data, eval_path):  # noqa: F811
+def test_the_command_exits_2_listing_the_problem(data, eval_path):  # noqa: F811
   os.remove(data / "book-65536" / "index.json")
   flags = tiny_flags(data__source="mds", data__path=data, data__domains=repr(DOMAINS),
                      eval__path=eval_path, model__vocab_size=258, metrics__probe_pool_rows=8)
@@ -115,7 +149,9 @@ def test_the_command_exits_2_with_one_line(data, eval_path):  # noqa: F811
        *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 2, proc.stderr[-2000:]
-  assert proc.stderr.strip().splitlines() == [
-      f"check_data.py: {data}/book-65536/index.json is missing: an MDS dataset directory needs "
-      f"the index.json written by MDSWriter"]
+  header, problem, origin = proc.stderr.strip().splitlines()[-3:]
+  assert header == "check_data.py: 1 problem with the data of this config (data.source=mds):"
+  assert problem == (f"  {data}/book-65536/index.json is missing: an MDS dataset directory "
+                     f"needs the index.json written by MDSWriter")
+  assert origin.startswith("The data and how to fetch and prepare it: docs/reproduce.md")
   assert np.all([not line.startswith("OK") for line in proc.stdout.splitlines()])

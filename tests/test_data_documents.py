@@ -138,7 +138,7 @@ def test_validate_refuses_a_path_without_a_prepared_corpus_naming_data_path(tmp_
   validate(config, check_paths=False)
 
 
-def test_check_reports_the_corpus_and_fails_in_one_line_naming_a_missing_shard(corpus, tmp_path):
+def test_check_reports_the_corpus_and_lists_a_missing_shard(corpus, tmp_path):
   text = check.check(_config(corpus)).text()
   assert "data.source=documents" in text and "A fake corpus (fake)" in text
   assert "licence: public domain (made here)" in text and text.endswith("OK: the data is in "
@@ -152,7 +152,12 @@ def test_check_reports_the_corpus_and_fails_in_one_line_naming_a_missing_shard(c
   os.symlink(os.path.join(corpus, "eval", "index.json"), broken / "eval" / "index.json")
   with pytest.raises(check.DataCheckError, match=r"shard.00000.mds.*missing") as e:
     check.check(_config(str(broken), metrics__probe_pool_rows=1))
-  assert "\n" not in str(e.value) and str(broken) in str(e.value)
+  header, problem, origin = str(e.value).splitlines()
+  assert header == "1 problem with the data of this config (data.source=documents):"
+  assert str(broken) in problem and "make prose" in origin
+  assert 'docs/reproduce.md, "A second corpus: English prose"' in origin
+  with open(os.path.join(os.path.dirname(__file__), "..", "docs", "reproduce.md")) as f:
+    assert "\n## A second corpus: English prose\n" in f.read()
 
 
 def test_fingerprint_text_codec_and_export_use_the_byte_tokenizer(corpus):

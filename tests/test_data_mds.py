@@ -535,3 +535,49 @@ def test_array_extremes_are_each_samples_min_and_max(tmp_path, dtype):
   assert ds.index_of(ds.shard_basename(2), 1) == ds.first_index(2) + 1
   with pytest.raises(LookupError, match="no shard 'shard.99999.mds'"):
     ds.index_of("shard.99999.mds", 0)
+
+
+# ---- a remote directory (fsspec URL: gs:// on a pod; memory:// here) -------------------------
+
+def to_memory(directory, url_root):
+  """Copies a local MDS directory under memory://url_root; returns the URL."""
+  import fsspec  # pylint: disable=g-import-not-at-top
+  fs = fsspec.filesystem("memory")
+  for name in os.listdir(directory):
+    with open(os.path.join(directory, name), "rb") as f:
+      fs.pipe_file(f"/{url_root}/{name}", f.read())
+  return f"memory://{url_root}"
+
+
+@pytest.mark.parametrize("name", ["prolong/book-65536", "prolong/thestackv1_concat_by_repo-65536",
+                                  "encodings_zstd"])
+def test_a_url_reads_as_the_local_directory_fetching_each_shard_once(name, tmp_path):
+  local = mds.MDSDataset(os.path.join(MDS, name), cache_dir=str(tmp_path / "local"))
+  url = to_memory(os.path.join(MDS, name), f"remote-{name.replace('/', '_')}")
+  remote = mds.MDSDataset(url, cache_dir=str(tmp_path / "remote"))
+  assert len(remote) == len(local) and remote.path == url
+  for i in range(len(local)):
+    for key, value in local[i].items():
+      np.testing.assert_array_equal(remote[i][key], value)
+  fetched = sorted(p.name for p in (tmp_path / "remote").rglob("shard.*.mds"))
+  assert fetched == sorted(f"shard.{i:05}.mds" for i in range(remote.num_shards))
+  assert remote.describe(0).endswith(f"(index 0 of {url})")
+
+
+def test_a_remote_shard_of_the_wrong_size_or_bytes_is_refused_naming_it(tmp_path):
+  url = to_memory(str(copy_fixture(tmp_path, "encodings")), "remote-bad")
+  import fsspec  # pylint: disable=g-import-not-at-top
+  fs = fsspec.filesystem("memory")
+  shard = "/remote-bad/shard.00000.mds"
+  good = fs.cat_file(shard)
+  fs.pipe_file(shard, good[:-1])
+  with pytest.raises(mds.MDSFormatError, match=f"{url}/shard.00000.mds is {len(good) - 1} "
+                     "bytes but .*index.json says"):
+    mds.MDSDataset(url, cache_dir=str(tmp_path / "cache"))
+  fs.pipe_file(shard, good[:-1] + bytes([good[-1] ^ 1]))
+  ds = mds.MDSDataset(url, cache_dir=str(tmp_path / "cache"))
+  with pytest.raises(mds.MDSFormatError, match=f"{url}/shard.00000.mds holds data whose sha1 "):
+    ds[0]
+  fs.rm(shard)
+  with pytest.raises(mds.MDSFormatError, match=f"shard file {url}/shard.00000.mds .* is missing"):
+    mds.MDSDataset(url, cache_dir=str(tmp_path / "cache"))

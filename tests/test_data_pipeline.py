@@ -173,7 +173,8 @@ def test_bad_eval_config_names_the_key(key, value):
 
 
 def test_unknown_source_lists_allowed_values():
-  with pytest.raises(ValueError, match=r"\['documents', 'mds', 'stdlib'\]"):
+  with pytest.raises(ValueError,
+                     match=r"\['documents', 'hf', 'jsonl', 'mds', 'parquet', 'stdlib'\]"):
     pipeline.train_iterator(make_config(**{"data.source": "tfrecord"}))
 
 

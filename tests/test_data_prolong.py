@@ -23,7 +23,7 @@ from hybrid_nope.errors import UserError
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 sys.path.insert(0, TESTDATA)
 import fixture_samples  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tests.helpers import assert_same_batches, take
+from tests.helpers import assert_process_shards_interleave, assert_same_batches, take
 
 PROLONG = os.path.join(TESTDATA, "mds", "prolong")
 DOMAINS = ("book-65536@0.5", "thestackv1_concat_by_repo-65536@0.3", "fineweb-edu@0.2")
@@ -310,6 +310,30 @@ def test_process_batches_interleave_to_the_global_batch(cache_dir):
     for p in range(4):
       for key in pipeline.BATCH_KEYS:
         np.testing.assert_array_equal(shards[p][k][key], global_batch[key][p::4], key)
+
+
+def test_a_gs_style_url_trains_as_the_local_directory_each_process_its_rows(tmp_path):
+  """data.path as a URL (memory:// here, gs:// on a pod): the same global stream, process p
+  of 2 reading rows p, p + 2, ...; shards are fetched once into the process's cache."""
+  import fsspec  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data import fingerprint  # pylint: disable=g-import-not-at-top
+  fs = fsspec.filesystem("memory")
+  for root, _, files in os.walk(PROLONG):
+    for name in files:
+      with open(os.path.join(root, name), "rb") as f:
+        fs.pipe_file(f"/prolong/{os.path.relpath(os.path.join(root, name), PROLONG)}", f.read())
+  local = make_config(str(tmp_path / "local"))
+  remote = make_config(str(tmp_path / "remote"), **{"data.path": "memory://prolong"})
+  from tests.helpers import tiny_config  # pylint: disable=g-import-not-at-top
+  validate.validate(tiny_config(data__source="mds", data__path="memory://prolong",
+                                eval__path=str(tmp_path)))  # The URL is a directory.
+  whole = take(pipeline.train_iterator(local), 3)
+  shards = [take(pipeline.train_iterator(remote, process_index=p, process_count=2), 3)
+            for p in range(2)]
+  assert_process_shards_interleave(shards, whole)
+  for name in ("book-65536", "fineweb-edu"):
+    entry = f"domain.{name}.index_sha1"
+    assert fingerprint._mds_domains(remote)[entry] == fingerprint._mds_domains(local)[entry]
 
 
 def test_orbax_checkpoint_resumes_exactly(cache_dir, tmp_path):

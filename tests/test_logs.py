@@ -1,4 +1,4 @@
-"""quiet_library_logs: orbax's and grain's INFO lines go, their warnings and ours stay."""
+"""quiet_library_logs: orbax's, grain's and tfds' INFO lines go, their warnings and ours stay."""
 import logging
 
 from absl import logging as absl_logging
@@ -19,6 +19,7 @@ def test_library_info_is_dropped_and_everything_else_kept():
   keep = lambda r: all(f.filter(r) for f in filters)
   assert not keep(record("/site-packages/orbax/checkpoint/x.py", logging.INFO))
   assert not keep(record("/site-packages/grain/_src/y.py", logging.INFO))
+  assert not keep(record("/site-packages/tensorflow_datasets/core/dataset_info.py", logging.INFO))
   assert keep(record("/site-packages/orbax/checkpoint/x.py", logging.WARNING))
   assert keep(record("/work/hybrid_nope/train/loop.py", logging.INFO))
 

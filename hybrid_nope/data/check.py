@@ -16,9 +16,12 @@ that passes here starts:
                vocabulary against model.vocab_size. For mds data one is required here, so that
                the trainer can check the vocabulary before it builds anything.
 
-The first problem fails as one line naming the file or key (a `DataCheckError`, exit code 2 on
-the command line). Training shards' token ids and hashes are checked as the trainer reads them
-(the first batch's before its first record), not here: that would read the whole corpus.
+Every problem is listed, a line each naming the file or key, in one `DataCheckError` (exit code
+2 on the command line) that ends with where the data comes from: docs/reproduce.md and the
+dataset ids. The parts are checked apart (training data, each domain of a failing mixture, the
+eval set, the tokenizer), so one missing directory does not hide the others. Training shards'
+token ids and hashes are checked as the trainer reads them (the first batch's before its first
+record), not here: that would read the whole corpus.
 """
 from __future__ import annotations
 
@@ -26,13 +29,37 @@ import dataclasses
 
 import numpy as np
 
-from hybrid_nope import config_values
+from hybrid_nope import config_values, storage
 from hybrid_nope.data import pipeline
 from hybrid_nope.errors import UserError
 
 
 class DataCheckError(UserError):
   """Data the config names that is missing or does not fit the config."""
+
+
+# Where each source's data comes from: the section of docs/reproduce.md that says how to fetch
+# and prepare it, and its dataset ids.
+ORIGINS = {
+    "mds": ("Data", "ProLong is princeton-nlp/prolong-data-64K (data.path), TextbookChapters "
+                    "princeton-nlp/TextbookChapters prepared by hybrid_nope.data.textbook_chapters "
+                    "(eval.path), the tokenizer.json a Llama-3 one such as "
+                    "meta-llama/Meta-Llama-3-8B's"),
+    "documents": ("A second corpus: English prose", "`make prose` prepares it "
+                                                    "(launch/prepare_prose.py)"),
+}
+
+
+def problems_error(problems: list[str], source: str) -> DataCheckError:
+  """Every problem on a line of its own, then where the data comes from."""
+  section, origin = ORIGINS.get(source, ("Data", ""))
+  problems = list(dict.fromkeys(problems))  # Once each, in order.
+  listed = "\n".join(f"  {p}" for p in problems)
+  count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
+  return DataCheckError(
+      f"{count} with the data of this config (data.source={source}):\n{listed}\n"
+      f"The data and how to fetch and prepare it: docs/reproduce.md, \"{section}\""
+      + (f" ({origin})" if origin else ""))
 
 
 @dataclasses.dataclass
@@ -112,43 +139,88 @@ def _chapters(config) -> tuple[str, int]:
   return directory, int(info.splits[textbook_chapters.SPLIT].num_examples)
 
 
-def check(config) -> DataReport:
-  """The report of the config's data, or a DataCheckError (a UserError) naming the problem."""
+def _one_line(error: Exception) -> str:
+  return " ".join(str(error).split())
+
+
+def _mixture_problems(config) -> list[str]:
+  """Each domain of a mixture that failed to open, checked alone (the whole mixture stops at
+  the first one)."""
+  problems = []
+  for entry in config_values.value(config, "data.domains"):
+    alone = config.copy_and_resolve_references()
+    name = entry.split("@")[0]
+    alone.data.domains = (entry,)
+    alone.data.exclude_samples = tuple(e for e in config.data.exclude_samples
+                                       if e.startswith(name + "/"))
+    try:
+      pipeline.train_mixture(alone)
+    except (UserError, FileNotFoundError) as e:
+      problems.append(_one_line(e))
+  return problems
+
+
+def _train(config, report: DataReport) -> None:
+  report.train_path = config_values.value(config, "data.path")
   try:
-    source = config.data.source
-    report = DataReport(source=source, seq_len=int(config.data.seq_len),
-                        vocab_size=int(config.model.vocab_size))
-    if source == "mds":
-      report.train_path = config_values.value(config, "data.path")
+    mixture = pipeline.train_mixture(config)
+  except (UserError, FileNotFoundError) as e:
+    each = _mixture_problems(config) if storage.isdir(report.train_path or ".") else []
+    raise DataCheckError("\n".join(each or [_one_line(e)])) from None
+  total = sum(s.weight for s in mixture.specs)
+  report.domains = [Domain(name=s.name, share=s.weight / total,
+                           kind="packed" if d.packed else "raw", shards=d.ds.num_shards,
+                           samples=len(d.ds), tokens=d.num_tokens, rows=len(d))
+                    for s, d in zip(mixture.specs, mixture.domains)]
+
+
+def _documents(config, report: DataReport) -> None:
+  from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+  report.train_path = config_values.value(config, "data.path")
+  report.corpus = documents.read_manifest(report.train_path)
+  report.split_rows = {s: len(pipeline.packed_rows(config, s)["inputs"])
+                       for s in documents.SPLITS}
+
+
+def _eval(config, report: DataReport) -> None:
+  batches = pipeline.eval_batches(config)
+  report.eval_rows = sum(len(b["inputs"]) for b in batches)
+  report.eval_tokens = int(sum(np.count_nonzero(b["segment_ids"]) for b in batches))
+  report.probe_rows = len(pipeline.probe_pool(config)["inputs"])
+  if report.source == "mds":
+    report.eval_path, report.chapters = _chapters(config)
+
+
+def _tokenizer(config, report: DataReport) -> None:
+  if report.source == "mds":
+    try:
       report.tokenizers = pipeline.tokenizer_files(config)
-      if not report.tokenizers:
-        raise DataCheckError(
-            f"no tokenizer.json in config.data.path={report.train_path} or in the eval "
-            f"directory under config.eval.path={config.eval.path}: put the tokenizer the data "
-            f"was made with there (the Llama-3 one for ProLong, docs/reproduce.md), so that "
-            f"the trainer checks model.vocab_size against it")
-    report.tokenizer_size = pipeline.check_vocabulary(config)
-    if source == "mds":
-      mixture = pipeline.train_mixture(config)
-      total = sum(s.weight for s in mixture.specs)
-      report.domains = [Domain(name=s.name, share=s.weight / total,
-                               kind="packed" if d.packed else "raw", shards=d.ds.num_shards,
-                               samples=len(d.ds), tokens=d.num_tokens, rows=len(d))
-                        for s, d in zip(mixture.specs, mixture.domains)]
-    if source == "documents":
-      from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
-      report.train_path = config_values.value(config, "data.path")
-      report.corpus = documents.read_manifest(report.train_path)
-      report.split_rows = {s: len(pipeline.packed_rows(config, s)["inputs"])
-                           for s in documents.SPLITS}
-    batches = pipeline.eval_batches(config)
-    report.eval_rows = sum(len(b["inputs"]) for b in batches)
-    report.eval_tokens = int(sum(np.count_nonzero(b["segment_ids"]) for b in batches))
-    report.probe_rows = len(pipeline.probe_pool(config)["inputs"])
-    if source == "mds":
-      report.eval_path, report.chapters = _chapters(config)
-    return report
-  except DataCheckError:
-    raise
-  except (UserError, FileNotFoundError) as e:  # MDS, config and eval-set errors name the file.
-    raise DataCheckError(" ".join(str(e).split())) from None
+    except UserError:
+      return  # An empty data.path or eval.path: their own checks say so.
+    data_path = config_values.value(config, "data.path")
+    if not report.tokenizers and storage.isdir(data_path):
+      raise DataCheckError(
+          f"no tokenizer.json in config.data.path={data_path} or in the eval "
+          f"directory under config.eval.path={config.eval.path}: put the tokenizer the data "
+          f"was made with there (the Llama-3 one for ProLong), so that "
+          f"the trainer checks model.vocab_size against it")
+  report.tokenizer_size = pipeline.check_vocabulary(config)
+
+
+def check(config) -> DataReport:
+  """The report of the config's data, or a DataCheckError (a UserError) listing every problem."""
+  source = config.data.source
+  report = DataReport(source=source, seq_len=int(config.data.seq_len),
+                      vocab_size=int(config.model.vocab_size))
+  parts = {"mds": [_train], "documents": [_documents]}.get(source, []) + [_eval, _tokenizer]
+  problems = []
+  for part in parts:
+    try:
+      part(config, report)
+    except DataCheckError as e:
+      problems += str(e).splitlines()
+    except (UserError, FileNotFoundError) as e:  # MDS, config and eval-set errors name the file.
+      problems.append(_one_line(e))
+  if problems:
+    raise problems_error(problems, source)
+  return report

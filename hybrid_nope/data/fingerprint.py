@@ -3,7 +3,8 @@
 The fingerprint is a flat {name: value} of JSON scalars. A resume compares it entry by entry
 (`train.checkpoint.changed_data`): a different stdlib (another interpreter), a changed
 data.path, data.domains, data.exclude_samples, seq_len, vocabulary, shuffle seed, a rewritten
-shard or another eval set each change an entry, and the message names it.
+shard or another eval set each change an entry, and the message names it; a text source
+(jsonl, parquet, hf) adds its field, tokenizer and the sha1 of its documents' token counts.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 
 import numpy as np
 
-from hybrid_nope import config_values
+from hybrid_nope import config_values, storage
 from hybrid_nope.data import mds, mixture, pipeline
 
 
@@ -27,16 +28,14 @@ def _sha1(*arrays: np.ndarray) -> str:
 def _mds_domains(config) -> dict:
   """Per domain read: the sha1 of its index.json (shard names, sizes, hashes, sample counts)
   and its sample count; the samples data.exclude_samples skips."""
-  out = {"data.path": os.path.abspath(config.data.path)}
+  out = {"data.path": _where(config.data.path)}
   excluded = config_values.exclude_samples(config)
   if excluded:  # Absent when empty, as in fingerprints written before the key existed.
     out["data.exclude_samples"] = ",".join(sorted(excluded))
   for spec in mixture.parse_domains(config.data.domains):
     if spec.weight == 0:
       continue
-    index = os.path.join(config.data.path, spec.name, mds.INDEX_BASENAME)
-    with open(index, "rb") as f:
-      raw = f.read()
+    raw = storage.read_bytes(storage.join(config.data.path, spec.name, mds.INDEX_BASENAME))
     out[f"domain.{spec.name}.weight"] = spec.weight
     out[f"domain.{spec.name}.index_sha1"] = hashlib.sha1(raw).hexdigest()
     out[f"domain.{spec.name}.samples"] = sum(int(s.get("samples", 0))
@@ -57,7 +56,17 @@ def data_fingerprint(config, eval_batches: list[dict]) -> dict:
                 "train.tokens_sha1": _sha1(rows["inputs"], rows["segment_ids"])})
     if d.source == "stdlib":
       out["data.eval_fraction"] = d.eval_fraction
+  elif d.source in config_values.TEXT_SOURCES:
+    from hybrid_nope.data import text_rows  # pylint: disable=g-import-not-at-top
+    out.update({"data.document_masking": d.document_masking, "data.eval_fraction":
+                d.eval_fraction, "data.path": _where(d.path),
+                **text_rows.corpus(config).fingerprint()})
   else:
     out.update({"data.document_masking": d.document_masking, "eval.path": config.eval.path,
                 **_mds_domains(config)})
   return out
+
+
+def _where(path: str) -> str:
+  """A local path made absolute (a relative one names other data from another directory)."""
+  return path if storage.is_url(path) else os.path.abspath(path)

@@ -1,13 +1,21 @@
-"""Pack tokenised documents into fixed-length training rows (pure numpy).
+"""Pack tokenised documents into fixed-length training rows (pure numpy): the one home of
+packing for every source.
 
 The documents are concatenated into one stream and cut into rows of seq_len + 1 tokens,
 consecutive rows sharing one token: row k = stream[k*T : k*T + T + 1]. Every stream token but
-the first is then a target exactly once, and no document is cut short or padded. Attention and
-the loss both stay inside a document: segment ids separate documents, positions count from each
-document's BOS (continuing across rows), and a target from another document gets weight 0.
+the first is then a target exactly once, and no document is cut short. Attention and the loss
+both stay inside a document: segment ids separate documents, positions count from each
+document's first token (continuing across rows), and a target from another document gets
+weight 0. Two forms of the same rule:
+  pack_documents  all rows at once, in memory; the tail that fills no whole row is dropped
+                  (the stdlib corpus, prepared byte documents);
+  StreamRows      row k on demand, reading only the documents it overlaps; the last row is
+                  padded (token 0, segment 0, weight 0) where the stream ends (MDS raw domains,
+                  jsonl / parquet / saved datasets tokenised on the fly), each row by `cut_row`.
 """
 
 import logging
+from typing import Callable
 
 import numpy as np
 
@@ -80,3 +88,69 @@ def pack_documents(docs_tokens: list[np.ndarray], seq_len: int) -> dict[str, np.
       "positions": rows(position)[:, :-1],
       "weights": loss_weights(segment_rows[:, :-1], segment_rows[:, 1:]),
   }
+
+
+def cut_row(tokens: np.ndarray, doc_starts: np.ndarray, doc_ends: np.ndarray, first: int,
+            seq_len: int) -> dict[str, np.ndarray]:
+  """One training row from stream[first : first + n] (n = tokens.size, 2 <= n <= seq_len + 1).
+
+  doc_starts / doc_ends: sorted, non-overlapping [start, end) of the stream's documents, in
+  stream coordinates (only those near the row are needed); a token no document covers gets
+  segment 0 and weight 0. Returns ROW_KEYS, each [seq_len], padded past n.
+  """
+  n, T = tokens.size, seq_len
+  if not 2 <= n <= T + 1:
+    raise ValueError(f"a row needs 2..{T + 1} tokens, got {n}")
+  p = first + np.arange(n, dtype=np.int64)
+  doc = np.searchsorted(doc_starts, p, side="right") - 1
+  clipped = np.maximum(doc, 0)
+  inside = (doc >= 0) & (p < doc_ends[clipped]) if doc_ends.size else np.zeros(n, bool)
+  m = min(n, T)  # inputs; n - 1 targets
+  first_doc = doc[inside].min() if inside.any() else 0
+  row = {k: np.zeros(T, ROW_DTYPES[k]) for k in ROW_KEYS}
+  row["inputs"][:m] = tokens[:m]
+  row["targets"][:n - 1] = tokens[1:]
+  row["segment_ids"][:m] = np.where(inside[:m], doc[:m] - first_doc + 1, PADDING_SEGMENT)
+  row["positions"][:m] = np.where(inside[:m], p[:m] - doc_starts[clipped[:m]], 0)
+  row["weights"][:n - 1] = inside[:-1] & inside[1:] & (doc[:-1] == doc[1:])
+  return row
+
+
+class StreamRows:
+  """The rows of documents 0..D-1 concatenated in order, row k read on demand.
+
+  `lengths` int [D]: each document's token count (0: the document is left out of the stream).
+  `read(d, lo, hi)` returns tokens [lo, hi) of document d (integer array). A stream of L tokens
+  gives ceil((L - 1) / seq_len) rows, the last padded. Without `document_masking` a row is one
+  sequence (positions count from the row's start), as ProLong's single_seq.
+  """
+
+  def __init__(self, lengths: np.ndarray, read: Callable[[int, int, int], np.ndarray], *,
+               seq_len: int, document_masking: bool = True):
+    self.lengths = np.asarray(lengths, np.int64)
+    self.read = read
+    self.seq_len = int(seq_len)
+    self.document_masking = bool(document_masking)
+    self.starts = np.concatenate([[0], np.cumsum(self.lengths)])  # [D + 1], stream offsets
+    self.num_tokens = int(self.starts[-1])
+    self.num_rows = -(-(self.num_tokens - 1) // self.seq_len) if self.num_tokens >= 2 else 0
+
+  def __len__(self) -> int:
+    return self.num_rows
+
+  def __getitem__(self, row: int) -> dict[str, np.ndarray]:
+    if not 0 <= row < self.num_rows:
+      raise IndexError(f"row {row} out of range ({self.num_rows} rows)")
+    first = int(row) * self.seq_len
+    stop = min(first + self.seq_len + 1, self.num_tokens)
+    s0 = int(np.searchsorted(self.starts, first, side="right")) - 1
+    s1 = int(np.searchsorted(self.starts, stop - 1, side="right")) - 1
+    docs = [d for d in range(s0, s1 + 1) if self.lengths[d]]  # Not the left-out ones.
+    pieces = [self.read(d, max(first - int(self.starts[d]), 0),
+                        min(stop - int(self.starts[d]), int(self.lengths[d]))) for d in docs]
+    tokens = np.concatenate(pieces).astype(np.int32)
+    if self.document_masking:
+      starts, ends = self.starts[docs], self.starts[np.array(docs) + 1]
+    else:
+      starts, ends = np.array([first]), np.array([stop])
+    return cut_row(tokens, starts, ends, first, self.seq_len)

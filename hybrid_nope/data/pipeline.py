@@ -17,13 +17,12 @@ the item name "data":
 """
 
 import functools
-import os
 from typing import Callable, Union
 
 import grain
 import numpy as np
 
-from hybrid_nope import config_values
+from hybrid_nope import config_values, storage
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.data import packing
 from hybrid_nope.data import stdlib_corpus
@@ -107,11 +106,18 @@ def train_mixture(config):
       exclude_samples=config_values.exclude_samples(config))
 
 
+def _text_rows(config, split: str, num_rows_key: str | None = None):
+  """jsonl, parquet, hf: text tokenised on the fly (hybrid_nope.data.text_rows)."""
+  from hybrid_nope.data import text_rows  # pylint: disable=g-import-not-at-top
+  return text_rows.text_rows(config, split, num_rows_key)
+
+
 Rows = Union[dict[str, np.ndarray], grain.MapDataset]
 # name -> fn(config, split, num_rows_key) -> rows: a dict of in-memory [S, T] arrays, or (train) an infinite
 # grain.MapDataset of row dicts that is already shuffled.
-ROW_SOURCES: dict[str, Callable[..., Rows]] = {"stdlib": _stdlib_rows, "mds": _mds_rows,
-                                               "documents": _documents_rows}
+ROW_SOURCES: dict[str, Callable[..., Rows]] = {
+    "stdlib": _stdlib_rows, "mds": _mds_rows, "documents": _documents_rows,
+    **{source: _text_rows for source in config_values.TEXT_SOURCES}}
 assert tuple(ROW_SOURCES) == config_values.DATA_SOURCES, "one reader per config_values.DATA_SOURCES name"
 
 
@@ -212,37 +218,37 @@ def probe_pool(config) -> dict[str, np.ndarray]:
 def tokenizer_files(config) -> list[str]:
   """The tokenizer.json files the data carries: for mds, one in data.path (put there by
   whoever prepared the domains) and one in the prepared eval directory (textbook_chapters
-  copies the --tokenizer it tokenised with), where present."""
-  if config_values.one_of(config, "data.source", config_values.DATA_SOURCES) != "mds":
+  copies the --tokenizer it tokenised with), where present; for a text source, data.tokenizer
+  unless it is the byte tokenizer."""
+  source = config_values.one_of(config, "data.source", config_values.DATA_SOURCES)
+  if source in config_values.TEXT_SOURCES and not config_values.byte_tokenised(config):
+    return [config_values.text_tokenizer(config)]
+  if source != "mds":
     return []
   from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
   places = [config_values.string(config, "data.path", "a directory", nonempty=True)]
   eval_path = config_values.string(config, "eval.path", "the prepared TextbookChapters directory",
                               nonempty=True)
   places.append(textbook_chapters.dataset_dir(eval_path))
-  return [p for p in (os.path.join(d, "tokenizer.json") for d in places) if os.path.isfile(p)]
+  return [p for p in (storage.join(d, "tokenizer.json") for d in places) if storage.exists(p)]
 
 
 def check_vocabulary(config) -> int | None:
   """Refuses a model.vocab_size below the data's tokenizer's size, before anything is built
   (on byte data, vocab_size=100 would otherwise train into NaN at step 1). stdlib and
-  documents (config_values.BYTE_SOURCES): the byte tokenizer's ByteTokenizer.vocab_size ids; mds: each of `tokenizer_files` (without one, the
-  token ids are checked as they are read: each shard's at its first read, every eval row).
+  documents (config_values.BYTE_SOURCES), and a text source with data.tokenizer="byte": the
+  byte tokenizer's ByteTokenizer.vocab_size ids; mds and other text sources: each of
+  `tokenizer_files` (mds without one: the token ids are checked as they are read, each shard's
+  at its first read, every eval row).
   Returns the largest tokenizer size checked, or None."""
   vocab_size = _positive_int(config, "model.vocab_size")
   source = config_values.one_of(config, "data.source", config_values.DATA_SOURCES)
-  if source in config_values.BYTE_SOURCES:
+  if config_values.byte_tokenised(config):
     sizes = {f"the byte tokenizer (data.source={source})": ByteTokenizer.vocab_size}
   else:
-    import tokenizers  # pylint: disable=g-import-not-at-top
-    sizes = {}
-    for path in tokenizer_files(config):
-      try:
-        sizes[path] = tokenizers.Tokenizer.from_file(path).get_vocab_size(with_added_tokens=True)
-      except Exception as e:  # tokenizers raises its own exception types for a bad file.
-        raise ConfigError(f"{path} is not a tokenizers JSON file: "
-                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                                   ) from None
+    from hybrid_nope.data.tokenizer import JsonTokenizer  # pylint: disable=g-import-not-at-top
+    key = "data.tokenizer" if source in config_values.TEXT_SOURCES else None  # mds: the data's
+    sizes = {path: JsonTokenizer(path, key).vocab_size for path in tokenizer_files(config)}
   for name, size in sizes.items():
     if size > vocab_size:
       raise ConfigError(

@@ -36,45 +36,17 @@ import os
 
 import numpy as np
 
-from hybrid_nope import config_values
-from hybrid_nope.data import mds
+from hybrid_nope import config_values, storage
+from hybrid_nope.data import mds, packing
 from hybrid_nope.data.mixture import Mixture, parse_domains
 from hybrid_nope.errors import ConfigError
+
+cut_row = packing.cut_row  # Rows are cut in one place, the packing module.
 
 _log = logging.getLogger(__name__)
 
 
 # ---- rows -------------------------------------------------------------------------------------
-
-def cut_row(tokens: np.ndarray, doc_starts: np.ndarray, doc_ends: np.ndarray, first: int,
-            seq_len: int) -> dict[str, np.ndarray]:
-  """One training row from stream[first : first + n] (n = tokens.size, 2 <= n <= seq_len + 1).
-
-  doc_starts / doc_ends: sorted, non-overlapping [start, end) of the stream's documents, in
-  stream coordinates (only those near the row are needed). Returns packing.ROW_KEYS, each
-  [seq_len].
-  """
-  n, T = tokens.size, seq_len
-  if not 2 <= n <= T + 1:
-    raise ValueError(f"a row needs 2..{T + 1} tokens, got {n}")
-  p = first + np.arange(n, dtype=np.int64)
-  doc = np.searchsorted(doc_starts, p, side="right") - 1
-  clipped = np.maximum(doc, 0)
-  inside = (doc >= 0) & (p < doc_ends[clipped]) if doc_ends.size else np.zeros(n, bool)
-  m = min(n, T)  # inputs; n - 1 targets
-  first_doc = doc[inside].min() if inside.any() else 0
-  row = {
-      "inputs": np.zeros(T, np.int32), "targets": np.zeros(T, np.int32),
-      "segment_ids": np.zeros(T, np.int32), "positions": np.zeros(T, np.int32),
-      "weights": np.zeros(T, np.float32),
-  }
-  row["inputs"][:m] = tokens[:m]
-  row["targets"][:n - 1] = tokens[1:]
-  row["segment_ids"][:m] = np.where(inside[:m], doc[:m] - first_doc + 1, 0)
-  row["positions"][:m] = np.where(inside[:m], p[:m] - doc_starts[clipped[:m]], 0)
-  row["weights"][:n - 1] = inside[:-1] & inside[1:] & (doc[:-1] == doc[1:])
-  return row
-
 
 class TokenRangeError(mds.MDSFormatError):
   """Token ids outside [0, model.vocab_size) in a shard; names the samples to exclude."""
@@ -144,9 +116,10 @@ class DomainRows:
       if np.any(short):
         _log.warning("%s: %d samples shorter than 2 tokens have no target and give no rows",
                      path, int(np.sum(short)))
-    else:
-      self._starts = np.concatenate([[0], np.cumsum(self.lengths)])
-      self.num_rows = -(-(self.num_tokens - 1) // seq_len) if self.num_tokens >= 2 else 0
+    else:  # One stream of the domain's documents in file order, packed on the fly.
+      self._stream = packing.StreamRows(self.lengths, self._raw_tokens, seq_len=seq_len,
+                                        document_masking=self.document_masking)
+      self.num_rows = len(self._stream)
     if self.num_rows == 0:
       raise mds.MDSFormatError(f"{path}: {len(self.ds)} samples with {self.num_tokens} tokens "
                                f"give no training row of data.seq_len={seq_len}")
@@ -205,46 +178,34 @@ class DomainRows:
   def __getitem__(self, row: int) -> dict[str, np.ndarray]:
     if not 0 <= row < self.num_rows:
       raise IndexError(f"row {row} out of range for {self.path} ({self.num_rows} rows)")
+    if not self.packed:
+      return self._stream[row]
     T = self.seq_len
-    if self.packed:
-      sample = int(np.searchsorted(self._row_ends, row, side="right"))
-      k = row - (int(self._row_ends[sample - 1]) if sample else 0)
-      self._check_shard(sample)
-      values = self.ds.get(sample, ("input_ids", "indices"))
-      ids = values["input_ids"]
-      first = k * T
-      tokens = ids[first:first + T + 1]
-      if self.document_masking:
-        indices = self._indices(sample, values)
-        starts = indices[:, 0].astype(np.int64)
-        ends = indices[:, 1].astype(np.int64)
-      else:
-        starts, ends = np.array([0]), np.array([ids.size])
-      return cut_row(tokens.astype(np.int32), starts, ends, first, T)
-
-    first = row * T
-    stop = min(first + T + 1, self.num_tokens)
-    s0 = int(np.searchsorted(self._starts, first, side="right")) - 1
-    s1 = int(np.searchsorted(self._starts, stop - 1, side="right")) - 1
-    docs = [s for s in range(s0, s1 + 1) if self.lengths[s]]  # Not the excluded ones.
-    pieces = []
-    for s in docs:
-      self._check_shard(s)
-      values = self.ds.get(s, ("input_ids", "length") if "length" in self.ds.columns
-                           else ("input_ids",))
-      ids = values["input_ids"]
-      if "length" in values and int(values["length"]) != ids.size:
-        raise mds.MDSFormatError(f"{self.ds.describe(s)}: input_ids of shape {ids.shape} "
-                                 f"disagrees with its length column {values.get('length')}")
-      lo = max(first - int(self._starts[s]), 0)
-      hi = min(stop - int(self._starts[s]), ids.size)
-      pieces.append(ids[lo:hi])
-    tokens = np.concatenate(pieces).astype(np.int32)
+    sample = int(np.searchsorted(self._row_ends, row, side="right"))
+    k = row - (int(self._row_ends[sample - 1]) if sample else 0)
+    self._check_shard(sample)
+    values = self.ds.get(sample, ("input_ids", "indices"))
+    ids = values["input_ids"]
+    first = k * T
+    tokens = ids[first:first + T + 1]
     if self.document_masking:
-      starts, ends = self._starts[docs], self._starts[np.array(docs) + 1]
+      indices = self._indices(sample, values)
+      starts = indices[:, 0].astype(np.int64)
+      ends = indices[:, 1].astype(np.int64)
     else:
-      starts, ends = np.array([first]), np.array([stop])
-    return cut_row(tokens, starts, ends, first, T)
+      starts, ends = np.array([0]), np.array([ids.size])
+    return cut_row(tokens.astype(np.int32), starts, ends, first, T)
+
+  def _raw_tokens(self, sample: int, lo: int, hi: int) -> np.ndarray:
+    """input_ids[lo:hi] of a raw domain's sample, its shard checked and its length column."""
+    self._check_shard(sample)
+    values = self.ds.get(sample, ("input_ids", "length") if "length" in self.ds.columns
+                         else ("input_ids",))
+    ids = values["input_ids"]
+    if "length" in values and int(values["length"]) != ids.size:
+      raise mds.MDSFormatError(f"{self.ds.describe(sample)}: input_ids of shape {ids.shape} "
+                               f"disagrees with its length column {values.get('length')}")
+    return ids[lo:hi]
 
 
 # ---- from the config --------------------------------------------------------------------------
@@ -254,7 +215,7 @@ def build_mixture(data_path: str, domains, *, seq_len: int, document_masking: bo
                   verify_hashes: bool = True, exclude_samples: tuple[str, ...] = ()) -> Mixture:
   """The Mixture of `domains` ("name@proportion") under `data_path`, without the samples
   `exclude_samples` names (data.exclude_samples: each must name one domain that is read)."""
-  if not data_path or not os.path.isdir(data_path):
+  if not data_path or not storage.isdir(data_path):
     raise ConfigError(f"config.data.path={data_path!r} is invalid: expected an existing "
                       f"directory with one MDS directory per domain (e.g. prolong-data-64K)")
   specs = [s for s in parse_domains(domains) if s.weight > 0]
@@ -270,8 +231,8 @@ def build_mixture(data_path: str, domains, *, seq_len: int, document_masking: bo
                         f"config.data.domains reads ({', '.join(s.name for s in specs)})")
   rows = []
   for spec in specs:
-    path = os.path.join(data_path, spec.name)
-    if not os.path.isdir(path):
+    path = storage.join(data_path, spec.name)
+    if not storage.isdir(path):
       raise ConfigError(f"domain {spec.name!r} of config.data.domains has no directory "
                         f"{path} under config.data.path")
     rows.append(DomainRows(path, seq_len=seq_len, document_masking=document_masking,

@@ -1,22 +1,22 @@
 """Text to a run's token ids and back, as its training data was tokenised (score, generate, and
 the samples a run writes while it trains).
 
-- data.source=stdlib or documents (config_values.BYTE_SOURCES): the byte tokenizer
-  (data/tokenizer.py). Text starts with BOS as every training document does; the documents
-  end with EOS, which is the end of a generation.
-- otherwise: a tokenizer.json (`tokenizer_path`, else the one the data carries:
-  pipeline.tokenizer_files) with its own special tokens. Which id ends a document is not
-  recorded with the data, so generation stops at one only when named (`eos_token`).
+- data.source=stdlib or documents (config_values.BYTE_SOURCES), or a text source with
+  data.tokenizer="byte": the byte tokenizer (data/tokenizer.py). Text starts with BOS as every
+  training document does; the documents end with EOS, which is the end of a generation.
+- otherwise: a tokenizer.json (`tokenizer_path`, else the one the data carries or a text
+  source's data.tokenizer: pipeline.tokenizer_files) with its own special tokens. Which id
+  ends a document is not recorded with the data, so generation stops at one only when named
+  (`eos_token`).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable
 
 import numpy as np
 
-from hybrid_nope import config_values
+from hybrid_nope import config_values, storage
 from hybrid_nope.data import pipeline
 from hybrid_nope.data.tokenizer import ByteTokenizer
 from hybrid_nope.errors import UserError
@@ -37,7 +37,7 @@ def text_codec(config, tokenizer_path: str | None = None,
                eos_token: str | None = None) -> TextCodec:
   """The run's codec (module docstring). `eos_token` names the end-of-document token of a
   tokenizer.json (e.g. "<|end_of_text|>"); the byte tokenizer's is its EOS."""
-  if tokenizer_path is None and config.data.source in config_values.BYTE_SOURCES:
+  if tokenizer_path is None and config_values.byte_tokenised(config):
     if eos_token is not None:
       raise TextCodecError(f"eos_token={eos_token!r}: the byte tokenizer "
                            f"(data.source={config.data.source}) "
@@ -46,12 +46,12 @@ def text_codec(config, tokenizer_path: str | None = None,
     return TextCodec(lambda text: byte_tokenizer.encode(text, add_bos=True, add_eos=False),
                      byte_tokenizer.decode, ByteTokenizer.EOS_ID)
   found = [tokenizer_path] if tokenizer_path else pipeline.tokenizer_files(config)
-  if not found or not os.path.isfile(found[0]):
+  if not found or not storage.exists(found[0]):
     raise TextCodecError(f"no tokenizer.json for this run (data.source={config.data.source}"
                          f"{', tokenizer ' + tokenizer_path if tokenizer_path else ''}): pass "
                          "--tokenizer=/path/to/tokenizer.json")
   import tokenizers  # pylint: disable=g-import-not-at-top
-  tokenizer = tokenizers.Tokenizer.from_file(found[0])
+  tokenizer = tokenizers.Tokenizer.from_str(storage.read_text(found[0]))
   eos_id = None
   if eos_token is not None:
     eos_id = tokenizer.token_to_id(eos_token)

@@ -1,11 +1,13 @@
-"""Decompressed copies of compressed shards, in a local cache, each checked before it is used.
+"""Decompressed copies of compressed shards, and copies of remote shards (gs://, ...), in a
+local cache, each checked before it is used.
 
-A compressed shard is decompressed once per machine into the cache (to a temporary name, then
-an atomic rename, so processes racing on one shard are safe), checked against index.json's
-raw_data size and hashes, and written with a sidecar `<shard>.sha1` holding the sha1 of the
-decompressed bytes (`sha1sum -c` reads it). The first time a process uses a cached copy it
-hashes it against its sidecar: a copy changed since (a flipped byte, a bad disk) is refused,
-naming the file; a copy without a sidecar (left by an older version) is decompressed again.
+A compressed or remote shard is decompressed (or fetched) once per machine into the cache (to
+a temporary name, then an atomic rename, so processes racing on one shard are safe), checked
+against index.json's raw_data size and hashes, and written with a sidecar `<shard>.sha1`
+holding the sha1 of the uncompressed bytes (`sha1sum -c` reads it). The first time a process
+uses a cached copy it hashes it against its sidecar: a copy changed since (a flipped byte, a
+bad disk) is refused, naming the file; a copy without a sidecar (left by an older version) is
+made again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import os
 import threading
 import uuid
+from typing import BinaryIO, Callable
 
 from hybrid_nope.data.mds.encoding import MDSFormatError
 from hybrid_nope.data.mds.index import _decompressor, _Shard
@@ -59,8 +62,12 @@ def _check_copy(target: str, sidecar: str, zipped: str) -> bool:
       f"(rm {target}) and it is decompressed again from {zipped}")
 
 
-def cached_copy(shard: _Shard, zipped: str, target: str, index_path: str) -> str:
-  """The verified decompressed copy of `zipped` (shard `shard` of `index_path`) at `target`."""
+def cached_copy(shard: _Shard, zipped: str, target: str, index_path: str,
+                open_source: Callable[[], BinaryIO] | None = None,
+                compressed: bool = True) -> str:
+  """The verified uncompressed copy of `zipped` (shard `shard` of `index_path`) at `target`.
+  `open_source` opens `zipped` (default: a local file); `compressed=False` copies it as it is
+  (a remote uncompressed shard fetched into the cache)."""
   sidecar = target + SIDECAR_SUFFIX
   if (os.path.exists(target) and os.path.getsize(target) == shard.raw_bytes
       and _check_copy(target, sidecar, zipped)):
@@ -70,8 +77,8 @@ def cached_copy(shard: _Shard, zipped: str, target: str, index_path: str) -> str
   hashers = {a: hashlib.new(a) for a in shard.raw_hashes if a in hashlib.algorithms_available}
   sha1 = hashers.setdefault("sha1", hashlib.sha1())  # The sidecar's, whatever index.json lists.
   try:
-    with open(zipped, "rb") as src, open(tmp, "wb") as dst:
-      reader = _decompressor(shard.compression)(src)
+    with (open_source or (lambda: open(zipped, "rb")))() as src, open(tmp, "wb") as dst:
+      reader = _decompressor(shard.compression)(src) if compressed else src
       written = 0
       while chunk := reader.read(_CHUNK):
         dst.write(chunk)
@@ -80,14 +87,15 @@ def cached_copy(shard: _Shard, zipped: str, target: str, index_path: str) -> str
         written += len(chunk)
         if written > shard.raw_bytes:
           break
+    gives = "decompresses to" if compressed else "holds"
     if written != shard.raw_bytes:
       raise MDSFormatError(
-          f"{zipped} decompresses to {'more than ' if written > shard.raw_bytes else ''}"
+          f"{zipped} {gives} {'more than ' if written > shard.raw_bytes else ''}"
           f"{written} bytes but {index_path} says {shard.raw_bytes} "
           f"(shards[{shard.number}].raw_data.bytes)")
     for algo, expected in shard.raw_hashes.items():
       if algo in hashers and hashers[algo].hexdigest() != expected:
-        raise MDSFormatError(f"{zipped} decompresses to data whose {algo} is "
+        raise MDSFormatError(f"{zipped} {gives} data whose {algo} is "
                              f"{hashers[algo].hexdigest()}, but {index_path} says {expected}")
     with open(tmp + SIDECAR_SUFFIX, "w") as f:
       f.write(f"{sha1.hexdigest()}  {os.path.basename(target)}\n")
@@ -101,5 +109,6 @@ def cached_copy(shard: _Shard, zipped: str, target: str, index_path: str) -> str
         os.unlink(path)
     if isinstance(e, MDSFormatError):
       raise
-    raise MDSFormatError(f"cannot decompress {zipped} ({shard.compression}): {e}") from e
+    raise MDSFormatError(f"cannot {'decompress' if compressed else 'fetch'} {zipped} "
+                         f"({shard.compression or 'uncompressed'}): {e}") from e
   return target

@@ -10,8 +10,10 @@ import os
 import threading
 from typing import Any, Iterable
 
+import fsspec
 import numpy as np
 
+from hybrid_nope import storage
 from hybrid_nope.config_values import VERIFY_ALWAYS
 from hybrid_nope.data.mds import cache
 from hybrid_nope.data.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError, _decode,
@@ -29,7 +31,8 @@ class MDSDataset:
   int, str as str, bytes as bytes, json as the parsed object.
 
   Args:
-    path: the directory holding index.json.
+    path: the directory holding index.json: local, or an fsspec URL (gs://, ...) whose shards
+      are fetched whole into `cache_dir` at their first open, checked as decompressed ones.
     cache_dir: where compressed shards are decompressed to (default `default_cache_dir()`);
       a shard whose decompressed file already sits next to it in `path` is used in place.
     max_open_shards: how many shard memory maps stay open (each holds a file descriptor).
@@ -44,21 +47,26 @@ class MDSDataset:
 
   def __init__(self, path: str, *, cache_dir: str | None = None, max_open_shards: int = 64,
                verify_hashes: bool | str = True):
-    self.path = os.path.abspath(os.fspath(path))
+    local = storage.local_path(os.fspath(path))
+    self.path = os.path.abspath(local) if local is not None else os.fspath(path).rstrip("/")
+    # A URL (gs://, ...): each shard is fetched whole into the cache at its first open.
+    self._remote = None if local is not None else fsspec.core.url_to_fs(self.path)
     columns, self._shards, index_bytes = _load_index(self.path)
     self.columns = {c.name: c for c in columns}
     self._column_list = columns
     self._num_variable = sum(c.size is None for c in columns)
+    where = self.path if self._remote else os.path.realpath(self.path)
     self._cache_root = os.path.join(
         cache_dir or default_cache_dir(),
-        hashlib.sha256(os.path.realpath(self.path).encode() + b"\0" + index_bytes).hexdigest()[:20])
+        hashlib.sha256(where.encode() + b"\0" + index_bytes).hexdigest()[:20])
     self._max_open = max(1, int(max_open_shards))
     self._verify_hashes = verify_hashes
     self._open: collections.OrderedDict[int, Any] = collections.OrderedDict()
     self._lock = threading.RLock()
     self._ends = np.cumsum([s.samples for s in self._shards], dtype=np.int64)
+    sizes = self._remote_sizes() if self._remote else None
     for shard in self._shards:
-      self._check_files(shard)
+      self._check_files(shard, sizes)
     unhashed = sum(not s.raw_hashes for s in self._shards)
     if verify_hashes and unhashed and self._cache_root not in _warned_unhashed:
       _warned_unhashed.add(self._cache_root)
@@ -70,7 +78,13 @@ class MDSDataset:
   # -- files
 
   def _file(self, basename: str) -> str:
-    return os.path.join(self.path, basename)
+    return storage.join(self.path, basename)
+
+  def _remote_sizes(self) -> dict[str, int]:
+    """{basename: bytes} of every file under a remote directory, from one listing."""
+    fs, root = self._remote
+    found = fs.find(root, detail=True)
+    return {name[len(root):].lstrip("/"): int(info["size"]) for name, info in found.items()}
 
   def _check_size(self, path: str, expected: int, field: str) -> None:
     size = os.path.getsize(path)
@@ -79,8 +93,22 @@ class MDSDataset:
           f"{path} is {size} bytes but {self._file(INDEX_BASENAME)} says {expected} ({field}): "
           "the shard is truncated or from another write")
 
-  def _check_files(self, shard: _Shard) -> None:
-    """Size checks against index.json, before anything is read."""
+  def _check_files(self, shard: _Shard, remote_sizes: dict | None) -> None:
+    """Size checks against index.json, before anything is read; a remote shard's from the
+    listing (`remote_sizes`), its raw file preferred (nothing to decompress)."""
+    if remote_sizes is not None:
+      for basename, field, expected in ((shard.raw_basename, "raw_data", shard.raw_bytes),
+                                        (shard.zip_basename, "zip_data", shard.zip_bytes)):
+        if basename in remote_sizes:
+          if remote_sizes[basename] != expected:
+            raise MDSFormatError(
+                f"{self._file(basename)} is {remote_sizes[basename]} bytes but "
+                f"{self._file(INDEX_BASENAME)} says {expected} (shards[{shard.number}]."
+                f"{field}.bytes): the shard is truncated or from another write")
+          shard.remote = basename
+          return
+      raise MDSFormatError(f"shard file {self._file(shard.raw_basename)} (shards["
+                           f"{shard.number}] of {self._file(INDEX_BASENAME)}) is missing")
     raw = self._file(shard.raw_basename)
     if os.path.exists(raw):
       self._check_size(raw, shard.raw_bytes, f"shards[{shard.number}].raw_data.bytes")
@@ -96,10 +124,17 @@ class MDSDataset:
     self._check_size(zipped, shard.zip_bytes, f"shards[{shard.number}].zip_data.bytes")
 
   def _decompressed_path(self, shard: _Shard) -> str:
-    """The cached uncompressed copy of a compressed shard, made once and checked (cache.py)."""
-    return cache.cached_copy(shard, self._file(shard.zip_basename),
-                             os.path.join(self._cache_root, shard.raw_basename),
-                             self._file(INDEX_BASENAME))
+    """The cached uncompressed copy of a compressed or remote shard, made once and checked
+    (cache.py)."""
+    target = os.path.join(self._cache_root, shard.raw_basename)
+    if self._remote is None:
+      return cache.cached_copy(shard, self._file(shard.zip_basename), target,
+                               self._file(INDEX_BASENAME))
+    fs, root = self._remote
+    remote = f"{root}/{shard.remote}"
+    return cache.cached_copy(shard, self._file(shard.remote), target, self._file(INDEX_BASENAME),
+                             open_source=lambda: fs.open(remote, "rb"),
+                             compressed=shard.remote != shard.raw_basename)
 
   def _verify(self, shard: _Shard, path: str) -> None:
     """Hashes an uncompressed shard with one algorithm index.json lists (the first hashlib

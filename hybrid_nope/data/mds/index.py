@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from hybrid_nope import storage
 from hybrid_nope.data.mds.encoding import (COMPRESSIONS, INDEX_BASENAME, Column, MDSFormatError,
                                            parse_encoding)
 
@@ -23,17 +24,18 @@ class _Shard:
   zip_basename: str | None
   zip_bytes: int | None
   compression: str | None
-  path: str | None = None            # the uncompressed file, once known
+  path: str | None = None            # the uncompressed local file, once known
+  remote: str | None = None          # the basename fetched from a remote directory
   offsets: np.ndarray | None = None  # int64 [samples + 1], once the shard was opened
 
 
 def _load_index(directory: str) -> tuple[list[Column], list[_Shard], bytes]:
-  index_path = os.path.join(directory, INDEX_BASENAME)
-  if not os.path.isdir(directory):
+  """index.json of `directory` (a local path or an fsspec URL), checked field by field."""
+  index_path = storage.join(directory, INDEX_BASENAME)
+  if not storage.isdir(directory):
     raise FileNotFoundError(f"MDS dataset directory {directory} does not exist")
   try:
-    with open(index_path, "rb") as f:
-      index_bytes = f.read()
+    index_bytes = storage.read_bytes(index_path)
   except FileNotFoundError:
     raise FileNotFoundError(f"{index_path} is missing: an MDS dataset directory needs the "
                             f"index.json written by MDSWriter") from None
