@@ -39,7 +39,11 @@ def get_config() -> ml_collections.ConfigDict:
       vocab_size=128256,       # Llama-3 tokenizer (ProLong data).
       tie_embeddings=False,
       norm_eps=1e-5,
-      dtype="auto",            # auto: float32 on CPU, bfloat16 elsewhere; params stay float32.
+      dtype="auto",            # auto: float32 on CPU, bfloat16 elsewhere (the compute dtype).
+      param_dtype="float32",   # float32 | bfloat16: the parameters' storage (bfloat16 halves
+                               # their memory; updates below bf16's resolution are lost).
+      logits_dtype="compute",  # compute | float32: the output head's matmul in the compute
+                               # dtype or in float32; the loss is float32 either way.
       remat=False,             # True: scan the pattern repeats, keeping only the residual stream
                                # between them for the backward pass (long sequences, big models).
       attention_impl="auto",
@@ -110,7 +114,16 @@ def get_config() -> ml_collections.ConfigDict:
       steps=20000,
       learning_rate=6e-4,
       min_learning_rate_ratio=0.1,
-      warmup_steps=1000,
+      warmup_steps=1000,       # Linear from 0 to learning_rate, before every schedule.
+      schedule="cosine",       # cosine | wsd (warmup-stable-decay) | linear | constant: the
+                               # first three end at min_learning_rate_ratio x peak at
+                               # train.steps (hybrid_nope/train/lr_schedule.py).
+      decay_fraction=0.2,      # wsd: the last fraction of train.steps decays (1 - sqrt).
+      schedule_offset=1,       # Update n runs at lr(n - 1 + offset): 1 trains from the first
+                               # update; 0 (runs before this key) runs it at lr(0) = 0.
+      z_loss=0.0,              # Coefficient of log²Z (softmax normaliser) added to the loss,
+                               # as PaLM (1e-4); logged as z_loss. 0 = off.
+      opt_state_dtype="float32",  # float32 | bfloat16: Adam's moments' storage.
       b1=0.9, b2=0.95, eps=1e-8,
       weight_decay=0.1,        # Not applied to norm gains or embeddings.
       grad_clip=1.0,

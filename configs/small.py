@@ -56,6 +56,7 @@ def get_config(experiment: str = "swa64"):
   c.data.batch_size = 4
   steps = _steps_for_flops_of(c, int(match.group(3))) if match and match.group(3) else STEPS
   c.train.update(dict(steps=steps, warmup_steps=STEPS // 10))
+  c.train.schedule_offset = 0  # The committed sweep's runs (first update at lr 0) resume as is.
   c.checkpoint.update(dict(every_steps=64, keep=2))
   c.metrics.every_steps = 32
   c.eval.every_steps = 64

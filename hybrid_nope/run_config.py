@@ -24,7 +24,13 @@ ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
               "eval.sample_every_steps": 0, "eval.sample_prompts": [],
               "eval.sample_max_new_tokens": 64, "data.skip_batches": 0,
               "data.exclude_samples": [], "train.grad_accum_steps": 1,
-              "train.allow_changes": [], "train.overwrite": False}
+              "train.allow_changes": [], "train.overwrite": False,
+              # The recipe keys of issue 40: before them, warmup + cosine with the first update
+              # at lr 0, no z-loss, float32 parameters and moments, the head in compute dtype.
+              "train.schedule": "cosine", "train.decay_fraction": 0.2,
+              "train.schedule_offset": 0, "train.z_loss": 0.0,
+              "train.opt_state_dtype": "float32", "model.param_dtype": "float32",
+              "model.logits_dtype": "compute"}
 
 
 def history(workdir: str) -> list[dict]:
@@ -107,11 +113,14 @@ def rebuild_missing(workdir: str, lineage: list[dict], step: int) -> list[str]:
 
 
 # Keys whose change makes another run: the architecture, what a step sees, the init and the
-# data order, and the learning-rate schedule. Implementation choices (kernels, remat) produce
-# the same function and may change freely, as may eval, logging and checkpoint settings.
+# data order, and the recipe (learning-rate schedule, z-loss, optimizer-state dtype).
+# Implementation choices (kernels, remat) produce the same function and may change freely, as
+# may eval, logging and checkpoint settings.
 DEFINING_PREFIXES = ("model.",)
 DEFINING_KEYS = ("data.batch_size", "data.seq_len", "train.seed", "train.learning_rate",
-                 "train.warmup_steps", "train.min_learning_rate_ratio", "train.steps")
+                 "train.warmup_steps", "train.min_learning_rate_ratio", "train.steps",
+                 "train.schedule", "train.decay_fraction", "train.schedule_offset",
+                 "train.z_loss", "train.opt_state_dtype")
 FREE_MODEL_KEYS = ("model.attention_impl", "model.linear_impl", "model.delta_impl",
                    "model.remat")
 
@@ -170,5 +179,5 @@ def allowed_changes(config) -> tuple[str, ...]:
     if not is_defining(key):
       raise ConfigError(f"config.train.allow_changes names {key!r}, which a resume may change "
                         "anyway: list only run-defining keys (model.*, data.batch_size, "
-                        f"data.seq_len, train.seed and the schedule: {', '.join(DEFINING_KEYS[3:])})")
+                        f"data.seq_len, train.seed and the recipe: {', '.join(DEFINING_KEYS[3:])})")
   return keys

@@ -21,7 +21,8 @@ from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.delta import GATES as DELTA_GATES, check_shape as check_delta_shape
 from hybrid_nope.model.pattern import layer_kinds, window_of
-from hybrid_nope.model.transformer import DTYPES
+from hybrid_nope.model.transformer import DTYPES, LOGITS_DTYPES
+from hybrid_nope.train.lr_schedule import SCHEDULES, decay_steps
 
 
 
@@ -142,6 +143,7 @@ def validate(config, *, check_paths: bool = True) -> None:
   number_in(config, "train.weight_decay", 0, None, "a finite float >= 0", low_open=False)
   number_in(config, "train.min_learning_rate_ratio", 0, 1, "a float in [0, 1]",
              low_open=False, high_open=False)
+  check_recipe(config)
   number_in(config, "train.peak_flops", 0, None, "a finite float >= 0 (0 = look up or measure)",
              low_open=False)
   number_in(config, "checkpoint.every_minutes", 0, None, "a finite float >= 0 (0 = off)",
@@ -151,6 +153,26 @@ def validate(config, *, check_paths: bool = True) -> None:
   require(not project or importlib.util.find_spec("wandb") is not None,
           "logging.wandb_project", project, '"" (off) unless wandb is installed: '
           "pip install '.[wandb]'")
+
+
+def check_recipe(config) -> None:
+  """The schedule, z-loss and storage dtypes (train/lr_schedule.py, model/loss.py)."""
+  t = config.train
+  kind = one_of(config, "train.schedule", SCHEDULES)
+  int_in(config, "train.schedule_offset", 0, 2,
+         "0 or 1 (1: the first update trains at lr(1); 0: at lr(0) = 0, as runs before the key)")
+  number_in(config, "train.decay_fraction", 0, 1, "a float in (0, 1] (wsd's share of "
+            "train.steps that decays)", high_open=False)
+  if kind == "wsd":
+    cooldown = decay_steps(t)
+    require(1 <= cooldown <= t.steps - t.warmup_steps, "train.decay_fraction", t.decay_fraction,
+            f"a fraction of train.steps={t.steps} giving 1 to train.steps - train.warmup_steps"
+            f" = {t.steps - t.warmup_steps} decay steps (it gives {cooldown})")
+  number_in(config, "train.z_loss", 0, None, "a finite float >= 0 (0 = off; PaLM: 1e-4)",
+            low_open=False)
+  one_of(config, "train.opt_state_dtype", DTYPES)
+  one_of(config, "model.param_dtype", DTYPES)
+  one_of(config, "model.logits_dtype", LOGITS_DTYPES)
 
 
 MESH_AXES = ("data", "fsdp", "tensor")  # config.mesh.<axis>: the trainer's mesh axes.

@@ -125,12 +125,26 @@ def test_demo_runs_on_embedded_data_without_paths():
     ("eval.sample_every_steps", 5, "eval.sample_prompts"),  # Samples, but no prompt.
     ("eval.sample_prompts", ("def ", ""), "eval.sample_prompts"),
     ("eval.sample_max_new_tokens", 0, "eval.sample_max_new_tokens"),
+    ("train.schedule", "step", "train.schedule"),
+    ("train.schedule_offset", 2, "train.schedule_offset"),
+    ("train.decay_fraction", 0.0, "train.decay_fraction"),
+    ("train.z_loss", -1e-4, "train.z_loss"),
+    ("train.opt_state_dtype", "float16", "train.opt_state_dtype"),
+    ("model.param_dtype", "float16", "model.param_dtype"),
+    ("model.logits_dtype", "bfloat16", "model.logits_dtype"),
 ])
 def test_bad_values_fail_naming_the_key(key, value, message):
   config = tiny_config(**{key.replace(".", "__"): value})
   with pytest.raises(ConfigError, match=message) as e:
     validate(config)
   assert "expected" in str(e.value)
+
+
+def test_a_wsd_decay_longer_than_the_steps_after_warmup_fails_naming_the_key():
+  # tiny: 8 steps, 2 of warmup; 0.9 x 8 rounds to 7 decay steps, more than the 6 left.
+  with pytest.raises(ConfigError, match=r"train.decay_fraction=0.9 .* \(it gives 7\)"):
+    validate(tiny_config(train__schedule="wsd", train__decay_fraction=0.9))
+  validate(tiny_config(train__schedule="wsd", train__decay_fraction=0.75))
 
 
 def test_missing_data_path_fails_naming_the_key(tmp_path):

@@ -2,7 +2,8 @@
 # remat; ~60 s cold on 2 cores together), so by cost they are integration, `make test-all` only.
 # test-all only: remat gives the plain model's loss and gradients (test_remat_matches_plain), and
 # each extra block under remat stores little more than the residual stream
-# (test_remat_stores_only_the_residual_stream_between_repeats).
+# (test_remat_stores_only_the_residual_stream_between_repeats); bfloat16 parameters in L and D
+# layers (test_bfloat16_parameters_are_the_float32_ones_rounded_and_computed_alike[LG, DG]).
 import numpy as np
 import pytest
 import jax
@@ -113,6 +114,41 @@ def test_tied_and_untied_heads():
   for model in (tied, untied):
     # Logits start near unit scale, so the initial loss is close to log(V).
     assert 0.5 < float(jnp.std(model(tokens()))) < 2.0
+
+
+@pytest.mark.parametrize("pattern", [  # L and D layers run ~7 s each here: test-all only.
+    "SG", pytest.param("LG", marks=pytest.mark.integration),
+    pytest.param("DG", marks=pytest.mark.integration)])
+def test_bfloat16_parameters_are_the_float32_ones_rounded_and_computed_alike(pattern):
+  """model.param_dtype: the same initialisation, stored rounded to bfloat16; the forward pass
+  (float32 compute) equals the float32 model's holding those rounded values."""
+  stored, wide = build(pattern=pattern, param_dtype="bfloat16"), build(pattern=pattern)
+  params = nnx.state(stored, nnx.Param)
+  assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+  nnx.update(wide, jax.tree.map(lambda p: p.astype(jnp.float32), params))
+  np.testing.assert_array_equal(stored(tokens()), wide(tokens()))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_logits_dtype_float32_computes_the_head_in_float32(tied):
+  """With bfloat16 compute, "compute" rounds the logits to bfloat16 before the float32 cast;
+  "float32" gives the final norm's output times the head in float32."""
+  seen = {}
+
+  def final(layer, name, x_BTD):
+    seen[name] = x_BTD
+    return x_BTD
+
+  wide, narrow = (build(dtype="bfloat16", tie_embeddings=tied, logits_dtype=kind)
+                  for kind in ("float32", "compute"))
+  got = wide(tokens(), observe=final)
+  x_BTD = np.asarray(seen["final_norm"], np.float32)
+  head_DV = (np.asarray(wide.embed.embedding_VD[...]).T * 32 ** -0.5 if tied
+             else np.asarray(wide.head_DV[...]))
+  np.testing.assert_allclose(got, x_BTD @ head_DV, rtol=1e-5, atol=1e-5)
+  rounded = lambda l: np.asarray(jnp.asarray(l).astype(jnp.bfloat16).astype(jnp.float32))
+  np.testing.assert_array_equal(narrow(tokens()), rounded(narrow(tokens())))
+  assert not np.array_equal(got, rounded(got))
 
 
 @pytest.mark.parametrize("pattern,num_layers", [("SG", 6), ("G", 3), ("SSG", 6)])

@@ -25,7 +25,9 @@
 # test_checkpoint_every_minutes_off_saves_by_steps_only); a URL workdir gets every record and
 # analysis reads it (test_a_url_workdir_gets_every_record_and_analysis_reads_it);
 # eval.length_multiples score longer rows as a forward pass does
-# (test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_does).
+# (test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_does); a resume
+# is exact with each option of the current recipes (wsd, z-loss, bfloat16 parameters and
+# moments, float32 logits: test_a_resume_continues_the_identical_trajectory_with_each_recipe_option).
 """End to end on the embedded corpus: metrics, checkpoints, kill and resume, non-finite loss."""
 import glob
 import json
@@ -264,12 +266,13 @@ def saved_params_finite(workdir, config):
 def test_a_non_finite_update_is_refused_so_every_checkpoint_is_finite(tmp_path, monkeypatch, bad):
   # The guard must hold whatever validation lets through, so validation is bypassed here.
   monkeypatch.setattr(loop, "validate", lambda config: None)
-  config = tiny_config(checkpoint__every_steps=1, **bad)
+  # schedule_offset 0: the first update runs at lr 0, leaving a healthy step-1 checkpoint.
+  config = tiny_config(checkpoint__every_steps=1, train__schedule_offset=0, **bad)
   with pytest.raises(loop.NonFiniteLossError, match="the update was refused"):
     loop.train(config, str(tmp_path))
   finite = saved_params_finite(tmp_path, config)
   assert all(finite.values()), finite
-  sane = tiny_config(checkpoint__every_steps=1,
+  sane = tiny_config(checkpoint__every_steps=1, train__schedule_offset=0,
                      train__allow_changes=("train.learning_rate",) if "train__learning_rate" in bad
                      else ())
   if "train__learning_rate" in bad:
@@ -298,6 +301,42 @@ def test_restore_step_must_be_a_kept_step_and_moves_newer_ones_only_once_restore
   assert Checkpointer(str(tmp_path), keep=10).all_steps() == [4, 8]
   loop.train(tiny_config(checkpoint__restore_step=4), str(tmp_path))
   assert losses_by_step(tmp_path) == reference  # Steps 5-8 trained again, identically.
+
+
+# Each option of the current recipes (train.schedule, train.z_loss, model.param_dtype,
+# train.opt_state_dtype, model.logits_dtype) with the new default train.schedule_offset=1.
+RECIPES = {"wsd": dict(train__schedule="wsd", train__decay_fraction=0.5),
+           "z_loss": dict(train__z_loss=1e-2),
+           "bf16_params": dict(model__param_dtype="bfloat16"),
+           "bf16_moments": dict(train__opt_state_dtype="bfloat16"),
+           "f32_logits": dict(model__dtype="bfloat16", model__logits_dtype="float32")}
+
+
+def train_records(workdir) -> dict[int, dict]:
+  """{step: the last train record of that step} (loss, learning_rate, grad_norm, z_loss)."""
+  return {r["step"]: r for r in read_metrics(workdir) if "loss" in r}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.integration
+def test_a_resume_continues_the_identical_trajectory_with_each_recipe_option(tmp_path, recipe):
+  """Steps 5-8 trained again from checkpoint 4 (restore_step) give the same records and the
+  same parameters bit for bit: the state (bfloat16 where asked) and schedule position resume."""
+  config = tiny_config(**RECIPES[recipe])
+  loop.train(config, str(tmp_path))
+  first, (_, _, params) = train_records(tmp_path), checkpoints.restore_params(str(tmp_path),
+                                                                               config, 8)
+  assert sorted(first) == list(range(1, 9)) and first[1]["learning_rate"] > 0
+  assert ("z_loss" in first[8]) == (recipe == "z_loss")
+  lines = len(read_metrics(tmp_path))
+  loop.train(tiny_config(checkpoint__restore_step=4, **RECIPES[recipe]), str(tmp_path))
+  assert len(read_metrics(tmp_path)) > lines  # Steps 5-8 were trained and recorded again.
+  assert train_records(tmp_path) == first
+  _, _, again = checkpoints.restore_params(str(tmp_path), config, 8)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
+    assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+  dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(params)}
+  assert dtypes == {"bfloat16" if recipe == "bf16_params" else "float32"}
 
 
 def sigterm_during_eval_of(step_to_interrupt):

@@ -4,21 +4,9 @@ import numpy as np
 import optax
 import pytest
 
-from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
+from hybrid_nope.train.optimizer import make_optimizer, weight_decay_mask
 from hybrid_nope.model.definition import init_model
 from tests.helpers import tiny_config
-
-
-def test_schedule_warms_up_then_decays_to_the_floor():
-  c = tiny_config(train__steps=100, train__warmup_steps=10, train__learning_rate=1e-3,
-                  train__min_learning_rate_ratio=0.1).train
-  lr = learning_rate_schedule(c)
-  assert float(lr(0)) == 0.0
-  assert float(lr(10)) == pytest.approx(1e-3)
-  assert float(lr(5)) == pytest.approx(5e-4)
-  values = [float(lr(s)) for s in range(10, 101)]
-  assert all(a >= b for a, b in zip(values, values[1:]))
-  assert values[-1] == pytest.approx(1e-4)
 
 
 def test_decay_only_on_projection_matrices():
@@ -33,7 +21,8 @@ def test_decay_only_on_projection_matrices():
 
 
 def test_weight_decay_applies_where_masked():
-  c = tiny_config(train__weight_decay=0.5, train__warmup_steps=0, train__learning_rate=0.1).train
+  c = tiny_config(train__weight_decay=0.5, train__warmup_steps=0, train__learning_rate=0.1,
+                  train__schedule="constant").train
   _, params = init_model(tiny_config().model, seed=0)
   tx = make_optimizer(c)
   zero_grads = jax.tree.map(jnp.zeros_like, params)
@@ -60,3 +49,29 @@ def test_gradients_are_clipped_to_global_norm():
   first_moment = state_after[1][0].mu
   total = optax.tree.norm(first_moment)
   assert float(total) == pytest.approx((1 - 0.9) * 1.0, rel=1e-4)
+
+
+def moments(state):
+  adam = state[1][0]
+  return jax.tree.leaves(adam.mu) + jax.tree.leaves(adam.nu)
+
+
+@pytest.mark.parametrize("param_dtype, opt_state_dtype", [("float32", "bfloat16"),
+                                                         ("bfloat16", "float32")])
+def test_adams_moments_are_stored_in_opt_state_dtype_whatever_the_params(param_dtype,
+                                                                         opt_state_dtype):
+  config = tiny_config(model__param_dtype=param_dtype, train__opt_state_dtype=opt_state_dtype)
+  _, params = init_model(config.model, seed=0)
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(param_dtype)}
+  tx = make_optimizer(config.train)
+  state = tx.init(params)
+  grads = jax.tree.map(lambda p: jnp.full(p.shape, 1e-3, jnp.float32), params)
+  for _ in range(2):  # Stays so across updates (optax casts the moments back each time).
+    assert {x.dtype for x in moments(state)} == {jnp.dtype(opt_state_dtype)}
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  assert {x.dtype for x in moments(state)} == {jnp.dtype(opt_state_dtype)}
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(param_dtype)}
+  # The first moment after two equal gradients g: (1 - b1²)·g, rounded to the storage dtype.
+  mu = jax.tree.leaves(state[1][0].mu)[0]
+  np.testing.assert_allclose(np.asarray(mu, np.float64), (1 - 0.9 ** 2) * 1e-3, rtol=1e-2)

@@ -79,6 +79,9 @@ def run_copy(trained, tmp_path):
     (dict(train__seed=3), "train.seed: 0 -> 3"),
     (dict(train__learning_rate=1e-2), "train.learning_rate: 0.003 -> 0.01"),
     (dict(train__steps=12), "train.steps: 8 -> 12"),
+    (dict(train__schedule="wsd"), 'train.schedule: "cosine" -> "wsd"'),
+    (dict(train__z_loss=1e-4), "train.z_loss: 0.0 -> 0.0001"),
+    (dict(model__param_dtype="bfloat16"), 'model.param_dtype: "float32" -> "bfloat16"'),
 ])
 @pytest.mark.integration
 def test_a_resume_that_would_change_the_run_is_refused_naming_each_key(run_copy, override,

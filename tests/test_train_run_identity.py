@@ -6,7 +6,7 @@ from tests.helpers import tiny_config
 
 
 def test_a_checkpoint_from_before_a_key_was_added_resumes_unless_the_key_changes():
-  config = tiny_config()
+  config = tiny_config(train__schedule_offset=0)  # The older runs' behaviour (its default was 1).
   saved = run_identity.defining(config)
   for key in run_identity.ADDED_KEYS:
     saved.pop(key, None)  # as a checkpoint saved before the key existed (defining ones only)
@@ -16,6 +16,24 @@ def test_a_checkpoint_from_before_a_key_was_added_resumes_unless_the_key_changes
   with pytest.raises(run_identity.RunChangedError,
                      match='model.delta_gate: "head" -> "channel"'):
     run_identity.check_resume(saved, config, step=4, where="ckpt")
+
+
+def test_an_older_run_resumes_under_the_sweep_configs_pin_not_under_the_new_default():
+  # configs/small.py pins train.schedule_offset=0 for its committed runs, saved without the key.
+  from configs import small
+  pinned = small.get_config("swa64")
+  saved = {k: v for k, v in run_identity.defining(pinned).items()
+           if k not in run_identity.ADDED_KEYS}
+  assert run_identity.check_resume(saved, pinned, step=64, where="ckpt")[0] == {}
+  pinned.train.schedule_offset = 1
+  with pytest.raises(run_identity.RunChangedError, match="train.schedule_offset: 0 -> 1"):
+    run_identity.check_resume(saved, pinned, step=64, where="ckpt")
+
+
+def test_the_recipe_keys_define_the_run_and_older_runs_read_their_behaviour():
+  for key in ("train.schedule", "train.decay_fraction", "train.schedule_offset", "train.z_loss",
+              "train.opt_state_dtype", "model.param_dtype", "model.logits_dtype"):
+    assert run_identity.is_defining(key) and key in run_identity.ADDED_KEYS, key
 
 
 def test_the_delta_kernel_is_free_and_the_gate_defines_the_run():

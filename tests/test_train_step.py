@@ -3,8 +3,13 @@
 # integration, `make test-all` only.
 # test-all only: 2 and 4 microbatches give the losses and parameters of the whole batch, and not
 # the mean of microbatch means (test_gradient_accumulation_gives_the_updates_of_the_whole_batch;
-# the microbatch split itself is checked here in `make test`).
+# the microbatch split itself is checked here in `make test`); bfloat16 parameters and Adam
+# moments stay bfloat16 and train, with train.z_loss logged as its formula gives
+# (test_bfloat16_parameters_and_moments_stay_so_and_train_with_z_loss_logged: another train-step
+# compile; the dtypes and the z-loss formula are checked in `make test` by test_train_optimizer
+# and test_model_loss).
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -12,7 +17,7 @@ from hybrid_nope.data import pipeline
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.state import init_train_state
 from hybrid_nope.model.loss import cross_entropy_sums
-from hybrid_nope.train.step import make_eval_step, make_train_step, microbatches
+from hybrid_nope.train.step import make_eval_step, make_train_step, microbatches, train_step_for
 from tests.helpers import tiny_config
 
 
@@ -35,6 +40,35 @@ def test_steps_on_a_fixed_batch_reduce_loss():
 
 
 import pytest  # noqa: E402
+
+
+@pytest.mark.integration
+def test_bfloat16_parameters_and_moments_stay_so_and_train_with_z_loss_logged():
+  """model.param_dtype and train.opt_state_dtype bfloat16 (gradients in float32), with
+  train.z_loss on: the loss falls, the state stays bfloat16, and `z_loss` is logged as
+  coefficient × the weighted mean of log²Z (numpy, float64, on the logits before the update)."""
+  config = tiny_config(train__warmup_steps=0, train__learning_rate=3e-3, train__steps=30,
+                       model__param_dtype="bfloat16", train__opt_state_dtype="bfloat16",
+                       train__z_loss=1e-2)
+  tx = make_optimizer(config.train)
+  model_def, state = init_train_state(config.model, tx, seed=0)
+  batch = next(pipeline.train_iterator(config))
+  step = jax.jit(train_step_for(config, model_def, tx))
+  logits = np.asarray(model_def.apply(state.params, batch), np.float64)
+  log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  weights = np.asarray(batch["weights"], np.float64)
+  want_z = 1e-2 * (weights * log_z ** 2).sum() / weights.sum()
+  losses = []
+  for i in range(15):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["loss"]))
+    if i == 0:
+      assert float(metrics["z_loss"]) == pytest.approx(want_z, rel=1e-5)
+  assert losses[-1] < 0.8 * losses[0], losses
+  bf16 = {np.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in jax.tree.leaves(state.params)} == bf16
+  adam = state.opt_state[1][0]
+  assert {x.dtype for x in jax.tree.leaves((adam.mu, adam.nu))} == bf16
 
 
 @pytest.mark.parametrize("bad", [dict(train__b2=float("nan")),

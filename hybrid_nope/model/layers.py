@@ -135,8 +135,10 @@ class Embed(nnx.Module):
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     return constrain(jnp.take(self.embedding_VD[...], tokens_BT, axis=0).astype(self.dtype), BTD)
 
-  def attend(self, x_BTD: jax.Array) -> jax.Array:
+  def attend(self, x_BTD: jax.Array, dtype=None) -> jax.Array:
+    """Logits against the table, computed in `dtype` (default: the compute dtype)."""
     # The table has unit-variance rows; 1/sqrt(D) keeps tied logits at unit scale, like an
     # untied fan-in-initialised head.
-    table_VD = self.embedding_VD[...].astype(self.dtype)
-    return project(x_BTD.astype(self.dtype), table_VD.T) * (x_BTD.shape[-1] ** -0.5)
+    dtype = dtype or self.dtype
+    table_VD = self.embedding_VD[...].astype(dtype)
+    return project(x_BTD.astype(dtype), table_VD.T) * (x_BTD.shape[-1] ** -0.5)

@@ -1,5 +1,6 @@
 """Token cross-entropy with per-token weights (0 for padding and each document's first token):
-the one loss of training, eval and checkpoint analysis."""
+the one loss of training, eval and checkpoint analysis; and training's objective, that loss
+plus train.z_loss's auxiliary term."""
 from __future__ import annotations
 
 import jax
@@ -20,6 +21,23 @@ def cross_entropy_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT:
   """(sum of weighted token losses, sum of weights), so means combine exactly across batches."""
   loss_BT, weights_BT = weighted_token_losses(logits_BTV, targets_BT, weights_BT)
   return jnp.sum(loss_BT), jnp.sum(weights_BT)
+
+
+OBJECTIVE_SUMS = ("loss", "weight", "z_loss")  # The keys of objective_sums' dict.
+
+
+def objective_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array,
+                   z_loss: float = 0.0) -> dict:
+  """The train step's sums, each a float32 scalar: "loss" and "weight" (as cross_entropy_sums)
+  and "z_loss": z_loss × Σ weight · log²Z, Z the softmax normaliser of each token's logits
+  (PaLM, Chowdhery et al. 2022, §5, with 1e-4: it keeps log Z near 0, so the logits cannot
+  drift); 0 and not computed where z_loss is 0. The objective is ("loss" + "z_loss") / "weight"."""
+  loss, weight = cross_entropy_sums(logits_BTV, targets_BT, weights_BT)
+  if not z_loss:
+    return {"loss": loss, "weight": weight, "z_loss": jnp.zeros((), jnp.float32)}
+  log_z_BT = jax.nn.logsumexp(logits_BTV.astype(jnp.float32), axis=-1)
+  return {"loss": loss, "weight": weight,
+          "z_loss": z_loss * jnp.sum(jnp.square(log_z_BT) * weights_BT.astype(jnp.float32))}
 
 
 def sums_by_id(x_BT: jax.Array, ids_BT: jax.Array, num_ids: int) -> jax.Array:

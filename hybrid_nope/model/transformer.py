@@ -14,6 +14,10 @@ from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrai
                                       logical_axes, param, project)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# model.logits_dtype: the output head's matmul in "float32" (its inputs cast up), or in the
+# compute dtype ("compute"; rounded to it before the float32 cast). The loss is float32 either
+# way; the two differ only where model.dtype is bfloat16.
+LOGITS_DTYPES = ("float32", "compute")
 
 
 def compute_dtype(name: str):
@@ -74,10 +78,15 @@ class Block(nnx.Module):
 
 
 class LanguageModel(nnx.Module):
-  """tokens [B, T] -> float32 logits [B, T, V]."""
+  """tokens [B, T] -> float32 logits [B, T, V]. Parameters are stored in model.param_dtype and
+  cast to the compute dtype where they are used."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     dtype = compute_dtype(cfg.dtype)
+    # A run's config saved before these keys lacks them: it had float32 parameters and the
+    # head in the compute dtype (their values in run_config.ADDED_KEYS).
+    param_dtype = DTYPES[cfg.get("param_dtype", "float32")]
+    self.head_dtype = jnp.float32 if cfg.get("logits_dtype") == "float32" else dtype
     self.kinds = layer_kinds(cfg.pattern, cfg.num_layers)
     self.period = len(cfg.pattern)
     self.remat = cfg.remat
@@ -87,6 +96,9 @@ class LanguageModel(nnx.Module):
     self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     if not cfg.tie_embeddings:
       self.head_DV = param(rngs, default_init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+    # Drawn in float32 (one initialisation for every storage dtype), then stored rounded.
+    if param_dtype != jnp.float32:
+      nnx.update(self, jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(self, nnx.Param)))
 
   def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
                segment_ids_BT: jax.Array | None = None, observe=None) -> jax.Array:
@@ -108,10 +120,11 @@ class LanguageModel(nnx.Module):
     x_BTD = self.final_norm(x_BTD)
     if observe is not None:
       x_BTD = observe(len(self.blocks) - 1, FINAL_BOUNDARY, x_BTD)
+    x_BTD = x_BTD.astype(self.head_dtype)
     if self.tie_embeddings:
-      logits_BTV = self.embed.attend(x_BTD)
+      logits_BTV = self.embed.attend(x_BTD, self.head_dtype)
     else:
-      logits_BTV = project(x_BTD, self.head_DV[...].astype(x_BTD.dtype))
+      logits_BTV = project(x_BTD, self.head_DV[...].astype(self.head_dtype))
     return constrain(logits_BTV.astype(jnp.float32), BTV)
 
   def _rematerialised_blocks(self, x_BTD, positions_BT, segment_ids_BT):

@@ -1,16 +1,12 @@
-"""AdamW with warmup + cosine decay, global-norm clipping, and decay only on projection matrices."""
+"""AdamW on train.schedule's learning rate, global-norm clipping, decay only on projection
+matrices, and Adam's moments stored in train.opt_state_dtype."""
 from __future__ import annotations
 
 import jax
 import optax
 
-
-def learning_rate_schedule(train_cfg) -> optax.Schedule:
-  """Linear warmup to the peak, then cosine decay to min_learning_rate_ratio × peak."""
-  peak = train_cfg.learning_rate
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=peak, warmup_steps=train_cfg.warmup_steps,
-      decay_steps=train_cfg.steps, end_value=peak * train_cfg.min_learning_rate_ratio)
+from hybrid_nope.model.transformer import DTYPES
+from hybrid_nope.train.lr_schedule import learning_rate_schedule  # noqa: F401 (re-exported)
 
 
 def weight_decay_mask(params):
@@ -24,10 +20,23 @@ def weight_decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def moments_in(dtype, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` with its per-parameter state created in `dtype`, whatever the parameters' dtype.
+
+  optax's Adam takes mu_dtype for the first moment only; the second moment is created like the
+  parameters and then kept in the dtype it was created in (optax.tree.cast_like), so creating
+  the state from parameters cast to `dtype` sets both moments' storage."""
+  def init(params):
+    return tx.init(jax.tree.map(lambda p: p.astype(dtype), params))
+  return optax.GradientTransformation(init, tx.update)
+
+
 def make_optimizer(train_cfg) -> optax.GradientTransformation:
+  moments = DTYPES[train_cfg.opt_state_dtype]
   return optax.chain(
       optax.clip_by_global_norm(train_cfg.grad_clip),
-      optax.adamw(learning_rate_schedule(train_cfg), b1=train_cfg.b1, b2=train_cfg.b2,
-                  eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
-                  mask=weight_decay_mask),
+      moments_in(moments, optax.adamw(
+          learning_rate_schedule(train_cfg), b1=train_cfg.b1, b2=train_cfg.b2,
+          eps=train_cfg.eps, weight_decay=train_cfg.weight_decay, mask=weight_decay_mask,
+          mu_dtype=moments)),
   )

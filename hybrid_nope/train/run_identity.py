@@ -20,7 +20,7 @@ from hybrid_nope.run_config import (ADDED_KEYS, DEFINING_KEYS,  # noqa: F401
                                     FREE_MODEL_KEYS, allowed_changes, defining, flat,
                                     is_defining)
 
-# train.steps sets the cosine decay's length: lowering it is allowed with a warning (the run
+# train.steps sets the schedule's length: lowering it is allowed with a warning (the run
 # stops earlier; the schedule from here on decays faster), raising it needs the opt-in.
 STEPS_KEY = "train.steps"
 
@@ -54,7 +54,7 @@ def check_resume(saved: dict, config, *, step: int, where: str) -> tuple[dict, l
   lowered = isinstance(old_steps, int) and isinstance(new_steps, int) and new_steps < old_steps
   if lowered:  # Allowed without the opt-in (the run stops earlier), and recorded as a change.
     warnings.append(f"train.steps lowered from {old_steps} to {new_steps}: the run stops "
-                    "earlier, and from here the cosine schedule decays to its end at the new "
+                    "earlier, and from here the schedule decays to its end at the new "
                     "train.steps")
   refused = {k: v for k, v in found.items()
              if k not in allowed and not (k == STEPS_KEY and lowered)}

@@ -7,7 +7,7 @@ import optax
 
 import numpy as np
 
-from hybrid_nope.model.loss import cross_entropy_by_bucket, cross_entropy_sums
+from hybrid_nope.model.loss import OBJECTIVE_SUMS, cross_entropy_by_bucket, objective_sums
 from hybrid_nope.model.definition import ModelDef
 from hybrid_nope.train.optimizer import learning_rate_schedule
 from hybrid_nope.train.state import TrainState
@@ -29,7 +29,7 @@ def microbatches(batch: dict, count: int) -> dict:
 
 
 def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, schedule,
-                    grad_accum_steps: int = 1):
+                    grad_accum_steps: int = 1, z_loss: float = 0.0):
   """(state, batch) -> (state, metrics). An update whose parameters or optimizer state would
   not be finite is refused: the state comes back unchanged and `update_finite` is False, so a
   checkpoint never holds non-finite values; the loop stops on it before saving.
@@ -38,31 +38,37 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, sched
   in one step, for one update. The loss and its gradient are token-weighted over the whole
   batch: sums over every microbatch, divided once by the batch's total weight, so microbatches
   holding different token counts (documents, padding) weigh as their tokens do, exactly as
-  with grad_accum_steps = 1."""
+  with grad_accum_steps = 1. Gradients are summed and handed to the optimizer in float32
+  whatever model.param_dtype stores the parameters in.
+
+  `z_loss` > 0 adds train.z_loss's term to the objective (model/loss.py), logged as `z_loss`;
+  `loss` stays the cross-entropy, comparable across runs."""
   def loss_sums(params, batch):
     logits_BTV = model_def.apply(params, batch)
-    return cross_entropy_sums(logits_BTV, batch["targets"], batch["weights"])
+    sums = objective_sums(logits_BTV, batch["targets"], batch["weights"], z_loss)
+    return sums["loss"] + sums["z_loss"], sums
 
-  sums_and_grads = jax.value_and_grad(loss_sums, has_aux=True)
+  sums_and_grads = jax.grad(loss_sums, has_aux=True)
+  as_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
 
   def accumulated(params, batch):
-    """((loss sum, weight sum), gradient of the loss sum) over the whole batch."""
+    """(sums, float32 gradient of the objective's sum) over the whole batch."""
     if grad_accum_steps == 1:
-      return sums_and_grads(params, batch)
+      grads, sums = sums_and_grads(params, batch)
+      return sums, as_f32(grads)
 
     def add(carry, micro):
-      (loss_sum, weight_sum), grads = carry
-      (l, w), g = sums_and_grads(params, micro)
-      return ((loss_sum + l, weight_sum + w), jax.tree.map(jnp.add, grads, g)), None
+      grads, sums = sums_and_grads(params, micro)
+      return jax.tree.map(jnp.add, carry, (sums, as_f32(grads))), None
 
-    zero = ((jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
-            jax.tree.map(jnp.zeros_like, params))
+    zero = ({k: jnp.zeros((), jnp.float32) for k in OBJECTIVE_SUMS},
+            jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
     return jax.lax.scan(add, zero, microbatches(batch, grad_accum_steps))[0]
 
   def train_step(state: TrainState, batch: dict):
-    (loss_sum, weight_sum), grad_sums = accumulated(state.params, batch)
-    tokens = jnp.maximum(weight_sum, 1.0)
-    loss = loss_sum / tokens
+    sums, grad_sums = accumulated(state.params, batch)
+    tokens = jnp.maximum(sums["weight"], 1.0)
+    loss = sums["loss"] / tokens
     grads = jax.tree.map(lambda g: g / tokens, grad_sums)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -70,6 +76,8 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, sched
     keep = lambda new, old: jnp.where(finite, new, old)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "learning_rate": schedule(state.step), "update_finite": finite}
+    if z_loss:
+      metrics["z_loss"] = sums["z_loss"] / tokens
     return state.replace(step=state.step + finite.astype(state.step.dtype),
                          params=jax.tree.map(keep, params, state.params),
                          opt_state=jax.tree.map(keep, opt_state, state.opt_state)), metrics
@@ -78,9 +86,9 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, sched
 
 
 def train_step_for(config, model_def: ModelDef, tx: optax.GradientTransformation):
-  """The train step a config asks for: its schedule and train.grad_accum_steps."""
+  """The train step a config asks for: its schedule, train.grad_accum_steps and train.z_loss."""
   return make_train_step(model_def, tx, learning_rate_schedule(config.train),
-                         config.train.grad_accum_steps)
+                         config.train.grad_accum_steps, config.train.z_loss)
 
 
 def make_eval_step(model_def: ModelDef, bucket_T: np.ndarray):
