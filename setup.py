@@ -11,7 +11,7 @@ setup(
     install_requires=[
         "jax>=0.6", "flax>=0.12", "optax", "orbax-checkpoint", "grain", "ml-collections",
         "tensorflow-datasets", "tensorboardX", "numpy", "zstandard", "tokenizers", "pyarrow",
-        "matplotlib",
+        "matplotlib", "safetensors",
     ],
     # The accelerator builds of jax (make install-gpu / install-tpu pin them to the lock's jax).
     extras_require={"test": ["pytest", "pytest-xdist"], "cuda": ["jax[cuda13]"],

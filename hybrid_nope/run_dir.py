@@ -28,6 +28,9 @@ WORKDIR/                          a local path or a URL (gs://, file://, memory:
 │                                 analysis_T<T>.json, init_null_T<T>.json, extrapolation.json,
 │                                 ablation_T<T>.json (--ablate, analysis/checkpoint/ablation.py)
 │                                 and figures (analysis/present/plots.py names them)
+├── tokenizer/                    an imported model's tokenizer files, copied from its Hugging
+│                                 Face directory (export/import_workdir.py); score, generate and
+│                                 export_hf read them
 ├── sweep.log                     the output of the sweep's train.py and analyze.py (sweep.py)
 └── sweep_done.json               the sweep's mark of a finished run (sweep.py)
 
@@ -74,6 +77,8 @@ ANALYSIS_FILE = "analysis_T{seq_len}.json"
 INIT_NULL_FILE = "init_null_T{seq_len}.json"
 ABLATION_FILE = "ablation_T{seq_len}.json"  # The causal test (--ablate=local).
 EXTRAPOLATION_FILE = "extrapolation.json"
+TOKENIZER = "tokenizer"  # An imported model's tokenizer files (Hugging Face's names inside).
+TOKENIZER_FILE = "tokenizer.json"
 SWEEP_LOG = "sweep.log"
 SWEEP_DONE = "sweep_done.json"
 
@@ -221,6 +226,14 @@ class RunDir:
                   if (step := number_in(ANALYSIS_STEP, name)) is not None)
 
   @property
+  def tokenizer(self) -> str:
+    return self.path(TOKENIZER)
+
+  @property
+  def tokenizer_file(self) -> str:
+    return self.path(TOKENIZER, TOKENIZER_FILE)
+
+  @property
   def sweep_log(self) -> str:
     return self.path(SWEEP_LOG)
 
@@ -251,7 +264,7 @@ class RunDir:
                                       ("checkpoints", f"{checkpoints}/"))),
         ("overwritten", f"{OVERWRITTEN}/"),
         ("analysis", f"{ANALYSIS}/{wildcard(ANALYSIS_STEP)}/"),
-        ("sweep_log", SWEEP_LOG), ("sweep_done", SWEEP_DONE))
+        ("tokenizer", f"{TOKENIZER}/"), ("sweep_log", SWEEP_LOG), ("sweep_done", SWEEP_DONE))
 
   def describe(self, path: str) -> str | None:
     """The entry (`entries`) that `path` is or lies in, or None for a path the layout does

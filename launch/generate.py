@@ -24,7 +24,8 @@ flags.DEFINE_float("temperature", 0.0, "0 = greedy; else softmax(logits / temper
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most probable tokens up to this "
                    "probability (1 = all).")
 flags.DEFINE_integer("seed", 0, "Seed of the sampling key.")
-flags.DEFINE_string("tokenizer", None, "A tokenizer.json; default the run's data tokenizer.")
+flags.DEFINE_string("tokenizer", None, "A tokenizer.json; default the run's data tokenizer "
+                    "(an imported model's own).")
 flags.DEFINE_string("eos_token", None, "A tokenizer.json's end-of-document token to stop at, "
                     "e.g. '<|end_of_text|>' (the byte tokenizer stops at its EOS).")
 flags.DEFINE_string("out", None, "Also write the result as JSON here.")

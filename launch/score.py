@@ -18,7 +18,8 @@ flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py."
 flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
 flags.DEFINE_integer("seq_len", None, "Targets per row; default the training length.")
 flags.DEFINE_integer("bucket_size", None, "Positions per loss bucket; default eval.bucket_size.")
-flags.DEFINE_string("tokenizer", None, "A tokenizer.json; default the run's data tokenizer.")
+flags.DEFINE_string("tokenizer", None, "A tokenizer.json; default the run's data tokenizer "
+                    "(an imported model's own).")
 flags.DEFINE_string("out", None, "Also write the result as JSON here.")
 flags.mark_flags_as_required(["workdir"])
 

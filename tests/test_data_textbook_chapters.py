@@ -103,6 +103,16 @@ def test_bad_sources_fail_naming_the_record(tokenizer_path, tmp_path):
     tc.prepare(str(bad), str(tmp_path / "o4"), tokenizer=tokenizer_path)
 
 
+def test_a_folder_of_txt_files_is_one_record_per_file(tmp_path):
+  (tmp_path / "b").mkdir()
+  (tmp_path / "b" / "two.txt").write_text("second text\n")
+  (tmp_path / "a.txt").write_text("first ✓")
+  files = tc.source_files(str(tmp_path))
+  assert files == [str(tmp_path / "a.txt"), str(tmp_path / "b" / "two.txt")]
+  assert [list(tc.read_records(f, ("text", "input_ids"))) for f in files] == [
+      [(files[0], {"text": "first ✓"})], [(files[1], {"text": "second text\n"})]]
+
+
 def test_eval_rows_are_chapters_from_their_first_token(prepared):
   seq_len = 64
   rows = tc.eval_rows(prepared, seq_len=seq_len, num_rows=8, vocab_size=1000)

@@ -392,7 +392,8 @@ def test_export_writes_what_hf_state_dict_gives(run, tmp_path):
   config = checkpoints.load_config(run)
   _, _, params = checkpoints.restore_params(run, config, step=4)
   header, arrays = hf.read_safetensors(os.path.join(out, "model.safetensors"))
-  assert header["__metadata__"] == {"format": "pt"}
+  assert header["__metadata__"] == {"format": "pt", **hf.round_trip_metadata(params,
+                                                                            config.model)}
   expected = hf.hf_state_dict(params, config.model)
   assert arrays.keys() == expected.keys()
   for name in expected:

@@ -5,8 +5,9 @@ Prepare once from a local copy (no network, no TensorFlow; array_record files):
   python -m hybrid_nope.data.textbook_chapters --source=/data/TextbookChapters/data \
       --tokenizer=/models/llama3/tokenizer.json --data_dir=/data/tfds
 
-`--source` is a .jsonl / .parquet file or a directory of them (searched recursively, in
-sorted path order), e.g. the princeton-nlp/TextbookChapters parquet files; each record has a
+`--source` is a .jsonl / .parquet / .txt file or a directory of them (searched recursively, in
+sorted path order), e.g. the princeton-nlp/TextbookChapters parquet files (a .txt file is one
+record, its UTF-8 text: any text set, e.g. for an imported model); each record has a
 text field (tokenised with the given Hugging Face tokenizer.json, special tokens added as the
 tokenizer's post-processor defines, e.g. Llama-3's <|begin_of_text|>) or already-tokenised
 `input_ids`. The command prints the prepared directory, DATA_DIR/textbook_chapters/NAME/1.0.0;
@@ -42,7 +43,7 @@ from hybrid_nope.errors import UserError
 NAME = "textbook_chapters"
 SPLIT = "train"  # the release's only split; all of it is eval data here
 EVAL_SHUFFLE_SEED = 0
-_EXTENSIONS = (".jsonl", ".json", ".parquet")
+_EXTENSIONS = (".jsonl", ".json", ".parquet", ".txt")
 TOKENIZER_BASENAME = "tokenizer.json"  # The copy in the prepared directory.
 
 
@@ -65,7 +66,12 @@ def source_files(source: str) -> list[str]:
 
 
 def read_records(path: str, fields: tuple[str, ...]):
-  """Yields (record id, record) with only `fields` kept, from a .jsonl/.json or .parquet file."""
+  """Yields (record id, record) with only `fields` kept, from a .jsonl/.json or .parquet file;
+  a .txt file is one record, its text under fields[0] (the text field)."""
+  if path.endswith(".txt"):
+    with open(path, encoding="utf-8") as f:
+      yield path, {fields[0]: f.read()}
+    return
   if path.endswith(".parquet"):
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     parquet = pq.ParquetFile(path)
@@ -247,9 +253,10 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__,  # The input format is described there.
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--source", required=True,
-                      help=".jsonl / .json / .parquet file, or a directory searched recursively "
-                      "for them (sorted path order); each record holds a text field (see "
-                      "--text_field) or already-tokenised input_ids")
+                      help=".jsonl / .json / .parquet / .txt file, or a directory searched "
+                      "recursively for them (sorted path order); each record holds a text field "
+                      "(see --text_field) or already-tokenised input_ids; a .txt file is one "
+                      "record of text")
   parser.add_argument("--data_dir", required=True, help="tfds data_dir to write into")
   parser.add_argument("--tokenizer", default=None,
                       help="Hugging Face tokenizer.json that tokenises the text field (needed "

@@ -346,18 +346,12 @@ def write_remote_code(out: str, kinds: str) -> list[str]:
   return [shutil.copy(os.path.join(here, name), out) for name in REMOTE_CODE_FILES]
 
 
-def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | None = None,
-           max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
-  """Writes the run's checkpoint `step` (None = latest) to OUT; returns what it wrote: step,
-  files, tensors, bytes, and a line about the tokenizer."""
-  from hybrid_nope.analysis.checkpoint import checkpoints  # orbax: only when a checkpoint is read.
-
-  config = checkpoints.load_config(workdir)
-  kinds = check_exportable(config.model)  # Before any checkpoint is read.
-  plan = export_tokenizer.plan(config, tokenizer)
-  check_out_dir(out)
-  step, _, params = checkpoints.restore_params(workdir, config, step)
-  os.makedirs(out, exist_ok=True)  # Only once the checkpoint is read: no empty OUT on failure.
+def write_model(out: str, config, params: dict, plan: export_tokenizer.Plan,
+                max_position_embeddings: int = UNCAPPED_POSITIONS) -> tuple[list[str], dict]:
+  """Writes the model `params` of `config` and the tokenizer `plan` into the directory OUT
+  (made if absent); returns (the paths written, the tensors)."""
+  kinds = check_exportable(config.model)
+  os.makedirs(out, exist_ok=True)
   tensors = hf_state_dict(params, config.model)
   config_path, weights_path = os.path.join(out, CONFIG_FILE), os.path.join(out, WEIGHTS_FILE)
   write_safetensors(weights_path, tensors,
@@ -366,6 +360,22 @@ def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | 
     json.dump(hf_config(config, bos_token_id=plan.bos_id, eos_token_id=plan.eos_id,
                         max_position_embeddings=max_position_embeddings), f, indent=2)
     f.write("\n")
-  files = [config_path, weights_path] + plan.write(out) + write_remote_code(out, kinds)
+  return [config_path, weights_path] + plan.write(out) + write_remote_code(out, kinds), tensors
+
+
+def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | None = None,
+           max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
+  """Writes the run's checkpoint `step` (None = latest) to OUT; returns what it wrote: step,
+  files, tensors, bytes, and a line about the tokenizer."""
+  from hybrid_nope.analysis.checkpoint import checkpoints  # orbax: only when a checkpoint is read.
+
+  config = checkpoints.load_config(workdir)
+  check_exportable(config.model)  # Before any checkpoint is read.
+  carried = checkpoints.tokenizer_path(workdir)  # An imported model's, with the files beside it.
+  plan = export_tokenizer.plan(config, tokenizer or (carried and os.path.dirname(carried)))
+  check_out_dir(out)
+  step, _, params = checkpoints.restore_params(workdir, config, step)
+  # OUT only once the checkpoint is read: no empty OUT on failure.
+  files, tensors = write_model(out, config, params, plan, max_position_embeddings)
   return {"step": step, "out": out, "files": files, "tensors": len(tensors),
           "bytes": sum(x.nbytes for x in tensors.values()), "tokenizer": plan.note}

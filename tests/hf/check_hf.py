@@ -16,6 +16,10 @@ compares its logits with ours on sequences longer than the window (and than trai
   recurrence the export's chunked L and D recurrence (modeling_hybrid_nope.chunked_recurrence)
              against a float64 token-by-token loop of the published formulas, with strong
              decays, document starts, padding, a carried state and chunks that do not divide T
+  import     the other way: tiny random SmolLM3ForCausalLM models made in transformers
+             (IMPORT_VARIANTS: NoPE layers, GQA, sliding windows, SmolLM3-3B's layout, bfloat16),
+             save_pretrained, read by launch/import_hf.py into a workdir; our logits from it
+             against HF's (eager and sdpa)
 
 Prints one table; exits 1 if an exact comparison exceeds TOLERANCE, a generation differs or a
 w ± 1 one matches.
@@ -68,6 +72,22 @@ TEXTS = ["def f(x):\n    return x + 1\n", "héllo wörld ✓ 😀", "  two  spac
 PROMPTS = ["def main(", "import os\nimport sys\n\n"]  # Different lengths: left padding in HF.
 NEW_TOKENS = 24
 PACKED = (50, 2, 68, 40)  # Document lengths of the packed row.
+# transformers-made models to import (SmolLM3Config arguments beside IMPORT_SHAPE).
+IMPORT_SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
+                    bos_token_id=None, eos_token_id=None)
+IMPORT_VARIANTS = {
+    "swa rope / global nope, gqa, tied": dict(
+        use_sliding_window=True, sliding_window=8, no_rope_layers=[1, 0, 1, 0],
+        layer_types=["sliding_attention", "full_attention"] * 2),
+    "SmolLM3-3B layout (nope every 4th), untied": dict(
+        no_rope_layer_interval=4, max_position_embeddings=512, rope_theta=5e6,
+        tie_word_embeddings=False),
+    "the same in bfloat16": dict(
+        no_rope_layer_interval=4, max_position_embeddings=512, rope_theta=5e6, dtype="bf16"),
+    "derived types (nope slides), mqa, head_dim 24": dict(
+        use_sliding_window=True, sliding_window=6, num_key_value_heads=1, head_dim=24),
+}
 
 
 def run(script, *args):
@@ -256,6 +276,31 @@ def check_recurrence(failures):
           f"gates): max relative error {worst:.2e}")
 
 
+def check_import(root, rng, failures):
+  """IMPORT_VARIANTS made in transformers, imported with launch/import_hf.py; table lines."""
+  lines = ["| imported from transformers | pattern | max logit | eager | sdpa |",
+           "|---|---|---|---|---|"]
+  for name, kwargs in IMPORT_VARIANTS.items():
+    slug = "".join(c if c.isalnum() else "_" for c in name)
+    hf_dir, workdir = os.path.join(root, "made", slug), os.path.join(root, "imported", slug)
+    kwargs = dict(kwargs)
+    dtype = torch.bfloat16 if kwargs.pop("dtype", None) == "bf16" else torch.float32
+    torch.manual_seed(len(lines))
+    config = transformers.SmolLM3Config(**{**IMPORT_SHAPE, **kwargs})
+    transformers.SmolLM3ForCausalLM(config).to(dtype).save_pretrained(hf_dir)
+    run("import_hf.py", f"--hf={hf_dir}", f"--out={workdir}")
+    model, ours_config = load_ours(workdir)
+    tokens = rng.integers(0, IMPORT_SHAPE["vocab_size"], (2, LENGTH))
+    ours = our_logits(model, tokens)
+    errors = [np.abs(hf_logits(load_hf(hf_dir, attn), tokens) - ours).max()
+              for attn in ("eager", "sdpa")]
+    failures += [f"import {name}: {attn} differs by {e:.2e} > {TOLERANCE}"
+                 for attn, e in zip(("eager", "sdpa"), errors) if not e <= TOLERANCE]
+    lines.append(f"| {name} | {ours_config.model.pattern} (window {ours_config.model.window}) | "
+                 f"{np.abs(ours).max():.2e} | {errors[0]:.2e} | {errors[1]:.2e} |")
+  return lines
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--keep", default=None, help="Keep runs and exports in this directory.")
@@ -305,8 +350,9 @@ def main():
                                 f"{row[c]:.2e}" if c in row else "-" for c in columns[1:]]
     print("| " + " | ".join(cells) + " |")
   print(recurrence)
+  print("\n" + "\n".join(check_import(root, rng, failures)))
   finish(root, args.keep, failures, "OK: every export matches ours within tolerance and "
-         "generates our tokens; w - 1 and w + 1 do not match.")
+         "generates our tokens; w - 1 and w + 1 do not match; every import matches HF.")
 
 
 def finish(root: str, keep: bool, failures: list[str], ok: str) -> None:

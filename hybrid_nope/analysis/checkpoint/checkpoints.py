@@ -79,6 +79,13 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(run_config.current(workdir, started_with))
 
 
+def tokenizer_path(workdir: str, given: str | None = None) -> str | None:
+  """`given` (a --tokenizer), else the tokenizer.json an imported model carries
+  (run_dir.TOKENIZER), else None (the run's data tokenizer, data/text_codec.py)."""
+  carried = RunDir(workdir).tokenizer_file
+  return given or (carried if storage.exists(carried) else None)
+
+
 def apply_overrides(config: ml_collections.ConfigDict,
                     overrides: Mapping[str, Any] | None) -> ml_collections.ConfigDict:
   """A copy of `config` with {"eval.path": "/x", ...} applied; an unknown key names itself."""

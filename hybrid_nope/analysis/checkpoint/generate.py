@@ -27,7 +27,7 @@ def generate_text(workdir: str, prompts: list[str], *, step: int | None = None,
   if not prompts:
     raise checkpoints.AnalysisError("give at least one --prompt")
   config = checkpoints.load_config(workdir)
-  codec = text_codec(config, tokenizer_path, eos_token)
+  codec = text_codec(config, checkpoints.tokenizer_path(workdir, tokenizer_path), eos_token)
   step, model_def, params = checkpoints.restore_params(workdir, config, step)
   generator = decode.Generator(model_def.bind(params), max_new_tokens, temperature=temperature,
                                top_p=top_p, eos_id=codec.eos_id)

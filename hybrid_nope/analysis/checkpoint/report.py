@@ -243,6 +243,25 @@ def check_data(config) -> None:
           f"TextbookChapters directory with --config.eval.path=")
 
 
+def check_eval_tokenizer(workdir: str, config) -> None:
+  """An imported model (it carries its tokenizer) on prepared eval data: fails early, naming
+  both files, when the data was tokenised with another vocabulary (textbook_chapters copies
+  the tokenizer.json it used into the prepared directory)."""
+  carried = checkpoints.tokenizer_path(workdir)
+  if carried is None or config.data.source != "mds" or not config.eval.get("path", ""):
+    return
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
+  used = os.path.join(textbook_chapters.dataset_dir(config.eval.path),
+                      textbook_chapters.TOKENIZER_BASENAME)
+  vocab = lambda path: tokenizers.Tokenizer.from_file(path).get_vocab(with_added_tokens=True)
+  if os.path.isfile(used) and vocab(used) != vocab(carried):
+    raise checkpoints.DataPathError(
+        f"config.eval.path={config.eval.path} was tokenised with {used}, whose vocabulary is "
+        f"not the model's ({carried}): prepare the text again with "
+        f"python -m hybrid_nope.data.textbook_chapters --tokenizer={carried}")
+
+
 def _write_json(path: str, obj) -> str:
   storage.write_text(path, storage.to_json(obj) + "\n")  # NaN as null
   return path
@@ -287,6 +306,7 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
         f"recency_lengths={sorted(recency_at)}: each must be one of lengths={lengths}")
   ablated_layers = ablation.check(ablate, config.model) if ablate else None
   check_data(config)
+  check_eval_tokenizer(workdir, config)
   _with_seq_len(config, seq_len)  # Fails on far_lag before anything is restored.
   step, model_def, params = checkpoints.restore_params(workdir, config, step)
   # On the restored params' device, so both share one compilation.

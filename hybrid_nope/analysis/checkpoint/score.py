@@ -60,7 +60,7 @@ def score_files(workdir: str, files: list[str], *, step: int | None = None,
   seq_len = seq_len or config.data.seq_len
   bucket_size = bucket_size or min(config.eval.bucket_size, seq_len)
   step, model_def, params = checkpoints.restore_params(workdir, config, step)
-  encode = tokenizer_for(config, tokenizer_path)
+  encode = tokenizer_for(config, checkpoints.tokenizer_path(workdir, tokenizer_path))
   buckets_T = pipeline.position_buckets(seq_len, bucket_size)
   num_buckets = int(buckets_T.max()) + 1
 
