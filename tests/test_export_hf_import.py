@@ -75,10 +75,13 @@ def random_params(config, seed=0):
     {"model__pattern": "SSG", "model__num_layers": 3, "model__global_pos": "rope",
      "model__head_dim": 16, "model__num_kv_heads": 1, "model__d_model": 48},  # MQA; sqrt(48)
     {"model__pattern": "SGSG", "model__num_layers": 4},  # a pattern as written, not its unit
-], ids=["tied_d24", "nope_swa_untied", "global_only", "ssg_mqa_d48", "sgsg"])
+    {"model__param_dtype": "bfloat16", "model__logits_dtype": "float32"},  # stored as BF16
+], ids=["tied_d24", "nope_swa_untied", "global_only", "ssg_mqa_d48", "sgsg", "bf16_params"])
 def test_our_export_reads_back_bit_for_bit(tmp_path, overrides):
   config = tiny_config(**overrides)
   params = random_params(config, seed=1)
+  if config.model.param_dtype == "bfloat16":
+    params = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16), params)
   imported = hf_import.read(write_hf_dir(str(tmp_path), config, params), BASE_MODEL)
   assert imported.exact and imported.model == config.model.to_dict()
   assert_same_bits(imported.params, params)

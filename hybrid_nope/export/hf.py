@@ -82,7 +82,10 @@ POSITION_ENCODINGS = ("rope", "nope")
 MAPPED_KEYS = {"pattern", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim",
                "mlp_dim", "window", "swa_pos", "global_pos", "rope_theta", "vocab_size",
                "tie_embeddings", "norm_eps", "delta_gate"}
-COMPUTE_KEYS = {"dtype", "remat", "attention_impl", "linear_impl", "delta_impl"}
+# logits_dtype: the head's matmul precision (transformers runs it in its own dtype);
+# param_dtype: the arrays are written as stored (BF16 in safetensors) and read back as such.
+COMPUTE_KEYS = {"dtype", "remat", "attention_impl", "linear_impl", "delta_impl", "logits_dtype",
+                "param_dtype"}
 # The D layer's options at the values of its first form, the only one modeling_hybrid_nope.py
 # writes (the published forms are tests/hf/check_delta_hf.py's parity, not an export yet).
 DELTA_FIRST_FORM = {"delta_gate_form": "gla", "delta_expand_v": 1, "delta_v_heads": 0,

@@ -37,6 +37,7 @@ import math
 import os
 
 import ml_collections
+import ml_dtypes
 import numpy as np
 
 from hybrid_nope.errors import UserError
@@ -343,6 +344,9 @@ def read(hf_dir: str, base_model: dict) -> Imported:
         weights.get("lm_head.weight"), leaves["embed/embedding_VD"]):
       _fail("tie_word_embeddings", True, "false, or lm_head.weight equal to "
             "model.embed_tokens.weight (they differ)")
+  if exact and model.get("param_dtype") == "bfloat16":
+    # The export widened bfloat16 storage to float32 exactly; narrowing restores the bits.
+    leaves = {k: v.astype(ml_dtypes.bfloat16) for k, v in leaves.items()}
   return Imported(model=model, params=_unflat(leaves), notes=notes, exact=exact)
 
 
