@@ -120,13 +120,26 @@ def test_two_processes_match_one(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
              JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
              XLA_FLAGS=xla_flags())
+  # Output goes to files, not pipes: communicate() on one process while the other fills its
+  # 64 KiB pipe and then blocks deadlocks both, since each waits on the other in a collective.
+  logs = [(open(tmp_path / f"p{i}.out", "w+"), open(tmp_path / f"p{i}.err", "w+"))
+          for i in range(2)]
   procs = [subprocess.Popen([sys.executable, "-m", "tests.scripts.two_process",
                              str(tmp_path / "two")], cwd=REPO, env=dict(env, JAX_PROCESS_ID=str(i)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=logs[i][0], stderr=logs[i][1], text=True)
            for i in range(2)]
-  outs = [p.communicate(timeout=300) for p in procs]
+  try:
+    for p in procs:
+      p.wait(timeout=600)
+  except subprocess.TimeoutExpired:
+    for p in procs:
+      p.kill()
+  outs = []
+  for p, (out_f, err_f) in zip(procs, logs):
+    out_f.seek(0), err_f.seek(0)
+    outs.append((out_f.read(), err_f.read()))
   for p, (out, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-4000:]
+    assert p.returncode == 0, f"return code {p.returncode}; stderr tail:\n{err[-4000:]}"
     result = json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
     assert result["resumed_at"] == 3
 
