@@ -31,14 +31,19 @@ def get_config() -> ml_collections.ConfigDict:
       pattern="SG",            # S = sliding-window, G = global, L = gated linear attention,
                                # D = gated delta rule; repeated to num_layers
                                # (hybrid_nope/model/pattern.py).
-      num_layers=12, d_model=768, num_heads=12, num_kv_heads=12, head_dim=64, mlp_dim=3328,
-      window=256,
+      num_layers=12,           # Blocks (attention or linear mixer, then the SwiGLU MLP).
+      d_model=768,             # Width of the residual stream.
+      num_heads=12,            # Query heads.
+      num_kv_heads=12,         # Key/value heads (fewer than num_heads: GQA; must divide it).
+      head_dim=64,             # Per head, for queries, keys and values.
+      mlp_dim=3328,            # Hidden width of the SwiGLU MLP.
+      window=256,              # S layers attend to this many tokens, themselves included.
       swa_pos="rope",          # rope | nope (NoPE-in-SWA ablation)
       global_pos="nope",       # nope | rope (control only)
-      rope_theta=10000.0,
+      rope_theta=10000.0,      # RoPE base frequency of the layers that use RoPE.
       vocab_size=128256,       # Llama-3 tokenizer (ProLong data).
-      tie_embeddings=False,
-      norm_eps=1e-5,
+      tie_embeddings=False,    # True: the output head is the token embedding, transposed.
+      norm_eps=1e-5,           # RMSNorm's epsilon.
       dtype="auto",            # auto: float32 on CPU, bfloat16 elsewhere (the compute dtype).
       param_dtype="float32",   # float32 | bfloat16: the parameters' storage (bfloat16 halves
                                # their memory; updates below bf16's resolution are lost).
@@ -46,7 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
                                # dtype or in float32; the loss is float32 either way.
       remat=False,             # True: scan the pattern repeats, keeping only the residual stream
                                # between them for the backward pass (long sequences, big models).
-      attention_impl="auto",
+      attention_impl="auto",   # Kernel of the S and G layers: auto picks per platform
+                               # (hybrid_nope/kernels/__init__.py: IMPLS).
       linear_impl="auto",      # Kernel of the gated linear attention (L) layers.
       delta_impl="auto",       # Kernel of the gated delta rule (D) layers.
       delta_gate="head",       # D layers' decay: "head" (one α per value head, Gated DeltaNet)
@@ -72,8 +78,9 @@ def get_config() -> ml_collections.ConfigDict:
                                # or directory); a URL (gs://, hf://datasets/...) for mds and text.
       text_field="text",       # Text sources: the field or column holding each document.
       tokenizer="byte",        # Text sources: "byte" or a tokenizer.json path or URL.
-      domains=PROLONG_DOMAINS,
-      seq_len=8192,
+      domains=PROLONG_DOMAINS,  # mds: the domains (subdirectories of data.path) mixed, each
+                                # "name@proportion"; the proportions sum to 1.
+      seq_len=8192,            # Tokens per training row (documents packed, boundaries kept).
       batch_size=64,           # Global, in sequences.
       seed=0,                  # The data order; follows train.seed unless set (below).
       eval_fraction=0.05,      # stdlib and text sources: held-out share of documents.
@@ -98,22 +105,22 @@ def get_config() -> ml_collections.ConfigDict:
       path="",                 # TextbookChapters as prepared by
                                # `python -m hybrid_nope.data.textbook_chapters`; required for mds.
       bucket_size=512,         # Eval loss is also reported per bucket of token positions.
-      batch_size=8,
-      num_batches=16,
-      every_steps=1000,
+      batch_size=8,            # Rows per eval batch.
+      num_batches=16,          # Batches per evaluation (the same rows every time).
+      every_steps=1000,        # Evaluate every this many steps (and at the last).
       length_multiples=(1,),   # Also evaluate on rows of k × data.seq_len (extrapolation), e.g.
                                # (1, 2, 4): logged as eval_loss@{k}x and by position bucket.
       sample_every_steps=0,    # Every this many steps (and at the last; 0 = off), greedy
                                # continuations of sample_prompts (tokenised as the training
                                # data) go to metrics.jsonl, TensorBoard text and W&B.
-      sample_prompts=(),
+      sample_prompts=(),       # Strings to continue (see sample_every_steps).
       sample_max_new_tokens=64,  # Tokens generated per prompt.
   ))
 
   c.train = ml_collections.ConfigDict(dict(
-      steps=20000,
-      learning_rate=6e-4,
-      min_learning_rate_ratio=0.1,
+      steps=20000,             # Optimizer updates in the run.
+      learning_rate=6e-4,      # Peak learning rate (after warmup).
+      min_learning_rate_ratio=0.1,  # The schedules end at this fraction of the peak.
       warmup_steps=1000,       # Linear from 0 to learning_rate, before every schedule.
       schedule="cosine",       # cosine | wsd (warmup-stable-decay) | linear | constant: the
                                # first three end at min_learning_rate_ratio x peak at
@@ -124,13 +131,15 @@ def get_config() -> ml_collections.ConfigDict:
       z_loss=0.0,              # Coefficient of log²Z (softmax normaliser) added to the loss,
                                # as PaLM (1e-4); logged as z_loss. 0 = off.
       opt_state_dtype="float32",  # float32 | bfloat16: Adam's moments' storage.
-      b1=0.9, b2=0.95, eps=1e-8,
+      b1=0.9,                  # AdamW's first-moment decay.
+      b2=0.95,                 # AdamW's second-moment decay.
+      eps=1e-8,                # AdamW's denominator epsilon.
       weight_decay=0.1,        # Not applied to norm gains or embeddings.
-      grad_clip=1.0,
+      grad_clip=1.0,           # Clip the global gradient norm to this (> 0).
       grad_accum_steps=1,      # Microbatches per step (1 = off): the global batch is split into
                                # this many, scanned in one jitted step, for one update.
-      seed=0,
-      log_every_steps=10,
+      seed=0,                  # Initialisation and (through data.seed) the data order.
+      log_every_steps=10,      # Training scalars every this many steps.
       peak_flops=0.0,          # Per device, for MFU; 0 = look up / measure (hybrid_nope.train.flops).
       profile_start_step=0,    # jax.profiler trace of train.profile_steps steps from this one
       profile_steps=0,         # into WORKDIR/profile/ (TensorBoard, Perfetto); 0 = off.
@@ -142,7 +151,8 @@ def get_config() -> ml_collections.ConfigDict:
   ))
 
   c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=1000, keep=3,
+      every_steps=1000,        # Save every this many steps (and at the last).
+      keep=3,                  # Newest checkpoints kept; older ones are deleted.
       every_minutes=0.0,       # Also save when this many minutes passed since the last save
                                # (spot TPUs); 0 = off.
       directory="",            # "" = WORKDIR/checkpoints; use gs://... on multi-host pods.
@@ -164,7 +174,11 @@ def get_config() -> ml_collections.ConfigDict:
   # data.seed on its own to vary the order alone.
   c.data.seed = c.train.get_ref("seed") * 1  # A derived reference: setting data.seed leaves
                                             # train.seed as it is (a plain reference would not).
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.mesh = ml_collections.ConfigDict(dict(
+      data=-1,                 # Data-parallel devices; -1 = every device the others leave.
+      fsdp=1,                  # Devices the parameters and optimizer state are sharded over.
+      tensor=1,                # Devices heads and the MLP width are split over (megatron).
+  ))
   c.logging = ml_collections.ConfigDict(dict(
       wandb_project="",        # Weights & Biases project to log to; "" = off. Needs
                                # `pip install .[wandb]`; WANDB_MODE=offline logs locally.

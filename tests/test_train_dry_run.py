@@ -1,0 +1,104 @@
+"""dry_run: the state's bytes are exact, the activation estimate lands near XLA's own memory
+analysis of the compiled step, the FLOPs are flops.py's, and launch/train.py's --dry_run,
+--help_config and --print_config work on the paper config without training."""
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from hybrid_nope.data import pipeline
+from hybrid_nope.train import dry_run, sharding
+from hybrid_nope.train.flops import flops_per_token
+from hybrid_nope.train.optimizer import make_optimizer
+from hybrid_nope.train.state import abstract_train_state, init_train_state
+from hybrid_nope.train.step import train_step_for
+from tests.helpers import REPO, tiny_config
+
+ONE_DEVICE = {"data": 1, "fsdp": 1, "tensor": 1}
+
+
+def config(**overrides):
+  return tiny_config(**{"model__d_model": 64, "model__head_dim": 16, "model__mlp_dim": 192,
+                        "data__seq_len": 256, "data__batch_size": 4, "metrics__far_lag": 64,
+                        "model__vocab_size": 512, **overrides})
+
+
+def compiled_step_bytes(c) -> tuple[int, int]:
+  """(argument bytes less the batch's, temporary bytes) of XLA's memory analysis of the compiled train step."""
+  mesh = sharding.make_mesh(c)
+  tx = make_optimizer(c.train)
+  with sharding.activation_rules(mesh):
+    model_def, state, shardings = abstract_train_state(c.model, tx, c.train.seed, mesh)
+    batch = {k: jax.ShapeDtypeStruct((c.data.batch_size, c.data.seq_len),
+                                     pipeline.BATCH_DTYPES[k]) for k in pipeline.BATCH_KEYS}
+    step = jax.jit(train_step_for(c, model_def, tx), donate_argnums=0)
+    memory = step.lower(state, batch).compile().memory_analysis()
+  batch_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in batch.values())
+  return memory.argument_size_in_bytes - batch_bytes, memory.temp_size_in_bytes
+
+
+def test_state_bytes_are_those_of_an_initialised_state():
+  c = config(model__param_dtype="bfloat16", train__opt_state_dtype="bfloat16")
+  r = dry_run.report(c)
+  _, state = init_train_state(c.model, make_optimizer(c.train), 0)
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
+  assert r["memory_bytes"]["params"] == nbytes(state.params)
+  assert r["memory_bytes"]["opt_state"] == nbytes(state.opt_state)
+  # Gradients are float32 whatever the parameters' dtype: twice the bfloat16 parameters.
+  assert r["memory_bytes"]["grads"] == 2 * nbytes(state.params)
+  assert r["flops_per_token"] == flops_per_token(c.model, c.data.seq_len)
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"model__remat": True}, {"model__pattern": "LD", "train__grad_accum_steps": 2}],
+    ids=["SG", "SG_remat", "LD_accum2"])
+def test_the_activation_estimate_is_near_xlas_memory_analysis(overrides):
+  c = config(**overrides)
+  r = dry_run.report(c)
+  args, temp = compiled_step_bytes(c)
+  m = r["memory_bytes"]
+  # XLA's arguments are the state (exact in the test above), less any parameter it prunes.
+  np.testing.assert_allclose(args, m["params"] + m["opt_state"] + 4, rtol=0.01)
+  # The estimate is a formula, not a schedule: within a factor 2 of XLA's peak temporaries
+  # (gradients, activations and logits), where dropping a term or a factor of the token count
+  # would leave it.
+  estimate = m["grads"] + m["activations"] + m["logits"]
+  assert 0.5 < estimate / temp < 2, (estimate, temp)
+
+
+def test_activations_divide_over_the_batch_axes_and_shrink_with_remat():
+  c = config(model__num_layers=8)
+  one = dry_run.activation_bytes(c, ONE_DEVICE)
+  four = dry_run.activation_bytes(c, {"data": 2, "fsdp": 2, "tensor": 1})
+  np.testing.assert_allclose([four["layers"], four["logits"]],
+                             [one["layers"] / 4, one["logits"] / 4])
+  c.model.remat = True
+  assert dry_run.activation_bytes(c, ONE_DEVICE)["layers"] < one["layers"] / 2
+
+
+def run_train(*args):
+  return subprocess.run([sys.executable, "launch/train.py", "--config=configs/swa256_350m.py",
+                         *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.integration
+def test_the_paper_config_dry_runs_without_data_and_exits_0():
+  out = run_train("--dry_run", "--config.model.window=128")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "parameters: 346.1M non-embedding" in out.stdout
+  assert "FLOPs per token: 3.4" in out.stdout  # Window 128 attends fewer pairs than 256's 3.51.
+  assert "mesh: {'data': 1, 'fsdp': 1, 'tensor': 1}" in out.stdout
+  assert "to train: config.data.path=''" in out.stdout
+
+
+@pytest.mark.integration
+def test_help_and_print_config_show_the_resolved_paper_config():
+  out = run_train("--help_config", "--print_config", "--config.model.window=128")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "  model.window = 128\n      S layers attend" in out.stdout
+  assert "\n  window: 128\n" in out.stdout  # --print_config's YAML.
+  bad = run_train("--dry_run", "--config.model.num_kv_heads=5")
+  assert bad.returncode == 2 and "model.num_kv_heads" in bad.stderr
+  assert run_train().returncode == 2  # Training needs --workdir.
