@@ -123,6 +123,36 @@ def test_a_start_that_loses_the_race_for_the_marker_is_refused(tmp_path, monkeyp
   assert json.loads(open(RunDir(a, shared).checkpoint_owner).read())["workdir"] == a
 
 
+@pytest.mark.parametrize("process", [0, 1])
+def test_every_process_meets_the_barrier_on_every_path(tmp_path, monkeypatch, process):
+  """A fresh claim, a resume (the marker found) and a lost race each pass the one barrier, on
+  process 0 and on the others: a process that skipped it hung a two-process resume."""
+  import jax
+  from jax.experimental import multihost_utils
+  from hybrid_nope.train import checkpoint_owner
+  barriers = []
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: process)
+  monkeypatch.setattr(multihost_utils, "sync_global_devices", barriers.append)
+  workdir = str(tmp_path / "run")
+  if process:  # Only process 0 writes the marker: make the one it would have written.
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    monkeypatch.setattr(multihost_utils, "sync_global_devices", lambda name: None)
+    first = claim(workdir)
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    monkeypatch.setattr(multihost_utils, "sync_global_devices", barriers.append)
+    assert claim(workdir) == first
+  else:
+    first = claim(workdir)
+  assert claim(workdir) == first  # The resume: the marker is found.
+  real_create = checkpoint_owner._create
+  lost = iter([False])
+  monkeypatch.setattr(checkpoint_owner, "_create", lambda p, o: next(lost, None) is None
+                      and real_create(p, o))
+  assert claim(str(tmp_path / "other")).workdir.endswith("other")
+  assert barriers == ["hybrid_nope checkpoint owner"] * 3
+
+
 @pytest.mark.integration
 def test_two_workdirs_started_together_on_one_checkpoint_directory_one_trains(tmp_path):
   """The sweep of the report: two runs with --config.checkpoint.directory=../shared at once.

@@ -102,6 +102,18 @@ def claim(workdir: str, checkpoint_directory: str = "") -> Owner:
   """The owner of the run's checkpoint directory, claimed for `workdir` if nobody holds it;
   raises CheckpointOwnedError, before anything is written there, if another workdir does.
   Process 0 writes the marker; the others read it after it is there."""
+  owner = _claim_on_this_process(workdir, checkpoint_directory)
+  # Every process reaches this barrier on every path: one that returned early (its read saw
+  # process 0's new marker, a race under load) would meet process 0's barrier with its first
+  # training collective instead, and both would hang.
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices("hybrid_nope checkpoint owner")
+    owner = _read(RunDir(workdir, checkpoint_directory).checkpoint_owner) or owner
+  return owner
+
+
+def _claim_on_this_process(workdir: str, checkpoint_directory: str) -> Owner:
   rd = RunDir(workdir, checkpoint_directory)
   path, here = rd.checkpoint_owner, run_dir.comparable(workdir)
   directory = run_dir.comparable(rd.checkpoints)
@@ -144,9 +156,6 @@ def claim(workdir: str, checkpoint_directory: str = "") -> Owner:
     if found is not None:
       storage.write_text(path, _text(owner))  # Taken over from a moved copy of this workdir.
     elif not _create(path, owner):
-      return claim(workdir, checkpoint_directory)  # Another start won the race: judge it.
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    multihost_utils.sync_global_devices("hybrid_nope checkpoint owner")
-    owner = _read(path) or owner
+      # Another start won the race: judge it.
+      return _claim_on_this_process(workdir, checkpoint_directory)
   return owner

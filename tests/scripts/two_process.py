@@ -3,7 +3,9 @@
   JAX_COORDINATOR_ADDRESS=localhost:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=i \\
       python -m tests.scripts.two_process WORKDIR
 """
+import faulthandler
 import json
+import os
 import sys
 
 import jax
@@ -19,6 +21,8 @@ TWO_PROCESS = dict(mesh__data=-1, train__steps=3, checkpoint__every_steps=3, eva
 
 
 def main(workdir):
+  # A hang shows where: every thread's stack goes to stderr before the test gives up.
+  faulthandler.dump_traceback_later(float(os.environ.get("STACKS_AFTER_S", "480")), exit=True)
   distributed.initialize()
   assert jax.process_count() == 2, jax.process_count()
   summary = loop.train(tiny_config(**TWO_PROCESS), workdir, hooks=[RecencyHook.for_run])
