@@ -177,6 +177,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1,                 # Data-parallel devices; -1 = every device the others leave.
       fsdp=1,                  # Devices the parameters and optimizer state are sharded over.
+      sequence=1,              # Devices one row's tokens are split over (context parallelism:
+                               # SWA halos, gathered keys for G, state carried for L and D).
       tensor=1,                # Devices heads and the MLP width are split over (megatron).
   ))
   c.logging = ml_collections.ConfigDict(dict(

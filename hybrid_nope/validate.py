@@ -175,15 +175,18 @@ def check_recipe(config) -> None:
   one_of(config, "model.logits_dtype", LOGITS_DTYPES)
 
 
-MESH_AXES = ("data", "fsdp", "tensor")  # config.mesh.<axis>: the trainer's mesh axes.
+# config.mesh.<axis>: the trainer's mesh axes, outermost first. The sequence axis sits beside
+# tensor: its halos and gathers are the next most frequent traffic after tensor's.
+MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 
 
 class MeshError(ConfigError):
   pass
 
 
-def mesh_shape(mesh_cfg, device_count: int) -> tuple[int, int, int]:
-  """Sizes of (data, fsdp, tensor); one -1 takes the devices the others leave."""
+def mesh_shape(mesh_cfg, device_count: int) -> tuple[int, ...]:
+  """Sizes of MESH_AXES (data, fsdp, sequence, tensor); one -1 takes the devices the others
+  leave."""
   sizes = [mesh_cfg[a] for a in MESH_AXES]
   fill = [a for a, s in zip(MESH_AXES, sizes) if s == -1]
   bad = [a for a, s in zip(MESH_AXES, sizes) if s != -1 and (not isinstance(s, int) or s < 1)]
@@ -198,15 +201,17 @@ def mesh_shape(mesh_cfg, device_count: int) -> tuple[int, int, int]:
     sizes[sizes.index(-1)] = device_count // known
   if math.prod(sizes) != device_count:
     raise MeshError(f"config.mesh {dict(zip(MESH_AXES, sizes))} has {math.prod(sizes)} devices; "
-                    f"this run has {device_count}: make mesh.data × mesh.fsdp × mesh.tensor equal "
-                    "it (or set one of them to -1)")
+                    f"this run has {device_count}: make mesh.data × mesh.fsdp × mesh.sequence × "
+                    "mesh.tensor equal it (or set one of them to -1)")
   return tuple(sizes)
 
 
-def check_divisibility(config, shape: tuple[int, int, int]) -> None:
+def check_divisibility(config, shape: tuple[int, ...]) -> None:
   """Fails before compiling where a sharded dimension does not split evenly."""
-  data, fsdp, tensor = shape
+  data, fsdp, sequence, tensor = shape
   m = config.model
+  if sequence > 1:
+    _check_sequence_split(config, sequence)
   checks = [
       ("data.batch_size", config.data.batch_size, data * fsdp, "mesh.data × mesh.fsdp"),
       ("data.batch_size / train.grad_accum_steps",
@@ -222,6 +227,21 @@ def check_divisibility(config, shape: tuple[int, int, int]) -> None:
   for key, x, parts, axes in checks:
     if x % parts:
       raise MeshError(f"config.{key}={x} is not divisible by {axes}={parts}")
+
+
+def _check_sequence_split(config, sequence: int) -> None:
+  """Context parallelism: a row splits into shards of equal length, and a sliding window's halo
+  comes from the previous shard alone."""
+  # Evaluation rows are integer multiples of data.seq_len (eval.length_multiples): they split too.
+  if config.data.seq_len % sequence:
+    raise MeshError(f"config.data.seq_len={config.data.seq_len} is not divisible by "
+                    f"mesh.sequence={sequence}")
+  shard = config.data.seq_len // sequence
+  window = window_of(config.model) or 1
+  if window - 1 > shard:
+    raise MeshError(f"config.model.window={window} needs the {window - 1} keys before each "
+                    f"shard, but mesh.sequence={sequence} leaves shards of {shard} tokens "
+                    f"(data.seq_len={config.data.seq_len}): use fewer sequence shards")
 
 
 ORBAX_URL_SCHEMES = ("gs://",)  # Where orbax writes checkpoints itself (besides local paths).

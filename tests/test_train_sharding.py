@@ -26,13 +26,14 @@ from tests.scripts.mesh_runs import MESHES, RECURRENT_PATTERN, losses, recency_p
 
 
 
-def mesh_cfg(data, fsdp, tensor):
-  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, tensor=tensor))
+def mesh_cfg(data, fsdp, tensor, sequence=1):
+  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, sequence=sequence, tensor=tensor))
 
 
 def test_mesh_shape_fills_and_checks():
-  assert mesh_shape(mesh_cfg(-1, 1, 1), 8) == (8, 1, 1)
-  assert mesh_shape(mesh_cfg(2, -1, 2), 8) == (2, 2, 2)
+  assert mesh_shape(mesh_cfg(-1, 1, 1), 8) == (8, 1, 1, 1)
+  assert mesh_shape(mesh_cfg(2, -1, 2), 8) == (2, 2, 1, 2)
+  assert mesh_shape(mesh_cfg(2, 1, 1, sequence=-1), 8) == (2, 1, 4, 1)
   with pytest.raises(MeshError, match="has 6 devices"):
     mesh_shape(mesh_cfg(2, 3, 1), 8)
   with pytest.raises(MeshError, match="mesh.fsdp=-1 cannot fill"):
@@ -42,10 +43,13 @@ def test_mesh_shape_fills_and_checks():
 
 
 @pytest.mark.parametrize("overrides, shape, key", [
-    (dict(data__batch_size=6), (4, 1, 1), "data.batch_size"),
-    (dict(model__num_heads=6, model__num_kv_heads=6), (1, 1, 4), "model.num_heads"),
-    (dict(model__num_kv_heads=2), (1, 1, 4), "model.num_kv_heads"),
-    (dict(model__num_kv_heads=4), (1, 1, 4), "model.vocab_size"),  # 258 ids: not 4 ways
+    (dict(data__batch_size=6), (4, 1, 1, 1), "data.batch_size"),
+    (dict(model__num_heads=6, model__num_kv_heads=6), (1, 1, 1, 4), "model.num_heads"),
+    (dict(model__num_kv_heads=2), (1, 1, 1, 4), "model.num_kv_heads"),
+    (dict(model__num_kv_heads=4), (1, 1, 1, 4), "model.vocab_size"),  # 258 ids: not 4 ways
+    (dict(data__seq_len=66), (1, 1, 4, 1), "data.seq_len=66 is not divisible by mesh.sequence"),
+    (dict(data__seq_len=64, model__pattern="SG", model__window=18), (1, 1, 4, 1),
+     "model.window=18 needs the 17 keys before each shard"),
 ])
 def test_bad_mesh_for_the_model_fails_before_compile(overrides, shape, key):
   with pytest.raises(MeshError, match=key):

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from hybrid_nope.kernels import cudnn, pallas_gpu, pallas_tpu, per_shard, xla
+from hybrid_nope.kernels import (context_parallel, cudnn, pallas_gpu, pallas_tpu, per_shard,
+                                 xla)
 
 IMPLS = ("auto", "xla", "pallas", "cudnn")
 
@@ -136,16 +138,28 @@ def resolve(impl: str, q_BTNH, segment_ids=None) -> str:
   return impl
 
 
+def _sequence_form(window: int | None):
+  """Attention over a sequence split across devices (context_parallel.py): a halo of keys from
+  the previous shard for a window, every key all-gathered for global attention."""
+  if window is None:
+    return lambda kernel, q, k, v, segment_ids, *, axis, axis_size: (
+        context_parallel.global_causal(q, k, v, segment_ids, axis=axis))
+  return functools.partial(context_parallel.sliding_window, window=window)
+
+
 def attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, *,
               window: int | None = None, segment_ids: jax.Array | None = None,
-              impl: str = "auto", batch_axes=None, head_axes=None) -> jax.Array:
+              impl: str = "auto", batch_axes=None, head_axes=None,
+              sequence_axes=None) -> jax.Array:
   """Causal (optionally sliding-window, segment-masked, GQA) attention; returns [B, T, N, H].
 
-  `batch_axes` / `head_axes` name the axes of the context mesh (jax.set_mesh) that split the
-  batch and the heads; given a multi-device mesh, each device runs the kernel on its own shard
-  (per_shard.py).
+  `batch_axes` / `head_axes` / `sequence_axes` name the axes of the context mesh
+  (jax.set_mesh) that split the batch, the heads and the sequence; given a multi-device mesh,
+  each device runs the kernel on its own shard (per_shard.py).
   """
   _check(q_BTNH, k_BTKH, v_BTKH, window, segment_ids, impl)
   resolve(impl, q_BTNH, segment_ids)
   return per_shard.run_on_platforms(_per_platform(impl), (q_BTNH, k_BTKH, v_BTKH), segment_ids,
-                                    batch_axes=batch_axes, head_axes=head_axes, window=window)
+                                    batch_axes=batch_axes, head_axes=head_axes,
+                                    sequence_axes=sequence_axes,
+                                    sequence_form=_sequence_form(window), window=window)

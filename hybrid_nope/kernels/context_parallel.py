@@ -34,15 +34,15 @@ def _previous_shard(x, axis: str, axis_size: int):
 
 def sliding_window(kernel: Callable, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, *, window: int,
                    axis: str, axis_size: int):
-  """Sliding-window attention of this device's shard; `kernel(q, k, v, segment_ids=, window=)`
-  is any single-device attention kernel. Call inside shard_map over `axis`."""
+  """Sliding-window attention of this device's shard; `kernel(q, k, v, segment_ids=)` is any
+  single-device attention kernel for that window. Call inside shard_map over `axis`."""
   halo = window - 1
   T_local = q_BTNH.shape[1]
   if halo > T_local:
     raise ValueError(f"window {window} needs {halo} keys from the previous shard, which holds "
                      f"only {T_local}: use fewer sequence shards or a longer sequence")
   if halo == 0:
-    return kernel(q_BTNH, k_BTKH, v_BTKH, segment_ids=segment_ids_BT, window=window)
+    return kernel(q_BTNH, k_BTKH, v_BTKH, segment_ids=segment_ids_BT)
   first = lax.axis_index(axis) == 0
   k_halo, v_halo = (_previous_shard(x[:, -halo:], axis, axis_size) for x in (k_BTKH, v_BTKH))
   seg_halo = _previous_shard(segment_ids_BT[:, -halo:], axis, axis_size)
@@ -51,7 +51,7 @@ def sliding_window(kernel: Callable, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, *, 
   out = kernel(jnp.concatenate([dummies, q_BTNH], axis=1),
                jnp.concatenate([k_halo, k_BTKH], axis=1),
                jnp.concatenate([v_halo, v_BTKH], axis=1),
-               segment_ids=jnp.concatenate([seg_halo, segment_ids_BT], axis=1), window=window)
+               segment_ids=jnp.concatenate([seg_halo, segment_ids_BT], axis=1))
   return out[:, halo:]
 
 
@@ -106,3 +106,82 @@ def global_causal(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, *, axis: str,
   (_, l_BKGT, acc_BTKGH), _ = lax.scan(step, init, jnp.arange(chunks))
   out = acc_BTKGH / jnp.moveaxis(l_BKGT, -1, 1)[..., None]
   return out.reshape(B, T_local, N, H).astype(q_BTNH.dtype)
+
+
+# Roles of a recurrent kernel's operands, in its argument order: how the tokens this module adds
+# (which set the initial state and read the final one) fill each.
+QUERY, KEY, VALUE, GATE, BETA = "query", "key", "value", "gate", "beta"
+
+
+def _affixed(arrays, roles, segment_ids_BT, prefix_values_BHKJ, H: int):
+  """`arrays` with H tokens before them that write `prefix_values_BHKJ` into a zero state
+  (token h: key e_h, value row h, no decay, β = 1), and H tokens after them that read the state
+  out (token h: query e_h, no key or value, no decay, β = 0). Both carry the segment id of the
+  token they touch, so no reset falls between them and the shard."""
+  B = segment_ids_BT.shape[0]
+  out = []
+  for x, role in zip(arrays, roles):
+    heads, width = x.shape[2], x.shape[3]
+    basis = jnp.broadcast_to(jnp.eye(H, dtype=x.dtype)[None, :, None, :], (B, H, heads, H))
+    zeros = jnp.zeros((B, H, heads, width), x.dtype)
+    before = {KEY: basis, VALUE: prefix_values_BHKJ.astype(x.dtype) if role == VALUE else None,
+              BETA: jnp.ones_like(zeros)}.get(role, zeros)
+    after = basis if role == QUERY else zeros
+    out.append(jnp.concatenate([before, x, after], axis=1))
+  seg = jnp.concatenate([jnp.repeat(segment_ids_BT[:, :1], H, axis=1), segment_ids_BT,
+                         jnp.repeat(segment_ids_BT[:, -1:], H, axis=1)], axis=1)
+  return out, seg
+
+
+def recurrent(kernel: Callable, arrays, segment_ids_BT, *, roles: tuple[str, ...],
+              read_scale: float, axis: str, axis_size: int):
+  """A recurrent (gated linear or delta-rule) layer over this device's shard, its state carried
+  in from the shards before it. Call inside shard_map over `axis`.
+
+  `kernel(*arrays, segment_ids=)` is any single-device kernel whose state S [key H, value J] per
+  kv head starts at zero, resets at segment starts, is moved by each token linearly
+  (S -> A_t S + k_t v_tᵀ β_t, A_t = I for no decay and no key) and read as read_scale⁻¹ · qᵀS.
+  The final state is then affine in the initial one, S_out = P S_in + S_loc, so every shard
+  finds its (P, S_loc) at once, the tiny [H, H] maps are composed over the shards in order (the
+  scan over shards), and each shard reruns with its carried-in state: three kernel passes, all
+  in parallel, with H extra tokens at each end (`_affixed`). The kernels need no initial-state
+  argument, and gradients flow through the carried state as through any other input.
+  """
+  q, v = arrays[roles.index(QUERY)], arrays[roles.index(VALUE)]
+  B, T_local, N, H = q.shape
+  K, J = v.shape[2], v.shape[3]
+  G = N // K
+
+  def run(values_BTKJ, prefix_BHKJ, upcast: bool):
+    ops = [values_BTKJ if role == VALUE else x for x, role in zip(arrays, roles)]
+    ops = [x.astype(jnp.float32) if upcast else x for x in ops]
+    ops, seg = _affixed(ops, roles, segment_ids_BT, prefix_BHKJ, H)
+    out = kernel(*ops, segment_ids=seg)
+    state_BKHJ = jnp.moveaxis(out[:, -H:, ::G], 1, 2).astype(jnp.float32) * read_scale
+    return out[:, H:-H], state_BKHJ
+
+  # The state maps are read in float32 whatever the compute dtype: they compose over shards.
+  f32 = jnp.float32
+  _, S_loc_BKHJ = run(v, jnp.zeros((B, H, K, J), f32), upcast=True)
+  eye_BHKH = jnp.broadcast_to(jnp.eye(H, dtype=f32)[None, :, None, :], (B, H, K, H))
+  _, P_BKHH = run(jnp.zeros((B, T_local, K, H), f32), eye_BHKH, upcast=True)
+  gather = lambda x: lax.all_gather(x, axis)  # [n, ...]: every shard's, in order.
+  S_loc_n, P_n = gather(S_loc_BKHJ), gather(P_BKHH)
+  first_n, last_n = gather(segment_ids_BT[:, 0]), gather(segment_ids_BT[:, -1])
+  S_in = [jnp.zeros_like(S_loc_BKHJ)]
+  for i in range(1, axis_size):
+    # A shard continues the state only if its first token is in the previous one's last run.
+    continues_B = (first_n[i] == last_n[i - 1]) & (first_n[i] != 0)
+    carried = jnp.einsum("bkhg,bkgj->bkhj", P_n[i - 1], S_in[-1]) + S_loc_n[i - 1]
+    S_in.append(jnp.where(continues_B[:, None, None, None], carried, 0.0))
+  S_in_BKHJ = jnp.stack(S_in)[lax.axis_index(axis)]
+  out, _ = run(v, jnp.moveaxis(S_in_BKHJ, 2, 1), upcast=False)
+  return out.astype(q.dtype)
+
+
+def recurrent_form(roles: tuple[str, ...], read_scale: float) -> Callable:
+  """`recurrent` as per_shard.run_on_platforms calls a sequence form:
+  form(kernel, *arrays, segment_ids, axis=, axis_size=)."""
+  return lambda kernel, *operands, axis, axis_size: recurrent(
+      kernel, operands[:-1], operands[-1], roles=roles, read_scale=read_scale, axis=axis,
+      axis_size=axis_size)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_nope.kernels import context_parallel as cp
 from hybrid_nope.kernels import delta_xla, per_shard
 # q, k and segment_ids obey attention()'s rules.
 from hybrid_nope.kernels.attention import _check as _check_qkv
@@ -132,19 +133,23 @@ def _gqa_operands(q_BTNH, k_BTKH, log_decay, beta_BTV, V):
 def delta_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTVJ: jax.Array,
                     log_decay: jax.Array, beta_BTV: jax.Array, *,
                     segment_ids: jax.Array | None = None, impl: str = "auto", batch_axes=None,
-                    head_axes=None) -> jax.Array:
+                    head_axes=None, sequence_axes=None) -> jax.Array:
   """The gated delta rule (segment-reset, GQA or GVA); returns [B, T, max(N, V), Hv] in q's
   dtype.
 
   `log_decay`: [B, T, V] (per head) or [B, T, V, Hk] (per key channel); `beta` [B, T, V].
-  `batch_axes` / `head_axes` name the context mesh axes that split the batch and the heads;
-  given a multi-device mesh each device runs the kernel on its own shard (per_shard.py).
+  `batch_axes` / `head_axes` / `sequence_axes` name the context mesh axes that split the
+  batch, the heads and the sequence; given a multi-device mesh each device runs the kernel on
+  its own shard (per_shard.py), a split sequence carrying the state across shards
+  (context_parallel.recurrent).
   """
   V = _check(q_BTNH, k_BTKH, v_BTVJ, log_decay, beta_BTV, segment_ids, impl)
   resolve(impl)
   q, k, g, beta = _gqa_operands(q_BTNH, k_BTKH, log_decay, beta_BTV, V)
+  form = cp.recurrent_form((cp.QUERY, cp.KEY, cp.VALUE, cp.GATE, cp.BETA), read_scale=1.0)
   return per_shard.run_on_platforms(_per_platform(impl), (q, k, v_BTVJ, g, beta), segment_ids,
-                                    batch_axes=batch_axes, head_axes=head_axes)
+                                    batch_axes=batch_axes, head_axes=head_axes,
+                                    sequence_axes=sequence_axes, sequence_form=form)
 
 
 def delta_step(state_BVJH: jax.Array, q_BNH: jax.Array, k_BKH: jax.Array, v_BVJ: jax.Array,

@@ -21,9 +21,12 @@ Implementations (`impl=`):
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
+from hybrid_nope.kernels import context_parallel as cp
 from hybrid_nope.kernels import linear_pallas, linear_xla, per_shard
 # q, k, v and segment_ids obey attention()'s rules, and the target platform is attention()'s.
 from hybrid_nope.kernels.attention import _check as _check_qkv
@@ -86,14 +89,20 @@ def resolve(impl: str) -> str:
 
 def linear_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
                      log_decay_BTKH: jax.Array, *, segment_ids: jax.Array | None = None,
-                     impl: str = "auto", batch_axes=None, head_axes=None) -> jax.Array:
+                     impl: str = "auto", batch_axes=None, head_axes=None,
+                     sequence_axes=None) -> jax.Array:
   """Gated linear attention (segment-reset, GQA); returns [B, T, N, H] in q's dtype.
 
-  `batch_axes` / `head_axes` name the context mesh axes that split the batch and the heads;
-  given a multi-device mesh each device runs the kernel on its own shard (per_shard.py).
+  `batch_axes` / `head_axes` / `sequence_axes` name the context mesh axes that split the batch,
+  the heads and the sequence; given a multi-device mesh each device runs the kernel on its own
+  shard (per_shard.py), a split sequence carrying the state across shards
+  (context_parallel.recurrent; out = H^(-1/2) qᵀS is read back with √H).
   """
   _check(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids, impl)
   resolve(impl)
+  form = cp.recurrent_form((cp.QUERY, cp.KEY, cp.VALUE, cp.GATE),
+                           read_scale=math.sqrt(q_BTNH.shape[-1]))
   return per_shard.run_on_platforms(_per_platform(impl),
                                     (q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH), segment_ids,
-                                    batch_axes=batch_axes, head_axes=head_axes)
+                                    batch_axes=batch_axes, head_axes=head_axes,
+                                    sequence_axes=sequence_axes, sequence_form=form)

@@ -56,12 +56,13 @@ class Attention(nnx.Module):
     q_BTNH, k_BTKH, v_BTKH = self.qkv(x_BTD, positions_BT)
     # The kernel applies 1/sqrt(H) to the logits (jax.nn.dot_product_attention's default),
     # and runs on each device's shard of batch and heads under the trainer's mesh.
-    batch_axes, _, head_axes, _ = mesh_axes(BTNH)
+    batch_axes, sequence_axes, head_axes, _ = mesh_axes(BTNH)
     kv_head_axes = mesh_axes(BTKH)[2]
     if kv_head_axes != head_axes:
       raise ValueError(f"sharding rules map act_heads to {head_axes} but act_kv_heads to "
                        f"{kv_head_axes}: a kv head must live with its query heads")
     out_BTNH = kernels.attention(q_BTNH, k_BTKH, v_BTKH, window=self.window,
                                  segment_ids=segment_ids_BT, impl=self.impl,
-                                 batch_axes=batch_axes, head_axes=head_axes)
+                                 batch_axes=batch_axes, head_axes=head_axes,
+                                 sequence_axes=sequence_axes)
     return self.out(out_BTNH)

@@ -154,10 +154,11 @@ class DeltaAttention(nnx.Module):
     del positions_BT  # No position encoding: the decay and the erase term order the past.
     q_BTNH, k_BTKH, v_BTKJ = self.convolved(*(conv_windows(p, segment_ids_BT)
                                               for p in self.projections(x_BTD)))
-    batch_axes, _, head_axes, _ = mesh_axes(BTNH)
+    batch_axes, sequence_axes, head_axes, _ = mesh_axes(BTNH)
     out_BTNJ = kernels.delta_attention(
         q_BTNH, k_BTKH, v_BTKJ, self.log_decay(x_BTD), self.beta(x_BTD),
-        segment_ids=segment_ids_BT, impl=self.impl, batch_axes=batch_axes, head_axes=head_axes)
+        segment_ids=segment_ids_BT, impl=self.impl, batch_axes=batch_axes, head_axes=head_axes,
+        sequence_axes=sequence_axes)
     return self.output(out_BTNJ, x_BTD)
 
 

@@ -78,10 +78,11 @@ class GatedLinearAttention(nnx.Module):
                segment_ids_BT: jax.Array | None) -> jax.Array:
     del positions_BT  # No position encoding: the decay orders the past.
     q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH = self.inputs(x_BTD)
-    batch_axes, _, head_axes, _ = mesh_axes(BTNH)
+    batch_axes, sequence_axes, head_axes, _ = mesh_axes(BTNH)
     out_BTNH = kernels.linear_attention(
         q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids=segment_ids_BT,
-        impl=self.impl, batch_axes=batch_axes, head_axes=head_axes)
+        impl=self.impl, batch_axes=batch_axes, head_axes=head_axes,
+        sequence_axes=sequence_axes)
     return self.output(out_BTNH, x_BTD)
 
   def output(self, out_BTNH: jax.Array, x_BTD: jax.Array) -> jax.Array:

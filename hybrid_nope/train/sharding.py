@@ -1,4 +1,4 @@
-"""Device mesh (data, fsdp, tensor) and the one table mapping logical axis names to it.
+"""Device mesh (data, fsdp, sequence, tensor) and the one table mapping logical axis names to it.
 
 Parameters carry logical names (model/layers.py); activations are constrained with
 `model.layers.constrain`. `LOGICAL_RULES` is the only place either meets the mesh.
@@ -25,10 +25,11 @@ LOGICAL_RULES = (
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
     ("kv", None),
-    # Activations: the batch splits over data and fsdp; per-head and MLP-hidden tensors over
-    # tensor; the residual stream is replicated across tensor (Megatron layout).
+    # Activations: the batch splits over data and fsdp, the tokens of a row over sequence
+    # (context parallelism); per-head and MLP-hidden tensors over tensor; the residual stream
+    # is replicated across tensor (Megatron layout).
     ("act_batch", ("data", "fsdp")),
-    ("act_length", None),
+    ("act_length", "sequence"),
     ("act_embed", None),
     ("act_heads", "tensor"),
     ("act_kv_heads", "tensor"),
@@ -40,7 +41,21 @@ LOGICAL_RULES = (
 def make_mesh(config) -> jax.sharding.Mesh:
   shape = mesh_shape(config.mesh, jax.device_count())
   check_divisibility(config, shape)
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  mesh = jax.make_mesh(shape, MESH_AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+  _check_sequence_within_processes(mesh)
+  return mesh
+
+
+def _check_sequence_within_processes(mesh) -> None:
+  """Each process feeds whole rows (global_batch), so a row's sequence shards must all be
+  devices of one process."""
+  devices = np.moveaxis(mesh.devices, MESH_AXES.index("sequence"), -1)
+  groups = devices.reshape(-1, devices.shape[-1])
+  if any(len({d.process_index for d in group}) > 1 for group in groups):
+    raise MeshError(f"config.mesh.sequence={mesh.shape['sequence']} spans processes (each has "
+                    f"{jax.local_device_count()} devices): a row's shards must be devices of "
+                    "one host; use at most that many sequence shards")
 
 
 @contextlib.contextmanager
@@ -60,7 +75,8 @@ def param_shardings(logical_specs: dict, mesh) -> dict:
 
 
 def batch_sharding(mesh) -> NamedSharding:
-  return NamedSharding(mesh, P(("data", "fsdp"), None))
+  """[batch, tokens] inputs: rows over data × fsdp, each row's tokens over sequence."""
+  return NamedSharding(mesh, P(("data", "fsdp"), "sequence"))
 
 
 def replicated(mesh) -> NamedSharding:
@@ -68,7 +84,8 @@ def replicated(mesh) -> NamedSharding:
 
 
 def global_batch(local_batch: dict, mesh) -> dict:
-  """Assembles the global batch from each process's rows (leading axis split over data, fsdp)."""
+  """Assembles the global batch from each process's rows (leading axis split over data, fsdp;
+  a process holds whole rows, which its devices split over sequence)."""
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local_batch.items()}

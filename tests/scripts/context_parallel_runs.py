@@ -35,7 +35,7 @@ def main():
     def body(q, k, v, s):
       if window is None:
         return context_parallel.global_causal(q, k, v, s, axis="sequence", chunk=48)
-      kernel = functools.partial(kernels.attention, impl="xla")
+      kernel = functools.partial(kernels.attention, impl="xla", window=window)
       return context_parallel.sliding_window(kernel, q, k, v, s, window=window,
                                              axis="sequence", axis_size=SEQUENCE)
     fn = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
@@ -57,7 +57,39 @@ def main():
     result["too_wide"] = None
   except ValueError as e:
     result["too_wide"] = str(e)
+  result.update(recurrent_cases(rng, seg, mesh))
   print("RESULT " + json.dumps(result))
+
+
+def recurrent_cases(rng, seg, mesh):
+  """GLA and the delta rule (per-head and per-channel gates, GVA with d_v = 2 d_k) through the
+  public kernels on the mesh, the state carried across shards; rows end in padding."""
+  seg = (seg + 1).at[1, -9:].set(0)  # ids from 1: segment 0 is padding to these kernels
+  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  q, k, v = normal(B, T, N, H), normal(B, T, K, H), normal(B, T, K, H)
+  decay = -jnp.asarray(rng.random((B, T, K, H)) * 0.3, jnp.float32)
+  k_gva, v_gva = normal(B, T, N, H), normal(B, T, 2 * N, 2 * H)
+  beta = jnp.asarray(rng.random((B, T, 2 * N)), jnp.float32)
+  channel_decay = -jnp.asarray(rng.random((B, T, 2 * N, H)) * 0.3, jnp.float32)
+  cases = {
+      "gla": (kernels.linear_attention, (q, k, v, decay)),
+      "delta_gqa_head_gate": (kernels.delta_attention, (q, k, v, decay[..., 0],
+                                                        beta[..., :K])),
+      "delta_gva_channel_gate": (kernels.delta_attention, (q, k_gva, v_gva, channel_decay,
+                                                           beta)),
+  }
+  out = {}
+  for name, (kernel, args) in cases.items():
+    def value_and_grads(**axes):
+      attend = lambda *a: kernel(*a, segment_ids=seg, impl="xla", **axes)
+      loss = lambda *a: jnp.sum(jnp.sin(attend(*a)) * attend(*a))
+      return jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(args)))))(*args)
+    want = value_and_grads()
+    with jax.set_mesh(mesh):
+      got = value_and_grads(batch_axes="data", sequence_axes="sequence")
+    out[name] = [float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w)))
+                 for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+  return out
 
 
 if __name__ == "__main__":

@@ -20,16 +20,19 @@ from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import sharded_train_state
 from tests.helpers import MESH_TEST, tiny_config
 
-MESHES = {"data8": (8, 1, 1), "data2_fsdp4": (2, 4, 1), "fsdp2_tensor4": (1, 2, 4)}
+# (data, fsdp, sequence, tensor). data2_sequence4: each row's 64 tokens in shards of 16, with
+# the tiny corpus's documents crossing their edges (context parallelism).
+MESHES = {"data8": (8, 1, 1, 1), "data2_fsdp4": (2, 4, 1, 1), "fsdp2_tensor4": (1, 2, 1, 4),
+          "data2_sequence4": (2, 1, 4, 1)}
 # Remat scans over stacked block parameters; the stack must keep each parameter's sharding.
 REMAT_MESH = "fsdp2_tensor4"
 RECURRENT_PATTERN = "LDG"
 
 
 def config_for(mesh, **overrides):
-  data, fsdp, tensor = mesh
-  return tiny_config(**MESH_TEST, mesh__data=data, mesh__fsdp=fsdp, mesh__tensor=tensor,
-                     **overrides)
+  data, fsdp, sequence, tensor = mesh
+  return tiny_config(**MESH_TEST, mesh__data=data, mesh__fsdp=fsdp, mesh__sequence=sequence,
+                     mesh__tensor=tensor, **overrides)
 
 
 def losses(workdir):
@@ -78,7 +81,7 @@ def layout_part(workdir):
     out["specs"][path] = [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
 
   # Save on 8-way FSDP, restore onto data 2 × fsdp 4.
-  save_cfg, restore_cfg = config_for((1, 8, 1)), config_for((2, 4, 1))
+  save_cfg, restore_cfg = config_for((1, 8, 1, 1)), config_for((2, 4, 1, 1))
   _, saved, _ = sharded_train_state(save_cfg.model, tx, 1, sharding.make_mesh(save_cfg))
   ckpt_dir = os.path.join(workdir, "cross_mesh")
   batch = save_cfg.data.batch_size  # The saved data position: one batch read by step 1.
