@@ -5,7 +5,9 @@
 # with each platform's forward and backward attention kernels
 # (test_the_train_step_lowers_with_each_platforms_kernels); the CPU lowering has no custom calls
 # (test_the_cpu_lowering_has_no_custom_calls); a GLA hybrid lowers for TPU with the chosen
-# linear kernel (test_a_gla_hybrid_lowers_for_tpu_with_the_chosen_linear_kernel).
+# linear kernel (test_a_gla_hybrid_lowers_for_tpu_with_the_chosen_linear_kernel); a 64K-token
+# swa256_350m step split over 8 chips by mesh.sequence lowers for both, with its halos and
+# gathers (test_a_64k_step_lowers_split_over_8_chips_for_tpu_and_cuda).
 """launch/lower.py: the full train step lowers for TPU and CUDA on this CPU-only machine, on one
 device and on an 8-way fsdp x tensor mesh, and carries each platform's attention kernels."""
 import json
@@ -14,7 +16,7 @@ import sys
 
 import pytest
 
-from hybrid_nope.train.lowering import kernels_in
+from hybrid_nope.train.lowering import collectives_in, kernels_in
 from tests.helpers import REPO
 
 SLICE_350M = ["--config=configs/swa256_350m.py", "--config.model.num_layers=2",
@@ -47,13 +49,37 @@ def test_the_train_step_lowers_with_each_platforms_kernels(config, mesh):
   for result in results:
     assert result["devices"] == (8 if mesh != "one_device" else 1)
     if mesh != "one_device":
-      assert result["mesh"] == {"data": 1, "fsdp": 2, "tensor": 4}
+      assert result["mesh"] == {"data": 1, "fsdp": 2, "sequence": 1, "tensor": 4}
     call, names = EXPECTED[result["platform"]]
     assert set(result["custom_calls"]) == {call}
     for name in names:  # Forward and both backward kernels: it really is a train step.
       assert any(k.startswith(name) for k in result["kernels"]), (name, result["kernels"])
     assert result["module_text_bytes"] > 0
   assert proc.stdout.count("attention kernels: ") == 2
+
+
+# The paper's model on ProLong's longest rows: 64K tokens a row, split over 8 chips.
+SEQUENCE_64K = ["--config=configs/swa256_350m.py", "--devices=8", "--config.data.seq_len=65536",
+                "--config.data.batch_size=8", "--config.mesh.data=1", "--config.mesh.sequence=8",
+                "--config.model.dtype=bfloat16"]
+
+
+@pytest.mark.long
+@pytest.mark.integration
+def test_a_64k_step_lowers_split_over_8_chips_for_tpu_and_cuda():
+  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=tpu,cuda",
+                         *SEQUENCE_64K], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  results = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert [r["platform"] for r in results] == ["tpu", "cuda"]
+  for result in results:
+    assert result["mesh"] == {"data": 1, "fsdp": 1, "sequence": 8, "tensor": 1}
+    call, names = EXPECTED[result["platform"]]
+    for name in names:  # The SWA layers keep the platform's kernel inside the halo exchange.
+      assert any(k.startswith(name) for k in result["kernels"]), (name, result["kernels"])
+    # Halos travel by collective_permute; global keys and carried states by all_gather.
+    assert result["collectives"].get("collective_permute", 0) > 0, result["collectives"]
+    assert result["collectives"].get("all_gather", 0) > 0, result["collectives"]
 
 
 @pytest.mark.integration
@@ -70,6 +96,13 @@ def test_kernels_in_counts_calls_and_kernel_names():
           'func.func private @name = "other"')
   assert kernels_in(text) == {"custom_calls": {"tpu_custom_call": 2},
                               "kernels": {"splash_mha_fwd_x": 1, "splash_mha_dq_y": 1}}
+
+
+def test_collectives_in_counts_each_explicit_collective():
+  text = ('%0 = "stablehlo.collective_permute"(%a) <{source_target_pairs = ...}>\n'
+          '%1 = "stablehlo.all_gather"(%0) %2 = "stablehlo.all_gather"(%1)\n'
+          '%3 = stablehlo.add %2, %2 // all_gathered_keys is a name, not an op')
+  assert collectives_in(text) == {"collective_permute": 1, "all_gather": 2}
 
 
 @pytest.mark.parametrize("linear_impl, tpu_kernels", [

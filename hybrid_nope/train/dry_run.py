@@ -46,10 +46,13 @@ def per_device_bytes(tree) -> int:
 def activation_bytes(config, mesh_shape: dict[str, int]) -> dict[str, float]:
   """Estimated peak bytes per device of what the backward pass keeps: {"layers", "logits",
   "tokens"} for one microbatch. Attention is assumed to run as a kernel (no T × T scores kept);
-  with model.remat only each pattern repeat's input is kept, plus one repeat recomputed."""
+  with model.remat only each pattern repeat's input is kept, plus one repeat recomputed. Under
+  mesh.sequence a device holds seq_len / sequence tokens of each row, and each global layer
+  also keeps the whole row's keys and values it gathered (kernels/context_parallel.py)."""
   m, d = config.model, config.data
   rows = d.batch_size / (mesh_shape["data"] * mesh_shape["fsdp"]) / config.train.grad_accum_steps
-  tokens = rows * d.seq_len
+  sequence = mesh_shape.get("sequence", 1)
+  tokens = rows * d.seq_len / sequence
   itemsize = np.dtype(compute_dtype(m.dtype)).itemsize
   tensor = mesh_shape["tensor"]
   per_layer = (RESIDUAL_SIZED_PER_LAYER * m.d_model
@@ -58,7 +61,9 @@ def activation_bytes(config, mesh_shape: dict[str, int]) -> dict[str, float]:
                + MLP_SIZED_PER_LAYER * m.mlp_dim / tensor)
   recurrent = (RECURRENT_EXTRA_HEAD_SIZED * m.num_heads * m.head_dim
                + m.num_heads * m.head_dim**2 * 4 / itemsize / DELTA_CHUNK) / tensor
-  kept_by_layer = [per_layer + (recurrent if kind in "LD" else 0)
+  gathered = (HEAD_SIZED_PER_KV_HEAD * m.num_kv_heads * m.head_dim / tensor * sequence
+              if sequence > 1 else 0)  # per local token: the row's keys and values, gathered
+  kept_by_layer = [per_layer + (recurrent if kind in "LD" else 0) + (gathered if kind == "G" else 0)
                    for kind in layer_kinds(m.pattern, m.num_layers)]
   if m.remat:
     repeat = len(m.pattern)

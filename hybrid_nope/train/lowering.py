@@ -69,15 +69,26 @@ def describe(config, platform: str) -> dict:
   mesh = sharding.make_mesh(config)
   return {"platform": platform, "mesh": dict(mesh.shape), "devices": mesh.size,
           "module_text_bytes": len(text), "serialized_bytes": len(exported.mlir_module_serialized),
-          **kernels_in(text)}
+          **kernels_in(text), "collectives": collectives_in(text)}
+
+
+def collectives_in(module_text: str) -> dict[str, int]:
+  """{op: count} of the explicit collectives in a StableHLO module (those shard_map bodies
+  write; the partitioner adds its own only when the module is compiled): under mesh.sequence,
+  the halos' collective_permute and the gathered keys' and states' all_gather."""
+  return dict(collections.Counter(re.findall(
+      r"stablehlo\.(collective_permute|all_gather|all_reduce|reduce_scatter|all_to_all)\b",
+      module_text)))
 
 
 def summary_text(result: dict) -> str:
   kernels_found = ", ".join(f"{name} x{n}" for name, n in sorted(result["kernels"].items()))
   calls = ", ".join(f"{name} x{n}" for name, n in sorted(result["custom_calls"].items()))
+  collectives = ", ".join(f"{op} x{n}" for op, n in sorted(result["collectives"].items()))
   return (f"train step lowered for {result['platform']} on mesh {result['mesh']} "
           f"({result['devices']} devices)\n"
           f"module: {result['module_text_bytes'] / 1e6:.2f} MB StableHLO text, "
           f"{result['serialized_bytes'] / 1e6:.2f} MB StableHLO bytecode\n"
           f"custom calls: {calls or 'none'}\n"
-          f"attention kernels: {kernels_found or 'none (the xla path)'}")
+          f"attention kernels: {kernels_found or 'none (the xla path)'}\n"
+          f"explicit collectives: {collectives or 'none'}")
