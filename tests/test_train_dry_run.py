@@ -16,7 +16,7 @@ from hybrid_nope.train.state import abstract_train_state, init_train_state
 from hybrid_nope.train.step import train_step_for
 from tests.helpers import REPO, tiny_config
 
-ONE_DEVICE = {"data": 1, "fsdp": 1, "tensor": 1}
+ONE_DEVICE = {"data": 1, "fsdp": 1, "sequence": 1, "tensor": 1}
 
 
 def config(**overrides):
@@ -71,11 +71,25 @@ def test_the_activation_estimate_is_near_xlas_memory_analysis(overrides):
 def test_activations_divide_over_the_batch_axes_and_shrink_with_remat():
   c = config(model__num_layers=8)
   one = dry_run.activation_bytes(c, ONE_DEVICE)
-  four = dry_run.activation_bytes(c, {"data": 2, "fsdp": 2, "tensor": 1})
+  four = dry_run.activation_bytes(c, {"data": 2, "fsdp": 2, "sequence": 1, "tensor": 1})
   np.testing.assert_allclose([four["layers"], four["logits"]],
                              [one["layers"] / 4, one["logits"] / 4])
   c.model.remat = True
   assert dry_run.activation_bytes(c, ONE_DEVICE)["layers"] < one["layers"] / 2
+
+
+def test_a_split_sequence_divides_the_tokens_and_adds_the_gathered_keys_of_global_layers():
+  for pattern, global_layers in (("SG", 4), ("S", 0)):
+    c = config(model__num_layers=8, model__pattern=pattern)
+    m = c.model
+    one = dry_run.activation_bytes(c, ONE_DEVICE)
+    split = dry_run.activation_bytes(c, {**ONE_DEVICE, "sequence": 4})
+    assert split["tokens"] == one["tokens"] / 4
+    assert split["logits"] == one["logits"] / 4
+    # Each G layer keeps its rows' keys and values whole: 2 × kv heads × head_dim per token.
+    itemsize = np.dtype(dry_run.compute_dtype(m.dtype)).itemsize
+    gathered = global_layers * 2 * m.num_kv_heads * m.head_dim * one["tokens"] * itemsize
+    np.testing.assert_allclose(split["layers"], one["layers"] / 4 + gathered)
 
 
 def run_train(*args):
@@ -89,7 +103,7 @@ def test_the_paper_config_dry_runs_without_data_and_exits_0():
   assert out.returncode == 0, out.stderr[-3000:]
   assert "parameters: 346.1M non-embedding" in out.stdout
   assert "FLOPs per token: 3.4" in out.stdout  # Window 128 attends fewer pairs than 256's 3.51.
-  assert "mesh: {'data': 1, 'fsdp': 1, 'tensor': 1}" in out.stdout
+  assert "mesh: {'data': 1, 'fsdp': 1, 'sequence': 1, 'tensor': 1}" in out.stdout
   assert "to train: config.data.path=''" in out.stdout
 
 
