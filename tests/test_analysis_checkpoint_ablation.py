@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope import run_dir
-from hybrid_nope.analysis.checkpoint import ablation, checkpoints, report
+from hybrid_nope.analysis.checkpoint import ablation, checkpoints, context_loss, report
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.data import pipeline
@@ -117,7 +117,7 @@ def _zeroed_local_setup():
   params["blocks"][0]["attn"]["wo_NHD"] = np.zeros_like(params["blocks"][0]["attn"]["wo_NHD"])
   hook = RecencyHook(config, model_def, pipeline.probe_pool(config), writer=None,
                      lags=(1, config.metrics.far_lag))  # Few lags: a quicker compile.
-  evaluate = lambda batches, apply: report.evaluate_by_context(
+  evaluate = lambda batches, apply: context_loss.evaluate_by_context(
       model_def, params, batches, bucket_size=config.eval.bucket_size,
       train_seq_len=config.data.seq_len, apply=apply)
   return config, hook, params, evaluate

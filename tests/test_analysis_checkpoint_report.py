@@ -1,7 +1,7 @@
 # Tiers (pytest.ini): the tests marked integration here analyse a run that tests/analysis_runs.py
 # trains end to end (8 steps, once per process), or run launch/analyze.py in a subprocess, so
-# they are `make test-all` only; `make test` keeps the unit checks of context positions, lags and
-# summarize.
+# they are `make test-all` only; `make test` keeps the unit checks of lags and summarize
+# (context positions: tests/test_analysis_checkpoint_context_loss.py).
 # test-all only: a checkpoint's analysis reproduces recency.jsonl at the training length
 # (test_reproduces_recency_jsonl_at_the_training_length) and the loop's eval loss
 # (test_eval_loss_matches_the_training_loop), scores twice the training length
@@ -149,12 +149,6 @@ def test_errors_name_what_is_wrong(tmp_path_factory, tmp_path):
   with pytest.raises(checkpoints.WorkdirError, match="does not exist"):
     report.analyze(str(tmp_path / "missing"))
   assert os.listdir(tmp_path) == []
-
-
-def test_context_positions_restart_at_each_document():
-  seg = np.array([[3, 3, 4, 4, 4, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
-  np.testing.assert_array_equal(report.context_positions(seg),
-                                [[0, 1, 0, 1, 2, 0, 1], [0, 1, 2, 3, 4, 5, 6]])
 
 
 def test_analysis_lags():

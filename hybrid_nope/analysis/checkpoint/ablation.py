@@ -14,7 +14,7 @@ the probe and the eval rows through the trained model three times:
 One permutation (PERMUTATION_SEED, over the probe's documents, `probe.document_ids`) serves
 every local layer and R is drawn from ROTATION_SEED, so runs and checkpoints pair. Each
 condition is measured with the recency hook (its records at each global layer's normalised
-input: gap, logit gap and alignment) and scored by context position (`report.
+input: gap, logit gap and alignment) and scored by context position (`context_loss.
 evaluate_by_context`). Differences between conditions share the probe's documents, so their
 standard errors are paired over them (`recency.contrast_stderr`). Reading: the global layers
 read out the planted recency when ablated − clean logit gap is negative beyond control − clean
@@ -117,7 +117,7 @@ def intervener(layers: tuple[int, ...]) -> Callable:
 def eval_apply(model_def, layers: tuple[int, ...], condition: str, d_model: int,
                rotation_seed: int = ROTATION_SEED) -> Callable:
   """`apply(params, batch) -> logits` under `condition`, reading the batch's "permutation"
-  (`report.evaluate_by_context`'s apply; cached, so its compilation is reused)."""
+  (`context_loss.evaluate_by_context`'s apply; cached, so its compilation is reused)."""
   intervene, rotation_DD = intervener(layers), rotation(d_model, rotation_seed)
 
   def apply(params, batch):
@@ -243,7 +243,7 @@ def measure(hook, params, eval_batches: Sequence[dict], evaluate: Callable, *, s
             layers: Sequence[int], permutation_seed: int = PERMUTATION_SEED,
             rotation_seed: int = ROTATION_SEED) -> dict:
   """The three conditions on `hook`'s probe (`RecencyHook`) and on `eval_batches`;
-  `evaluate(batches, apply)`: loss by context position (`report.evaluate_by_context` with
+  `evaluate(batches, apply)`: loss by context position (`context_loss.evaluate_by_context` with
   its model, params and buckets; apply None = the clean forward). `layers`: the local layers
   ablated (`check`). Returns the dict ablation_T<T>.json holds (docs/analysis.md)."""
   layers = tuple(sorted(int(i) for i in layers))

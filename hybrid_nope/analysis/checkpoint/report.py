@@ -23,23 +23,21 @@ Definitions used here and by `compare.py`:
 """
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from hybrid_nope import run_dir, storage
 from hybrid_nope.analysis.checkpoint import ablation, checkpoints, init_null
+from hybrid_nope.analysis.checkpoint.context_loss import evaluate_by_context
 from hybrid_nope.analysis.present import plots
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.model.definition import ModelDef, init_model
-from hybrid_nope.model.loss import sums_by_id, weighted_token_losses
 from hybrid_nope.model.pattern import window_of
 from hybrid_nope.run_dir import RunDir
 
@@ -48,7 +46,7 @@ SUMMARY_MODULE = "pre_mixer_norm"  # Where the run gap is read: global attention
 GATE_KEYS = ("mean_decay", "mean_beta", "recency_scale")  # Recurrent layers' gate summaries.
 
 
-# ---- summaries and positions (pure functions over records / arrays) --------------------------
+# ---- summaries and lags (pure functions over records and lengths) ---------------------------
 
 def summarize(records: Sequence[dict]) -> dict[str, float | None]:
   """Run gap, floor, logit gap and alignment (see module docstring), their noise levels, and
@@ -99,17 +97,6 @@ def summarize(records: Sequence[dict]) -> dict[str, float | None]:
               for key in GATE_KEYS if any(key in r for r in rs)} if len(by_kind) > 1 else {})}
 
 
-def context_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
-  """int32 [B, T]: index minus the index where the token's document starts in its row."""
-  seg = np.asarray(segment_ids_BT)
-  B, T = seg.shape
-  index_BT = np.broadcast_to(np.arange(T), (B, T))
-  starts = np.ones((B, T), bool)
-  starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
-  start_BT = np.maximum.accumulate(np.where(starts, index_BT, 0), axis=1)
-  return (index_BT - start_BT).astype(np.int32)
-
-
 def analysis_lags(seq_len: int, far_lag: int, window: int | None) -> tuple[int, ...]:
   """The hook's lags (powers of two to far_lag, far_lag, window) extended by every power of two
   below seq_len, so a longer analysis length gives a longer profile; floor and gap stay at
@@ -149,59 +136,6 @@ def _with_seq_len(config, seq_len: int) -> ml_collections.ConfigDict:
         f"metrics.far_lag={far} must be < the analysis length {seq_len} (floor = f(far_lag)); "
         f"analyse at a longer --seq_len or pass --config.metrics.far_lag=")
   return config
-
-
-@functools.lru_cache(maxsize=16)  # One compilation per model and length, across calls.
-def _eval_fn(model_def: ModelDef, num_buckets: int, apply=None):
-  """(params, batch, bucket_BT, region_BT) -> weighted loss and weight sums per bucket [nb] and
-  per region [3]; `apply(params, batch) -> logits` in place of the model's own forward."""
-  def fn(params, batch, bucket_BT, region_BT):
-    logits = (apply or model_def.apply)(params, batch)
-    loss_BT, weights_BT = weighted_token_losses(logits, batch["targets"], batch["weights"])
-    return (sums_by_id(loss_BT, bucket_BT, num_buckets),
-            sums_by_id(weights_BT, bucket_BT, num_buckets),
-            sums_by_id(loss_BT, region_BT, 3), sums_by_id(weights_BT, region_BT, 3))
-  return jax.jit(fn)
-
-
-def _mean(loss: float, weight: float) -> float | None:
-  return float(loss / weight) if weight > 0 else None
-
-
-def evaluate_by_context(model_def: ModelDef, params, batches: Sequence[dict], *,
-                        bucket_size: int, train_seq_len: int,
-                        rows_per_call: int | None = None, apply=None) -> dict[str, Any]:
-  """Eval loss overall and per bucket of `bucket_size` context positions; with T the training
-  length, `loss_within` over context positions < T, `loss_near` over [T/2, T), `loss_beyond`
-  over >= T, and `ratio` = loss_beyond / loss_near. `rows_per_call` bounds the logits held at
-  once (rows x seq_len x vocab floats); None = a whole eval batch. `apply(params, batch) ->
-  logits`: a forward in place of the model's (an intervention, `ablation.py`; a hashable
-  function, one compilation each); every array of a batch is cut into the same rows."""
-  T = batches[0]["inputs"].shape[1]
-  num_buckets = -(-T // bucket_size)
-  fn = _eval_fn(model_def, num_buckets, apply)
-  sums = [np.zeros(num_buckets), np.zeros(num_buckets), np.zeros(3), np.zeros(3)]
-  for batch in batches:
-    context_BT = context_positions(batch["segment_ids"])
-    region_BT = ((context_BT >= train_seq_len // 2).astype(np.int32)
-                 + (context_BT >= train_seq_len))
-    chunk = rows_per_call or len(context_BT)
-    for i in range(0, len(context_BT), chunk):
-      rows = slice(i, i + chunk)
-      out = jax.device_get(fn(params, {k: jnp.asarray(v[rows]) for k, v in batch.items()},
-                              jnp.asarray(context_BT[rows] // bucket_size),
-                              jnp.asarray(region_BT[rows])))
-      sums = [s + np.asarray(o, np.float64) for s, o in zip(sums, out)]
-  loss_b, weight_b, loss_r, weight_r = sums
-  near, beyond = _mean(loss_r[1], weight_r[1]), _mean(loss_r[2], weight_r[2])
-  return {
-      "seq_len": int(T), "loss": float(loss_b.sum() / weight_b.sum()),
-      "bucket_size": int(bucket_size),
-      "loss_by_position": [_mean(l, w) for l, w in zip(loss_b, weight_b)],
-      "weights": weight_b.tolist(),
-      "loss_within": _mean(loss_r[:2].sum(), weight_r[:2].sum()), "loss_near": near,
-      "loss_beyond": beyond, "ratio": beyond / near if beyond is not None and near else None,
-  }
 
 
 def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,

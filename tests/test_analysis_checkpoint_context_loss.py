@@ -1,0 +1,41 @@
+"""analysis/checkpoint/context_loss.py: context positions restart at each document, and the loss
+by context position and its regions are the token losses' own weighted means."""
+import jax
+import numpy as np
+
+from hybrid_nope.analysis.checkpoint import context_loss
+from hybrid_nope.data import pipeline
+from hybrid_nope.model.definition import init_model
+from hybrid_nope.model.loss import weighted_token_losses
+from tests.helpers import tiny_config
+
+
+def test_context_positions_restart_at_each_document():
+  seg = np.array([[3, 3, 4, 4, 4, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+  np.testing.assert_array_equal(context_loss.context_positions(seg),
+                                [[0, 1, 0, 1, 2, 0, 1], [0, 1, 2, 3, 4, 5, 6]])
+
+
+def test_buckets_and_regions_are_weighted_means_of_the_token_losses():
+  config = tiny_config()
+  model_def, params = init_model(config.model, 0)
+  batches = pipeline.eval_batches(config)
+  train_seq_len, bucket = config.data.seq_len // 2, 8  # Rows twice the "training" length.
+  got = context_loss.evaluate_by_context(model_def, params, batches, bucket_size=bucket,
+                                         train_seq_len=train_seq_len, rows_per_call=1)
+  loss, weight, context = [], [], []
+  for batch in batches:
+    loss_BT, weights_BT = jax.device_get(weighted_token_losses(
+        model_def.apply(params, batch), batch["targets"], batch["weights"]))
+    loss.append(loss_BT), weight.append(weights_BT)
+    context.append(context_loss.context_positions(batch["segment_ids"]))
+  loss, weight, context = (np.concatenate(x).ravel() for x in (loss, weight, context))
+  mean = lambda where: loss[where].sum() / weight[where].sum()
+  np.testing.assert_allclose(got["loss"], mean(np.ones_like(context, bool)), rtol=1e-5)
+  np.testing.assert_allclose(got["loss_within"], mean(context < train_seq_len), rtol=1e-5)
+  near = mean((context >= train_seq_len // 2) & (context < train_seq_len))
+  beyond = mean(context >= train_seq_len)
+  np.testing.assert_allclose([got["loss_near"], got["loss_beyond"], got["ratio"]],
+                             [near, beyond, beyond / near], rtol=1e-5)
+  np.testing.assert_allclose(got["loss_by_position"][1], mean(context // bucket == 1), rtol=1e-5)
+  np.testing.assert_allclose(sum(got["weights"]), weight.sum(), rtol=1e-6)
