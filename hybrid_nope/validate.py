@@ -210,8 +210,6 @@ def check_divisibility(config, shape: tuple[int, ...]) -> None:
   """Fails before compiling where a sharded dimension does not split evenly."""
   data, fsdp, sequence, tensor = shape
   m = config.model
-  if sequence > 1:
-    _check_sequence_split(config, sequence)
   checks = [
       ("data.batch_size", config.data.batch_size, data * fsdp, "mesh.data × mesh.fsdp"),
       ("data.batch_size / train.grad_accum_steps",
@@ -223,19 +221,18 @@ def check_divisibility(config, shape: tuple[int, ...]) -> None:
       ("model.mlp_dim", m.mlp_dim, tensor, "mesh.tensor"),
       ("model.vocab_size", m.vocab_size, tensor, "mesh.tensor"),
       ("model.d_model", m.d_model, fsdp, "mesh.fsdp"),
+      # Evaluation rows are integer multiples of it (eval.length_multiples): they split too.
+      ("data.seq_len", config.data.seq_len, sequence, "mesh.sequence"),
   ]
   for key, x, parts, axes in checks:
     if x % parts:
       raise MeshError(f"config.{key}={x} is not divisible by {axes}={parts}")
+  if sequence > 1:  # One device holds whole rows: any window fits.
+    _check_halo(config, sequence)
 
 
-def _check_sequence_split(config, sequence: int) -> None:
-  """Context parallelism: a row splits into shards of equal length, and a sliding window's halo
-  comes from the previous shard alone."""
-  # Evaluation rows are integer multiples of data.seq_len (eval.length_multiples): they split too.
-  if config.data.seq_len % sequence:
-    raise MeshError(f"config.data.seq_len={config.data.seq_len} is not divisible by "
-                    f"mesh.sequence={sequence}")
+def _check_halo(config, sequence: int) -> None:
+  """Context parallelism: a sliding window's halo comes from the previous shard alone."""
   shard = config.data.seq_len // sequence
   window = window_of(config.model) or 1
   if window - 1 > shard:

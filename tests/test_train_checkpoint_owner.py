@@ -130,25 +130,21 @@ def test_every_process_meets_the_barrier_on_every_path(tmp_path, monkeypatch, pr
   import jax
   from jax.experimental import multihost_utils
   from hybrid_nope.train import checkpoint_owner
-  barriers = []
+  barriers, index = [], [0]
   monkeypatch.setattr(jax, "process_count", lambda: 2)
-  monkeypatch.setattr(jax, "process_index", lambda: process)
+  monkeypatch.setattr(jax, "process_index", lambda: index[0])
   monkeypatch.setattr(multihost_utils, "sync_global_devices", barriers.append)
   workdir = str(tmp_path / "run")
-  if process:  # Only process 0 writes the marker: make the one it would have written.
-    monkeypatch.setattr(jax, "process_index", lambda: 0)
-    monkeypatch.setattr(multihost_utils, "sync_global_devices", lambda name: None)
-    first = claim(workdir)
-    monkeypatch.setattr(jax, "process_index", lambda: process)
-    monkeypatch.setattr(multihost_utils, "sync_global_devices", barriers.append)
-    assert claim(workdir) == first
-  else:
-    first = claim(workdir)
+  first = claim(workdir)  # Process 0 writes the marker: a fresh claim.
+  index[0] = process
   assert claim(workdir) == first  # The resume: the marker is found.
-  real_create = checkpoint_owner._create
-  lost = iter([False])
-  monkeypatch.setattr(checkpoint_owner, "_create", lambda p, o: next(lost, None) is None
-                      and real_create(p, o))
+  real_create, attempts = checkpoint_owner._create, []
+
+  def lose_the_first_race(path, owner):  # Another start wrote first; the retry writes.
+    attempts.append(path)
+    return len(attempts) > 1 and real_create(path, owner)
+
+  monkeypatch.setattr(checkpoint_owner, "_create", lose_the_first_race)
   assert claim(str(tmp_path / "other")).workdir.endswith("other")
   assert barriers == ["hybrid_nope checkpoint owner"] * 3
 

@@ -124,8 +124,14 @@ def _affixed(arrays, roles, segment_ids_BT, prefix_values_BHKJ, H: int):
     heads, width = x.shape[2], x.shape[3]
     basis = jnp.broadcast_to(jnp.eye(H, dtype=x.dtype)[None, :, None, :], (B, H, heads, H))
     zeros = jnp.zeros((B, H, heads, width), x.dtype)
-    before = {KEY: basis, VALUE: prefix_values_BHKJ.astype(x.dtype) if role == VALUE else None,
-              BETA: jnp.ones_like(zeros)}.get(role, zeros)
+    if role == KEY:
+      before = basis
+    elif role == VALUE:
+      before = prefix_values_BHKJ.astype(x.dtype)
+    elif role == BETA:
+      before = jnp.ones_like(zeros)
+    else:  # The query (its outputs are dropped) and the gate (0: no decay).
+      before = zeros
     after = basis if role == QUERY else zeros
     out.append(jnp.concatenate([before, x, after], axis=1))
   seg = jnp.concatenate([jnp.repeat(segment_ids_BT[:, :1], H, axis=1), segment_ids_BT,
@@ -133,10 +139,11 @@ def _affixed(arrays, roles, segment_ids_BT, prefix_values_BHKJ, H: int):
   return out, seg
 
 
-def recurrent(kernel: Callable, arrays, segment_ids_BT, *, roles: tuple[str, ...],
-              read_scale: float, axis: str, axis_size: int):
+def recurrent(kernel: Callable, *operands, roles: tuple[str, ...], read_scale: float, axis: str,
+              axis_size: int):
   """A recurrent (gated linear or delta-rule) layer over this device's shard, its state carried
-  in from the shards before it. Call inside shard_map over `axis`.
+  in from the shards before it. Call inside shard_map over `axis`. `operands`: the kernel's
+  arrays, in the order `roles` names them, then the segment ids.
 
   `kernel(*arrays, segment_ids=)` is any single-device kernel whose state S [key H, value J] per
   kv head starts at zero, resets at segment starts, is moved by each token linearly
@@ -147,6 +154,7 @@ def recurrent(kernel: Callable, arrays, segment_ids_BT, *, roles: tuple[str, ...
   in parallel, with H extra tokens at each end (`_affixed`). The kernels need no initial-state
   argument, and gradients flow through the carried state as through any other input.
   """
+  *arrays, segment_ids_BT = operands
   q, v = arrays[roles.index(QUERY)], arrays[roles.index(VALUE)]
   B, T_local, N, H = q.shape
   K, J = v.shape[2], v.shape[3]
@@ -178,10 +186,3 @@ def recurrent(kernel: Callable, arrays, segment_ids_BT, *, roles: tuple[str, ...
   out, _ = run(v, jnp.moveaxis(S_in_BKHJ, 2, 1), upcast=False)
   return out.astype(q.dtype)
 
-
-def recurrent_form(roles: tuple[str, ...], read_scale: float) -> Callable:
-  """`recurrent` as per_shard.run_on_platforms calls a sequence form:
-  form(kernel, *arrays, segment_ids, axis=, axis_size=)."""
-  return lambda kernel, *operands, axis, axis_size: recurrent(
-      kernel, operands[:-1], operands[-1], roles=roles, read_scale=read_scale, axis=axis,
-      axis_size=axis_size)

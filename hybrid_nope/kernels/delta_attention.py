@@ -35,6 +35,8 @@ Implementations (`impl=`):
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -146,7 +148,8 @@ def delta_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTVJ: jax.Array,
   V = _check(q_BTNH, k_BTKH, v_BTVJ, log_decay, beta_BTV, segment_ids, impl)
   resolve(impl)
   q, k, g, beta = _gqa_operands(q_BTNH, k_BTKH, log_decay, beta_BTV, V)
-  form = cp.recurrent_form((cp.QUERY, cp.KEY, cp.VALUE, cp.GATE, cp.BETA), read_scale=1.0)
+  form = functools.partial(cp.recurrent, roles=(cp.QUERY, cp.KEY, cp.VALUE, cp.GATE, cp.BETA),
+                           read_scale=1.0)
   return per_shard.run_on_platforms(_per_platform(impl), (q, k, v_BTVJ, g, beta), segment_ids,
                                     batch_axes=batch_axes, head_axes=head_axes,
                                     sequence_axes=sequence_axes, sequence_form=form)

@@ -21,6 +21,7 @@ Implementations (`impl=`):
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -100,7 +101,7 @@ def linear_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   """
   _check(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids, impl)
   resolve(impl)
-  form = cp.recurrent_form((cp.QUERY, cp.KEY, cp.VALUE, cp.GATE),
+  form = functools.partial(cp.recurrent, roles=(cp.QUERY, cp.KEY, cp.VALUE, cp.GATE),
                            read_scale=math.sqrt(q_BTNH.shape[-1]))
   return per_shard.run_on_platforms(_per_platform(impl),
                                     (q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH), segment_ids,

@@ -94,44 +94,32 @@ def run(fn: Callable, arrays_BTxH: tuple, segment_ids, *, batch_axes: AxisNames,
   """
   B, T, N, _ = arrays_BTxH[0].shape
   sequence = _sequence_split(sequence_axes, T)
-  if sequence is not None:
-    return _run_sequence_split(sequence_fn, arrays_BTxH, segment_ids, sequence,
-                               batch_axes=batch_axes, head_axes=head_axes)
-  mesh, reason = _mesh_split(batch_axes, head_axes, B=B, N=N, K=arrays_BTxH[1].shape[2])
+  axis = sequence[0] if sequence else None
+  if sequence and sequence_fn is None:
+    raise ValueError(f"this kernel has no context-parallel form, but the mesh splits the "
+                     f"sequence over {axis}={sequence[1]}")
+  mesh, reason = _mesh_split(batch_axes, head_axes, B=B, N=N, K=arrays_BTxH[1].shape[2],
+                             sequence_axis=axis)
   if mesh is None:
+    if sequence:  # Nothing may fall back to a gather: the sequence did not fit one device.
+      raise ValueError(f"the sequence splits over {axis}={sequence[1]}, but {reason}")
     if reason is not None:
       _warn_once(reason)
     return fn(*arrays_BTxH, segment_ids)
   batch, heads = _names(batch_axes) or None, _names(head_axes) or None
-  spec_BTxH = P(batch, None, heads, None)
-  specs = (spec_BTxH,) * len(arrays_BTxH)
-  if segment_ids is None:
-    return jax.shard_map(lambda *arrays: fn(*arrays, None), mesh=mesh, in_specs=specs,
-                         out_specs=spec_BTxH, check_vma=False)(*arrays_BTxH)
-  return jax.shard_map(fn, mesh=mesh, in_specs=specs + (P(batch, None),), out_specs=spec_BTxH,
-                       check_vma=False)(*arrays_BTxH, segment_ids)
-
-
-def _run_sequence_split(sequence_fn, arrays_BTxH, segment_ids, sequence, *, batch_axes,
-                        head_axes):
-  axis, size = sequence
-  if sequence_fn is None:
-    raise ValueError(f"this kernel has no context-parallel form, but the mesh splits the "
-                     f"sequence over {axis}={size}")
-  B, T, N, _ = arrays_BTxH[0].shape
-  # Every other axis must still split the batch or the heads (as `_mesh_split` requires), and
-  # here nothing may fall back to a gather: the sequence is what did not fit on one device.
-  mesh, reason = _mesh_split(batch_axes, head_axes, B=B, N=N, K=arrays_BTxH[1].shape[2],
-                             sequence_axis=axis)
-  if mesh is None:
-    raise ValueError(f"the sequence splits over {axis}={size}, but {reason}")
-  batch, heads = _names(batch_axes) or None, _names(head_axes) or None
   spec_BTxH, spec_BT = P(batch, axis, heads, None), P(batch, axis)
+  specs = (spec_BTxH,) * len(arrays_BTxH)
+  if sequence:
+    body = lambda *operands: sequence_fn(*operands, axis=axis, axis_size=sequence[1])
+    if segment_ids is None:
+      segment_ids = jax.numpy.ones((B, T), jax.numpy.int32)
+  else:
+    body = fn
   if segment_ids is None:
-    segment_ids = jax.numpy.ones((B, T), jax.numpy.int32)
-  body = lambda *operands: sequence_fn(*operands[:-1], operands[-1], axis=axis, axis_size=size)
-  return jax.shard_map(body, mesh=mesh, in_specs=(spec_BTxH,) * len(arrays_BTxH) + (spec_BT,),
-                       out_specs=spec_BTxH, check_vma=False)(*arrays_BTxH, segment_ids)
+    return jax.shard_map(lambda *arrays: body(*arrays, None), mesh=mesh, in_specs=specs,
+                         out_specs=spec_BTxH, check_vma=False)(*arrays_BTxH)
+  return jax.shard_map(body, mesh=mesh, in_specs=specs + (spec_BT,), out_specs=spec_BTxH,
+                       check_vma=False)(*arrays_BTxH, segment_ids)
 
 
 def run_on_platforms(branches: dict, arrays_BTxH: tuple, segment_ids, *, batch_axes: AxisNames,

@@ -85,16 +85,14 @@ def main():
       "all_gathers": hlo.count("all_gather")}
   # Mutants the comparison must catch: no halo (SWA keys before the shard read as zeros), and
   # no carried state (each shard's L and D layers start from zero).
-  real_previous, real_form = context_parallel._previous_shard, context_parallel.recurrent_form
+  real_previous, real_recurrent = context_parallel._previous_shard, context_parallel.recurrent
   context_parallel._previous_shard = lambda x, axis, axis_size: jnp.zeros_like(x)
   result["no_halo"] = on_mesh()[1]
   context_parallel._previous_shard = real_previous
-  context_parallel.recurrent_form = lambda roles, read_scale: (
-      lambda kernel, *operands, axis, axis_size: context_parallel.recurrent(
-          kernel, operands[:-1], operands[-1], roles=roles, read_scale=read_scale, axis=axis,
-          axis_size=1))
+  context_parallel.recurrent = lambda *args, axis_size, **kwargs: real_recurrent(
+      *args, axis_size=1, **kwargs)
   result["no_carried_state"] = on_mesh()[1]
-  context_parallel.recurrent_form = real_form
+  context_parallel.recurrent = real_recurrent
   print("RESULT " + json.dumps(result))
 
 
