@@ -19,10 +19,14 @@ HEAD_MEAN_STATS = ("logit_gap", "alignment")
 
 
 def _moments(values: Sequence[float]) -> dict:
-  v = np.asarray([x for x in values if x is not None], np.float64)
-  v = v[np.isfinite(v)]
+  """Mean, SD and count over the draws, and the draws themselves in seed order (None where a
+  draw measured nothing): a statistic combining several records (a mean over layers) needs
+  them per draw, since the records of one draw are correlated."""
+  drawn = [None if x is None or not np.isfinite(x) else float(x) for x in values]
+  v = np.asarray([x for x in drawn if x is not None], np.float64)
   return {"mean": float(v.mean()) if v.size else None,
-          "sd": float(v.std(ddof=1)) if v.size >= 2 else None, "draws": int(v.size)}
+          "sd": float(v.std(ddof=1)) if v.size >= 2 else None, "draws": int(v.size),
+          "values": drawn}
 
 
 def _per_record(records: Sequence[dict]) -> dict[str, dict[str, float]]:
