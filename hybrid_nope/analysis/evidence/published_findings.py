@@ -48,6 +48,8 @@ class Run:
   def __init__(self, workdir: str, name: str):
     self.summary = compare.load_run(workdir, name)
     rd = RunDir(workdir)
+    self.eval_losses = {r["step"]: r["eval_loss"] for r in run_files.read_jsonl(rd.metrics)
+                        if "eval_loss" in r}
     self.by_step = collections.defaultdict(list)
     for r in run_files.read_jsonl(rd.recency):
       self.by_step[r["step"]].append(r)
@@ -181,6 +183,24 @@ class References:
 def _depth(r: Run, layers=None) -> np.ndarray:
   layers = r.global_layers if layers is None else layers
   return r.gap(r.final, INPUT, [layers[-1]]) - r.gap(r.final, INPUT, [layers[0]])
+
+
+def norm_change(kind: str) -> Statistic:
+  """The two norms' change of `kind` (gap or floor: output − input), mean over all layers and
+  over the two norms, final step."""
+  return lambda r: np.mean(
+      [r.change(kind, r.final, n, before, sorted(r.layer_types))
+       for n, before in (("pre_mixer_norm", "input"), ("pre_mlp_norm", "residual_1"))], axis=0)
+
+
+def mixer_most(r: Run) -> np.ndarray:
+  """The local mixer's gap raise − the largest of the other modules' (global mixer, MLP, the
+  norms), final step: stage 2's "SWA raises the gap most"."""
+  own = r.change("gap", r.final, "mixer", INPUT, r.local_layers)
+  others = [r.change("gap", r.final, "mixer", INPUT, r.global_layers),
+            r.change("gap", r.final, "mlp", "pre_mlp_norm", sorted(r.layer_types)),
+            norm_change("gap")(r)]
+  return own - np.max(others, axis=0)
 
 
 def data_findings(runs: dict[int, Run]) -> list[Verdict]:

@@ -11,7 +11,8 @@ from hybrid_nope.analysis.evidence.findings import Verdict, adjust
 from hybrid_nope.analysis.evidence.published_findings import (INPUT, LOCAL_EXPERIMENTS, NOPE,
                                                                RESIDUALS, References,
                                                                Run, _depth, by_seed,
-                                                               data_findings, verdict)
+                                                               data_findings, mixer_most,
+                                                               norm_change, verdict)
 
 # The local mixers set side by side: (experiment, the one it is compared with), paired by seed.
 MIXER_PAIRS = (("gdn", "gla"), ("gdn", "swa16"), ("gdn", "swa64"), ("gla", "swa64"),
@@ -65,21 +66,12 @@ def _growth_findings(e, rs, nope, ref) -> list[Verdict]:
 def _module_findings(e, rs, ref) -> list[Verdict]:
   m, rule = ref.cosine_margin(e)
   kw = dict(reference=m, rule=rule)
-  norm = lambda kind: lambda r: np.mean(
-      [r.change(kind, r.final, n, before, sorted(r.layer_types))
-       for n, before in (("pre_mixer_norm", "input"), ("pre_mlp_norm", "residual_1"))], axis=0)
   out = [verdict(f"{e}: norms lower the floor", "floor change of the two norms (output − "
-                 "input), mean over layers, final", "no change", by_seed(rs), norm("floor"),
+                 "input), mean over layers, final", "no change", by_seed(rs), norm_change("floor"),
                  sign=-1, **kw),
          verdict(f"{e}: norms raise the gap", "gap change of the two norms, mean over layers, "
-                 "final", "no change", by_seed(rs), norm("gap"), **kw)]
+                 "final", "no change", by_seed(rs), norm_change("gap"), **kw)]
 
-  def mixer_most(r):
-    own = r.change("gap", r.final, "mixer", INPUT, r.local_layers)
-    others = [r.change("gap", r.final, "mixer", INPUT, r.global_layers),
-              r.change("gap", r.final, "mlp", "pre_mlp_norm", sorted(r.layer_types)),
-              norm("gap")(r)]
-    return own - np.max(others, axis=0)
   out.append(verdict(f"{e}: the local mixer raises the gap most", "gap change of the local "
                      "mixer − the largest of the other modules' (norms, MLP, global mixer), "
                      "final", "the local mixer is not above the rest", by_seed(rs), mixer_most,

@@ -1,0 +1,189 @@
+"""The primary family (analysis/evidence/primary.py): the committed registry reads and is
+checked, a bad entry fails naming it, the family is Holm-adjusted alone while exploratory rows
+get Benjamini–Hochberg q-values, and the registration check sees a file changed after its runs.
+"""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from hybrid_nope.analysis.evidence import multiplicity, primary, primary_statistics
+from hybrid_nope.analysis.evidence.findings import Verdict
+from hybrid_nope.analysis.evidence.published_findings import Run
+from hybrid_nope.run_dir import RunDir
+from tests.measured_runs import measured_run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMITTED = os.path.join(REPO, primary.DEFAULT_PATH)
+
+
+def test_the_committed_registry_reads():
+  reg = primary.load(COMMITTED)
+  assert 1 <= len(reg.claims) <= primary.MAX_CLAIMS
+  assert len(reg.seeds) >= primary.MIN_SEEDS and reg.init_draws >= primary.MIN_INIT_DRAWS
+  assert set(reg.corpora) == {"stdlib", "prose"}
+  assert {c.statistic for c in reg.claims} <= set(primary_statistics.STATISTICS)
+
+
+def _registry_text(**changes) -> str:
+  with open(COMMITTED) as f:
+    text = f.read()
+  for old, new in changes.items():
+    assert old in text
+    text = text.replace(old, new, 1)
+  return text
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ('statistic = "global_input_gap_final_minus_init"', 'statistic = "made_up"',
+     "strengthens_with_training.*'made_up' is not one of"),
+    ("margin = 0.005", "margin = 0", "plant_at_init.*margin must be a positive number"),
+    ("direction = 1", "direction = 2", "plant_at_init.*direction must be 1 or -1"),
+    ("seeds = [0, 1, 2, 3, 4, 5, 6, 7]", "seeds = [0, 1, 2]", "at least 8 distinct seeds"),
+    ("init_draws = 30", "init_draws = 10", "init_draws 10 < 30"),
+    ('id = "strengthens_with_training"', 'id = "plant_at_init"', "claim ids repeat"),
+    ('unit = "cosine"', 'units = "cosine"', "missing unit; unknown key.s. units"),
+    ('configs = ["swa64", "nope"]', 'configs = ["swa64"]', "takes 2 config.s., configs lists 1"),
+])
+def test_a_bad_entry_fails_naming_it(tmp_path, old, new, message):
+  path = tmp_path / "primary.toml"
+  path.write_text(_registry_text(**{old: new}))
+  with pytest.raises(primary.RegistryError, match=message):
+    primary.load(str(path))
+
+
+def test_a_family_larger_than_twelve_is_refused(tmp_path):
+  text = _registry_text()
+  claim = text[text.index("[[claims]]"):text.index("[[claims]]", text.index("[[claims]]") + 1)]
+  extra = "".join(claim.replace('id = "plant_at_init"', f'id = "extra{i}"') for i in range(3))
+  path = tmp_path / "primary.toml"
+  path.write_text(text + "\n" + extra)
+  with pytest.raises(primary.RegistryError, match="13 claims; a primary family holds at most 12"):
+    primary.load(str(path))
+
+
+@pytest.fixture(scope="module")
+def decided(tmp_path_factory):
+  """Synthetic packs of the four registered configs: swa64's gap grows 0.05 -> 0.3 and its
+  read-out 0 -> 0.2; swa512's final gap 0.2; the losses are set per config."""
+  root = str(tmp_path_factory.mktemp("runs"))
+  spec = {"swa64": dict(gaps=(0.05, 0.3), logit_gaps=(0.0, 0.2), loss=2.0),
+          "swa512": dict(gaps=(0.05, 0.2), logit_gaps=(0.0, 0.1), loss=2.1),
+          "nopeswa512": dict(gaps=(0.05, 0.2), logit_gaps=(0.0, 0.1), loss=2.4),
+          "nope": dict(pattern="G", gaps=(0.02, 0.1), local_raise=(0, 0),
+                       logit_gaps=(0.0, 0.05), loss=2.6)}
+  runs = {e: {s: Run(measured_run(root, f"{e}_{s}", seed=s, **kw), f"{e}_{s}")
+              for s in range(4)} for e, kw in spec.items()}
+  for s in range(4):  # nope's final loss is swa64's eval loss at step 4.
+    _eval_losses(runs["swa64"][s], {4: 2.6 + 0.001 * s, 8: 2.0})
+  reg = primary.load(COMMITTED)
+  verdicts = primary.decide(reg, primary_statistics.Evidence(runs))
+  return reg, {c.id: v for c, v in zip(reg.claims, verdicts)}, runs
+
+
+def _eval_losses(run: Run, losses: dict[int, float]) -> None:
+  run.eval_losses = dict(losses)
+  # Recency records at step 4 for the matched-loss read-out: the final step's, read-out 0.15.
+  run.by_step[4] = [dict(r, step=4, **({"logit_gap": [0.15] * len(r["logit_gap"])}
+                                        if "logit_gap" in r else {}))
+                    for r in run.by_step[run.final]]
+
+
+def test_each_claim_reads_its_registered_direction_null_and_margin(decided):
+  reg, by_id, _ = decided
+  for claim in reg.claims:
+    v = by_id[claim.id]
+    assert v.finding == claim.claim and v.sign == claim.direction and v.margin == claim.margin
+    assert v.null == claim.null
+
+
+def test_the_statistics_recover_the_effects_that_made_the_runs(decided):
+  _, by_id, _ = decided
+  grow = by_id["strengthens_with_training"]
+  assert grow.mean == pytest.approx(0.25, abs=0.01) and grow.verdict == "reproduced"
+  assert grow.levels == "seed × document"
+  assert by_id["smaller_window_lower_loss"].mean == pytest.approx(-0.1)
+  assert by_id["smaller_window_lower_loss"].verdict == "inconclusive"  # identical seeds: no SE
+  assert by_id["nope_in_swa_at_far_lag_worse"].mean == pytest.approx(0.3)
+  # Matched loss: swa64 at step 4 (loss nearest nope's 2.6) reads 0.15; nope's final 0.05.
+  assert by_id["hybrid_reads_more_than_nope"].mean == pytest.approx(0.15 - 0.05, abs=0.01)
+
+
+def test_a_claim_without_its_inputs_is_not_computed(decided):
+  _, by_id, _ = decided
+  for claim_id in ("plant_at_init", "logit_recency_appears", "causal_readout",
+                   "readout_of_position", "smaller_window_steeper"):
+    v = by_id[claim_id]
+    assert v.n == 0 and v.verdict == "inconclusive" and "not computed" in v.statistic
+
+
+def test_holm_runs_inside_the_family_alone(decided):
+  _, by_id, _ = decided
+  rows = list(by_id.values())
+  expected = multiplicity.holm([v.p for v in rows])
+  assert [v.p_adjusted for v in rows] == expected
+
+
+def test_init_claim_pairs_draws(decided):
+  reg, _, runs = decided
+  draws = 30
+  rng = np.random.default_rng(0)
+  shared = rng.normal(0, 0.01, draws)
+  def null(shift):
+    layers = {f"{g}/pre_mixer_norm": {"gap": {"values": (shared + shift + rng.normal(
+        0, 0.001, draws)).tolist()}} for g in (1, 3)}
+    return {"seeds": list(range(draws)), "records": layers, "summary": {}}
+  ev = primary_statistics.Evidence(runs, init_nulls={"swa64": null(0.03), "nope": null(0.0)})
+  v = primary_statistics.STATISTICS["init_global_input_gap_minus_nope"](ev, ("swa64", "nope"))
+  assert v.n == draws and v.mean == pytest.approx(0.03, abs=0.002)
+  assert v.se < 0.001  # paired by draw: the shared draw effect cancels
+  ev.init_nulls["nope"]["seeds"] = list(range(1, draws + 1))
+  unpaired = primary_statistics.STATISTICS["init_global_input_gap_minus_nope"](
+      ev, ("swa64", "nope"))
+  assert unpaired.n == 0 and "different seeds" in unpaired.statistic
+
+
+def test_exploratory_rows_get_benjamini_hochberg_q_values():
+  ps = [0.001, 0.01, 0.02, 0.03, 0.5]
+  rows = [Verdict("", "", "", [], p_exact=p) for p in ps]
+  # A direct step-up computation: q_(i) = min_{j >= i} m p_(j) / j.
+  m, order = len(ps), np.argsort(ps)
+  q = np.minimum.accumulate((np.asarray(ps)[order] * m / np.arange(1, m + 1))[::-1])[::-1]
+  expected = np.empty(m)
+  expected[order] = np.minimum(q, 1)
+  primary.adjust_exploratory(rows)
+  assert [v.p_adjusted for v in rows] == pytest.approx(expected.tolist())
+  assert rows[2].p_adjusted < multiplicity.holm(ps)[2]  # q, not Holm
+
+
+def _git(cwd, *args, when=None):
+  env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+             GIT_COMMITTER_EMAIL="t@t")
+  if when is not None:
+    env.update(GIT_AUTHOR_DATE=f"@{when} +0000", GIT_COMMITTER_DATE=f"@{when} +0000")
+  subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def test_registration_sees_a_file_changed_after_its_runs(tmp_path):
+  repo = str(tmp_path)
+  _git(repo, "init", "-q")
+  registry, pack = tmp_path / "primary.toml", tmp_path / "runs" / "swa64" / "seed0.tar.gz"
+  registry.write_text("claims\n")
+  _git(repo, "add", "primary.toml")
+  _git(repo, "commit", "-q", "-m", "register", when=1_000_000)
+  pack.parent.mkdir(parents=True)
+  pack.write_bytes(b"pack")
+  _git(repo, "add", str(pack))
+  _git(repo, "commit", "-q", "-m", "run", when=1_000_100)
+  late = tmp_path / "runs" / "swa64" / "seed1.tar.gz"
+  late.write_bytes(b"not committed")
+  reg = primary.registration(str(registry), [str(pack), str(late)])
+  assert reg["changed_after"] == [] and reg["uncommitted"] == [str(late)]
+  assert "after the file's last change" in primary.registration_line(reg)
+  registry.write_text("claims, edited\n")
+  _git(repo, "commit", "-q", "-am", "edit", when=1_000_200)
+  reg = primary.registration(str(registry), [str(pack)])
+  assert reg["changed_after"] == [str(pack)]
+  assert "changed after 1 of these runs" in primary.registration_line(reg)
