@@ -14,6 +14,12 @@ compute-matched pair for the window claim). Any of them with `_deep` (swa64_deep
 8 layers instead of 4, the pattern repeated (SGSGSGSG: 4 global layers; nope: 8 G).
 docs/performance.md has the measured cost of a run and of the sweep.
 
+The controls expected to FAIL to extrapolate (eval at 2x the training length, `launch/analyze.py
+--lengths=1,2`): rope, global-only with RoPE in its G layers (model.global_pos "rope"), and any
+hybrid with `_globalrope` (swa64_globalrope: SG with RoPE in both kinds; before `_deep`, as
+swa64_globalrope_deep). Their G layers carry a position encoding, so the recency hook measures
+their cosines but gives them no logit read-out (that is for global NoPE layers only).
+
 Cost (small.py:swa64): 7.07 MFLOP/token × 2.62 M tokens (640 steps × 4 × 1024) = 1.9e13 FLOPs.
 """
 import re
@@ -24,6 +30,7 @@ from hybrid_nope.train import flops
 STEPS = 640
 DEEP_LAYERS = 8  # `_deep`: the pattern repeated to 8 layers (SG: 4 global NoPE layers).
 PATTERNS = {"gla": "LG", "gdn": "DG", "gdn3": "DDDG"}  # the experiments without a window
+GLOBAL_ROPE = "_globalrope"  # A hybrid's G layers with RoPE: a control not expected to extrapolate.
 
 
 def _steps_for_flops_of(c, window: int) -> int:
@@ -38,15 +45,19 @@ def _steps_for_flops_of(c, window: int) -> int:
 def get_config(experiment: str = "swa64"):
   name, deep = experiment, experiment.endswith("_deep")
   experiment = experiment.removesuffix("_deep")
-  match = re.fullmatch(r"(swa|nopeswa)(\d+)(?:_flops(\d+))?|nope|gla|gdn3?", experiment)
-  if not match:
+  global_rope = experiment.endswith(GLOBAL_ROPE)
+  experiment = experiment.removesuffix(GLOBAL_ROPE)
+  match = re.fullmatch(r"(swa|nopeswa)(\d+)(?:_flops(\d+))?|nope|rope|gla|gdn3?", experiment)
+  if not match or (global_rope and experiment in ("nope", "rope")):
     raise ValueError(f"experiment={name!r}: expected swa<W>, "
-                     "nopeswa<W>, swa<W>_flops<V>, gla, gdn, gdn3 or nope, each optionally "
-                     "followed by _deep")
+                     "nopeswa<W>, swa<W>_flops<V>, gla, gdn, gdn3, nope or rope; all but nope "
+                     "and rope optionally followed by _globalrope; each then optionally by _deep")
   c = demo.get_config()
   if deep:
     c.model.num_layers = DEEP_LAYERS
-  if experiment == "nope":
+  if global_rope or experiment == "rope":
+    c.model.global_pos = "rope"
+  if experiment in ("nope", "rope"):
     c.model.pattern = "G"
   elif experiment in PATTERNS:
     c.model.pattern = PATTERNS[experiment]

@@ -46,8 +46,8 @@ def with_data_paths(config, tmp_path):
 
 
 def test_the_sweep_is_complete():
-  expected = {"demo", "small", "small_prose", "nope_120m", "nope_350m", "gla_120m", "gla_350m",
-              "gdn_120m", "gdn_350m", "kda_120m"} | {
+  expected = {"demo", "small", "small_prose", "lag4096", "nope_120m", "nope_350m", "gla_120m",
+              "gla_350m", "gdn_120m", "gdn_350m", "kda_120m"} | {
       f"{kind}{w}_{size}" for kind in ("swa", "nopeswa") for w in base.WINDOWS
       for size in ("120m", "350m")}
   assert set(CONFIG_NAMES) == expected

@@ -7,7 +7,9 @@
 # (test_the_cpu_lowering_has_no_custom_calls); a GLA hybrid lowers for TPU with the chosen
 # linear kernel (test_a_gla_hybrid_lowers_for_tpu_with_the_chosen_linear_kernel); a 64K-token
 # swa256_350m step split over 8 chips by mesh.sequence lowers for both, with its halos and
-# gathers (test_a_64k_step_lowers_split_over_8_chips_for_tpu_and_cuda).
+# gathers (test_a_64k_step_lowers_split_over_8_chips_for_tpu_and_cuda); configs/lag4096.py's
+# largest window at its paper shape (seq_len 8192, far lag 4096) lowers for both with the
+# platform's kernel in every attention layer (test_lag4096_lowers_at_its_shape_for_tpu_and_cuda).
 """launch/lower.py: the full train step lowers for TPU and CUDA on this CPU-only machine, on one
 device and on an 8-way fsdp x tensor mesh, and carries each platform's attention kernels."""
 import json
@@ -80,6 +82,25 @@ def test_a_64k_step_lowers_split_over_8_chips_for_tpu_and_cuda():
     # Halos travel by collective_permute; global keys and carried states by all_gather.
     assert result["collectives"].get("collective_permute", 0) > 0, result["collectives"]
     assert result["collectives"].get("all_gather", 0) > 0, result["collectives"]
+
+
+@pytest.mark.parametrize("experiment", ["swa4096", "nopeswa4096"])
+@pytest.mark.long
+@pytest.mark.integration
+def test_lag4096_lowers_at_its_shape_for_tpu_and_cuda(experiment):
+  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=cuda,tpu",
+                         f"--config=configs/lag4096.py:{experiment}"], cwd=REPO,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  results = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert [r["platform"] for r in results] == ["cuda", "tpu"]
+  for result in results:
+    call, names = EXPECTED[result["platform"]]
+    assert set(result["custom_calls"]) == {call}
+    for name in names:
+      assert any(k.startswith(name) for k in result["kernels"]), (name, result["kernels"])
+  # CUDA: one Triton kernel per layer and direction (8 layers: 4 windowed, 4 global).
+  assert sum(results[0]["kernels"].values()) == 3 * 8
 
 
 @pytest.mark.integration
