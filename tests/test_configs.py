@@ -20,6 +20,7 @@ from flax import nnx
 
 from configs import base
 from hybrid_nope.model import LanguageModel, parameter_counts
+from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.validate import validate
 from tests.helpers import tiny_config
@@ -41,7 +42,8 @@ def with_data_paths(config, tmp_path):
     if not os.path.exists(config.data.path):
       docs = [(f"chapter {i}", b"In the beginning. " * (i + 1)) for i in range(40)]
       documents.write(config.data.path, docs, eval_fraction=0.3, corpus={
-          "name": "fake", "title": "fake", "licence": "made here", "source": "here"})
+          "name": "fake", "title": "fake", "licence": "made here", "source": "here"},
+          tokenizer=export_tokenizer.byte_level_tokenizer().to_str())
   return config
 
 
@@ -188,13 +190,16 @@ def test_small_prose_is_small_on_the_prepared_prose_corpus(tmp_path, monkeypatch
   for name in ("swa64", "nopeswa256", "nope", "gla", "swa64_deep", "nope_deep"):
     config, stdlib = small_prose.get_config(name), small.get_config(name)
     assert (config.data.source, config.data.path) == ("documents", str(tmp_path / "missing"))
+    assert config.model.vocab_size == prose.VOCAB_SIZE  # The corpus's BPE, not bytes.
+    stdlib.model.vocab_size = prose.VOCAB_SIZE
     for section in ("model", "train"):
       assert config[section].to_dict() == stdlib[section].to_dict(), section
   with pytest.raises(ConfigError, match="config.data.path=.*missing.* is invalid.*make prose"):
     validate(small_prose.get_config("swa64"))
   docs = [(f"chapter {i}", b"In the beginning. " * (i + 1)) for i in range(400)]
   documents.write(str(tmp_path / "prose"), docs, eval_fraction=0.3, corpus={
-      "name": "fake", "title": "fake", "licence": "made here", "source": "here"})
+      "name": "fake", "title": "fake", "licence": "made here", "source": "here"},
+      tokenizer=export_tokenizer.byte_level_tokenizer().to_str())
   monkeypatch.setenv(prose.DIR_ENV, str(tmp_path / "prose"))
   validate(small_prose.get_config("nope_deep"))
 

@@ -20,6 +20,9 @@ CORPUS = {"name": "fake", "title": "A fake corpus", "licence": "public domain (m
           "source": "tests/test_data_documents.py"}
 FRACTION = 0.25
 SEQ_LEN = 64  # tests.helpers.TINY's
+# The byte tokenizer's exact tokenizers form (ids 0..255 bytes, BOS 256, EOS 257): the ids
+# below are the bytes, so what is checked is the directory, not a tokenizer.
+TOKENIZER = export_tokenizer.byte_level_tokenizer().to_str()
 
 
 def _docs(count=40):
@@ -33,7 +36,7 @@ def _docs(count=40):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("documents") / "corpus")
-  documents.write(out, _docs(), eval_fraction=FRACTION, corpus=CORPUS)
+  documents.write(out, _docs(), eval_fraction=FRACTION, corpus=CORPUS, tokenizer=TOKENIZER)
   return out
 
 
@@ -90,11 +93,12 @@ def test_train_rows_pack_as_the_stdlib_corpus_and_eval_rows_are_one_document_eac
 ])
 def test_write_refuses_what_it_cannot_split(tmp_path, docs, fraction, message):
   with pytest.raises(documents.DocumentsError, match=message):
-    documents.write(str(tmp_path / "out"), docs, eval_fraction=fraction, corpus=CORPUS)
+    documents.write(str(tmp_path / "out"), docs, eval_fraction=fraction, corpus=CORPUS,
+                    tokenizer=TOKENIZER)
   assert not (tmp_path / "out").exists()
   with pytest.raises(documents.DocumentsError, match=r"corpus needs non-empty strings \['licence'"):
     documents.write(str(tmp_path / "out"), _docs(), eval_fraction=FRACTION,
-                    corpus={**CORPUS, "licence": ""})
+                    corpus={**CORPUS, "licence": ""}, tokenizer=TOKENIZER)
 
 
 def test_a_missing_foreign_or_inconsistent_directory_fails_naming_the_file(tmp_path, corpus):
@@ -105,8 +109,8 @@ def test_a_missing_foreign_or_inconsistent_directory_fails_naming_the_file(tmp_p
     documents.read_manifest(str(tmp_path))
   copy = tmp_path / "copy"
   os.makedirs(copy)
-  for split in documents.SPLITS:
-    os.symlink(os.path.join(corpus, split), copy / split)
+  for name in (*documents.SPLITS, documents.TOKENIZER):
+    os.symlink(os.path.join(corpus, name), copy / name)
   manifest = json.loads(open(os.path.join(corpus, "corpus.json")).read())
   manifest["splits"]["train"]["documents"] += 1
   (copy / "corpus.json").write_text(json.dumps(manifest))
@@ -124,7 +128,7 @@ def test_pipeline_reads_the_documents_source(corpus):
                                 documents.eval_rows(corpus, SEQ_LEN)["inputs"][:2])
   assert len(pipeline.probe_pool(config)["inputs"]) == config.metrics.probe_pool_rows
   assert pipeline.check_vocabulary(config) == 258
-  with pytest.raises(ConfigError, match="model.vocab_size=200 .*data.source=documents"):
+  with pytest.raises(ConfigError, match="model.vocab_size=200 .*tokenizer.json's 258"):
     pipeline.check_vocabulary(_config(corpus, model__vocab_size=200))
   with pytest.raises(ConfigError, match="probe_pool_rows=999 but the eval split has only"):
     pipeline.probe_pool(_config(corpus, metrics__probe_pool_rows=999))
@@ -143,10 +147,10 @@ def test_check_reports_the_corpus_and_lists_a_missing_shard(corpus, tmp_path):
   assert "data.source=documents" in text and "A fake corpus (fake)" in text
   assert "licence: public domain (made here)" in text and text.endswith("OK: the data is in "
                                                                          "place for this config")
-  assert "the byte tokenizer (data.source=documents): 258 token ids" in text
+  assert f"{corpus}/tokenizer.json: 258 token ids" in text
   broken = tmp_path / "broken"
   os.makedirs(broken)
-  for name in ("corpus.json", "train"):
+  for name in ("corpus.json", "train", "tokenizer.json"):
     os.symlink(os.path.join(corpus, name), broken / name)
   os.makedirs(broken / "eval")
   os.symlink(os.path.join(corpus, "eval", "index.json"), broken / "eval" / "index.json")
@@ -160,15 +164,44 @@ def test_check_reports_the_corpus_and_lists_a_missing_shard(corpus, tmp_path):
     assert "\n## A second corpus: English prose\n" in f.read()
 
 
-def test_fingerprint_text_codec_and_export_use_the_byte_tokenizer(corpus):
+def test_fingerprint_text_codec_and_export_use_the_directory_tokenizer(corpus, tmp_path):
   config = _config(corpus)
-  assert "documents" in config_values.BYTE_SOURCES
+  assert "documents" not in config_values.BYTE_SOURCES
   prints = fingerprint.data_fingerprint(config, pipeline.eval_batches(config))
   assert prints["data.source"] == "documents" and "train.tokens_sha1" in prints
   assert "data.eval_fraction" not in prints  # The split is the directory's, not the config's.
   codec = text_codec(config)
   assert codec.eos_id == ByteTokenizer.EOS_ID and codec.decode(codec.encode("light")) == "light"
+  assert codec.encode("light")[0] == ByteTokenizer.BOS_ID
   plan = export_tokenizer.plan(config, None)
-  assert "byte tokenizer (data.source=documents)" in plan.note
-  with pytest.raises(UserError, match="data.source=documents with the byte tokenizer"):
-    export_tokenizer.plan(config, "/some/tokenizer.json")
+  assert f"tokenizer copied from {corpus}/tokenizer.json (258 tokens" in plan.note
+  assert (plan.bos_id, plan.eos_id) == (ByteTokenizer.BOS_ID, ByteTokenizer.EOS_ID)
+  written = plan.write(str(tmp_path))
+  assert open(written[0]).read() == TOKENIZER
+
+
+def test_another_tokenizer_changes_the_fingerprint(corpus, tmp_path):
+  from hybrid_nope.data import bpe  # pylint: disable=g-import-not-at-top
+  other = str(tmp_path / "bpe")
+  docs = _docs()
+  documents.write(other, docs, eval_fraction=FRACTION, corpus=CORPUS,
+                  tokenizer=bpe.train([d.decode() for _, d in docs], 270))
+  prints = [fingerprint.data_fingerprint(c, pipeline.eval_batches(c))
+            for c in (_config(corpus), _config(other))]
+  assert prints[0]["train.tokens_sha1"] != prints[1]["train.tokens_sha1"]
+  assert prints[0]["eval.rows_sha1"] != prints[1]["eval.rows_sha1"]
+
+
+def test_a_byte_directory_of_the_earlier_format_is_refused_naming_it(corpus, tmp_path):
+  old = tmp_path / "old"
+  os.makedirs(old)
+  for split in documents.SPLITS:
+    os.symlink(os.path.join(corpus, split), old / split)
+  manifest = json.loads(open(os.path.join(corpus, "corpus.json")).read())
+  del manifest["tokenizer"]  # As the byte-tokenised `make prose` wrote it.
+  (old / "corpus.json").write_text(json.dumps(manifest))
+  for read in (documents.read_manifest, lambda p: documents.documents(p, "eval")):
+    with pytest.raises(documents.DocumentsError) as e:
+      read(str(old))
+    assert str(e.value).startswith(f"{old} holds byte-tokenised documents prepared before")
+    assert "\n" not in str(e.value) and "make prose" in str(e.value)

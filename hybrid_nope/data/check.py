@@ -192,6 +192,8 @@ def _eval(config, report: DataReport) -> None:
 
 
 def _tokenizer(config, report: DataReport) -> None:
+  if report.source == "documents":  # The directory's tokenizer.json (_documents checks it).
+    report.tokenizers = pipeline.tokenizer_files(config)
   if report.source == "mds":
     try:
       report.tokenizers = pipeline.tokenizer_files(config)

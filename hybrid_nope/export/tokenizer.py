@@ -1,7 +1,8 @@
 """The tokenizer files that go with an exported model, chosen by the run's `data.source`.
 
-- stdlib and documents (config_values.BYTE_SOURCES: the embedded demo corpus, a prepared byte
-  corpus such as the English prose one): our byte tokenizer (data/tokenizer.py: ids 0..255 =
+- documents (a prepared corpus such as the English prose one): the tokenizer.json it holds
+  (hybrid_nope.data.bpe), copied, with a tokenizer_config.json naming its BOS and EOS.
+- stdlib (config_values.BYTE_SOURCES: the embedded demo corpus): our byte tokenizer (data/tokenizer.py: ids 0..255 =
   bytes, BOS 256, EOS 257) has an exact Hugging Face form: a byte-level BPE with no merges whose
   vocabulary lists the 256 byte symbols in byte order, BOS/EOS as special tokens, and a
   post-processor that starts each text with BOS as our documents start. It is built here.
@@ -133,6 +134,28 @@ def _copy_plan(path: str, vocab_size: int) -> Plan:
   return Plan(f"tokenizer copied from {path} ({size} tokens)", write, bos, eos)
 
 
+def _documents_plan(config) -> Plan:
+  from hybrid_nope.data import bpe, documents  # pylint: disable=g-import-not-at-top
+  try:
+    tok = documents.read_tokenizer(config.data.path)
+  except UserError as e:
+    raise TokenizerError(f"the run's tokenizer (data.source=documents): {e}") from None
+  if tok.vocab_size > config.model.vocab_size:
+    raise TokenizerError(f"config.model.vocab_size={config.model.vocab_size} is below the "
+                         f"{tok.vocab_size} ids of {config.data.path}'s {documents.TOKENIZER}")
+  json_file = os.path.join(config.data.path, documents.TOKENIZER)
+
+  def write(out):
+    config_path = os.path.join(out, "tokenizer_config.json")
+    with open(config_path, "w") as f:
+      json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bpe.BOS_TOKEN,
+                 "eos_token": bpe.EOS_TOKEN, "clean_up_tokenization_spaces": False,
+                 "model_max_length": int(1e30)}, f, indent=2)
+    return [shutil.copyfile(json_file, os.path.join(out, "tokenizer.json")), config_path]
+  return Plan(f"tokenizer copied from {json_file} ({tok.vocab_size} tokens, data.source="
+              f"documents)", write, tok.bos_id, tok.eos_id)
+
+
 def plan(config, path: str | None) -> Plan:
   """The tokenizer for the run's data.source, or the one at `path`; checked before writing."""
   source = config.data.source
@@ -146,6 +169,8 @@ def plan(config, path: str | None) -> Plan:
                            f"byte tokenizer's {byte_tokenizer.VOCAB_SIZE} ids")
     return Plan(f"byte tokenizer (data.source={source}) written as a byte-level tokenizer.json",
                 _write_byte_tokenizer, byte_tokenizer.BOS_ID, byte_tokenizer.EOS_ID)
+  if source == "documents" and not path:
+    return _documents_plan(config)
   if path:
     return _copy_plan(path, config.model.vocab_size)
   return Plan(f"no tokenizer written: data.source={source} came tokenised and the run's config "
