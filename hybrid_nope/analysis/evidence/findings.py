@@ -3,10 +3,12 @@
 Every finding is one statistic per seed (a paired difference where two numbers share a seed:
 two steps of one run, two configs started from one initialisation, two modules of one forward
 pass). Its error has two levels where the statistic is built from the probe's per-document sums
-(seed × document, `analysis.evidence.two_level`), else the seed level alone (eval losses). Its
-test is Student's t on the error's degrees of freedom against no effect (or the null named per
-finding), and every p on a page is Holm-adjusted as one family (`adjust`). Each finding carries
-a margin, the smallest effect the claim means, fixed by one rule before the data are read
+(seed × document, `analysis.evidence.two_level`, Satterthwaite df), the document level alone for
+a statistic of the probe itself (the data's recency: the same for every seed, df C − 1), else
+the seed level alone (eval losses). Its test is Student's t on the error's degrees of freedom
+against no effect (or the null named per finding), or an exact permutation test (`p_exact`),
+and every p on a page is Holm-adjusted as one family (`adjust`). Each finding carries a margin,
+the smallest effect the claim means, fixed by one rule before the data are read
 (`MARGIN_FRACTION` of a named reference magnitude, written beside it), and an equivalence test
 (TOST) against it, Holm-adjusted as the page's second family:
 
@@ -14,7 +16,24 @@ a margin, the smallest effect the claim means, fixed by one rule before the data
 - negligible: adjusted p < 0.05, but TOST puts the effect wholly inside the margin;
 - refuted: significant in the opposite direction (beyond the margin), or not significant and
   TOST inside the margin (an effect as large as the claim means would have been seen);
-- inconclusive: none of these; the note says roughly how many seeds would decide it.
+- inconclusive: none of these; the note says roughly how many seeds would decide it;
+- untestable: an exact test whose smallest attainable p (a sign-flip over n seeds: 2/2^n,
+  `multiplicity.smallest_attainable_p`) is not below the level it faces: α, or after `adjust`
+  the Holm step that p would meet on the page (α/(m − k), k the family's p-values below it).
+  No outcome of the sweep could have reproduced it; the note names n, that p and the level.
+  (TOST inside the margin still refutes: it is a separate test, on the t scale.)
+
+"Inside the margin" is one rule for every row of the TOST family: the row's (1 − 2α_k) interval
+lies wholly inside ±margin, where α_k = α · p_tost / p_tost_holm is the level Holm's step-down
+grants that row (α before `adjust`); that is exactly Holm-adjusted TOST p < α, and the note
+prints the interval. Holm's adjusted p is a continuous, non-decreasing function of a row's own
+raw p (the running maximum), so the label depends on the row's rank only through its own TOST
+p: rows with equal (mean, SE, df, margin) get the same label wherever they stand in the family,
+nearly equal ones differ only where α falls between their adjusted p-values, and a row more
+clearly inside its margin is never labelled reproduced while a less clear one is negligible.
+Equal effects with different margins or df are different TOST evidence and may differ (the
+page's swa64 and nopeswa64 init rows, +0.0170 ± 0.0012 and +0.0175 ± 0.0011, have margins
+±0.0271 and ±0.033: TOST t of 8.4 against 14.1).
 """
 from __future__ import annotations
 
@@ -26,6 +45,7 @@ import numpy as np
 import scipy.stats
 
 from hybrid_nope.analysis.evidence import multiplicity
+from hybrid_nope.analysis.evidence.multiplicity import smallest_attainable_p  # noqa: F401
 
 ALPHA = 0.05
 # The margin rule, one for every finding: a tenth of what the local layers themselves do to the
@@ -46,6 +66,10 @@ class Verdict:
   p_adjusted: float | None = None       # Holm over the page (`adjust`)
   p_tost_adjusted: float | None = None  # Holm over the page's equivalence tests
   p_exact: float | None = None  # an exact test's two-sided p (a permutation), in place of t's
+  # The smallest p the exact test can give (default for p_exact: a sign-flip over the seeds,
+  # `multiplicity.smallest_attainable_p`), and the level it faces (set by `adjust`; α before).
+  p_attainable: float | None = None
+  p_level: float | None = None
 
   @property
   def n(self) -> int:
@@ -57,7 +81,7 @@ class Verdict:
 
   @property
   def levels(self) -> str:
-    return "seed × document" if self.estimate is not None else "seed"
+    return getattr(self.estimate, "levels", "seed × document") if self.estimate else "seed"
 
   @property
   def mean(self) -> float | None:
@@ -72,10 +96,10 @@ class Verdict:
     return float(self._known().std(ddof=1) / math.sqrt(self.n)) if self.n >= 2 else None
 
   @property
-  def df(self) -> int | None:
+  def df(self) -> float | None:
     if self.estimate is not None:
       return self.estimate.df
-    return self.n - 1 if self.n >= 2 else None
+    return float(self.n - 1) if self.n >= 2 else None
 
   @property
   def t(self) -> float | None:
@@ -103,16 +127,59 @@ class Verdict:
       return None
     return multiplicity.tost_p(self.mean, self.se, self.df, self.margin)
 
+  @property
+  def smallest_p(self) -> float | None:
+    """The smallest p the difference test can give: `p_attainable`, else for an exact test the
+    sign-flip permutation's over the seeds (zero differences flip to themselves); None for t."""
+    if self.p_attainable is not None:
+      return self.p_attainable
+    if self.p_exact is None:
+      return None
+    return multiplicity.smallest_attainable_p(self.n, int(np.sum(self._known() == 0)))
+
+  @property
+  def level(self) -> float:
+    """The level the smallest attainable p faces: its Holm step on the page (`adjust`), else α."""
+    return self.p_level if self.p_level is not None else ALPHA
+
+  @property
+  def untestable(self) -> bool:
+    return self.smallest_p is not None and self.smallest_p >= self.level
+
+  @property
+  def tost_level(self) -> float:
+    """α_k: the one-sided level Holm's step-down grants this row's TOST (α before `adjust`)."""
+    raw, adjusted = self.p_tost, self.p_tost_adjusted
+    if raw is None or adjusted is None or not adjusted > raw:
+      return ALPHA
+    return ALPHA * raw / adjusted
+
+  @property
+  def equivalence_interval(self) -> tuple[float, float] | None:
+    """The (1 − 2α_k) interval that decides "inside the margin" (module docstring)."""
+    if not self.se or self.df is None:
+      return None
+    half = float(scipy.stats.t.ppf(1 - self.tost_level, self.df)) * self.se
+    return self.mean - half, self.mean + half
+
   def _decides(self, adjusted, raw) -> float | None:
     return adjusted if adjusted is not None else raw
 
   @property
+  def inside(self) -> bool:
+    """TOST puts the effect wholly inside ±margin: Holm-adjusted TOST p < α, i.e. the
+    (1 − 2α_k) `equivalence_interval` lies inside the margin."""
+    p_eq = self._decides(self.p_tost_adjusted, self.p_tost)
+    return p_eq is not None and p_eq < ALPHA
+
+  @property
   def verdict(self) -> str:
+    inside = self.inside
+    if self.untestable:
+      return "refuted" if inside else "untestable"
     p = self._decides(self.p_adjusted, self.p)
     if p is None or not self.se > 0:
       return "inconclusive"
-    p_eq = self._decides(self.p_tost_adjusted, self.p_tost)
-    inside = p_eq is not None and p_eq < ALPHA
     if p < ALPHA:
       if inside:
         return "negligible"
@@ -122,23 +189,33 @@ class Verdict:
   @property
   def note(self) -> str:
     v = self.verdict
+    if v == "untestable":
+      step = " (its Holm step on this page)" if self.level < ALPHA else ""
+      return (f"untestable at {self.n} seeds: the smallest attainable p is {self.smallest_p:.3g} "
+              f"against level {self.level:.3g}{step}")
     if self.se is None:
       return f"{self.n} seed(s): no seed-level error"
     if not self.se > 0:
       return f"{self.n} seeds with identical values: no seed-level spread to test against"
     p = self._decides(self.p_adjusted, self.p)
     test = ("exact permutation" if self.p_exact is not None
-            else f"t = {self.t:+.1f} on {self.df} df")
+            else f"t = {self.t:+.1f} on {_df_text(self.df)} df")
     where = f"{test}, Holm p {p:.2g}"
+    if v in ("negligible", "refuted") and self.inside:
+      lo, hi = self.equivalence_interval
+      tost = (f"its {100 * (1 - 2 * self.tost_level):.4g}% interval [{lo:+.4f}, {hi:+.4f}] (TOST "
+              f"at its Holm level) lies inside the margin ±{self.margin:.3g}")
     if v == "reproduced":
       return where
     if v == "negligible":
-      return f"{where}, but wholly inside the margin ±{self.margin:.3g} (TOST)"
+      return f"{where}, but wholly inside the margin: {tost}"
     if v == "refuted":
-      if p < ALPHA:
+      if not self.inside:
         return f"significant in the opposite direction: {where}"
-      return (f"{where}; TOST puts it inside the margin ±{self.margin:.3g}: an effect the claim "
-              "means would have been seen")
+      return f"{where}; {tost}: an effect the claim means would have been seen"
+    if self.levels == "document":
+      return (f"{where}; a statistic of the probe alone: more seeds will not decide it, more "
+              "documents would")
     if self.sign * self.mean > 0:
       needed = self.seeds_to_decide()
       return (f"{where}; at this mean and spread about "
@@ -165,18 +242,33 @@ class Verdict:
             "n_seeds": self.n, "mean": self.mean, "se": self.se, "df": self.df,
             "levels": self.levels, "t": self.t, "p": self.p, "p_holm": self.p_adjusted,
             "margin": self.margin, "margin_rule": self.margin_rule, "p_tost": self.p_tost,
-            "p_tost_holm": self.p_tost_adjusted, "verdict": self.verdict, "note": self.note,
+            "p_tost_holm": self.p_tost_adjusted, "smallest_p": self.smallest_p,
+            "level": self.level if self.smallest_p is not None else None,
+            "verdict": self.verdict, "note": self.note,
             "se_seed": getattr(self.estimate, "se_seed", None),
             "se_doc": getattr(self.estimate, "se_doc", None), "values": list(self.values)}
 
 
 def adjust(verdicts: Sequence[Verdict]) -> None:
   """Holm over the page: the difference tests as one family, the equivalence tests as the
-  second; each verdict then reads its adjusted p."""
+  second; each verdict then reads its adjusted p. An exact test's smallest attainable p gets
+  the level Holm's step-down would hold it to had it come out: α/(m − k), with k the family's
+  other p-values below it (`Verdict.untestable`)."""
   for raw, field in (([v.p for v in verdicts], "p_adjusted"),
                      ([v.p_tost for v in verdicts], "p_tost_adjusted")):
     for v, p in zip(verdicts, multiplicity.holm(raw)):
       setattr(v, field, p)
+  ps = [v.p for v in verdicts]
+  for i, v in enumerate(verdicts):
+    smallest = v.smallest_p
+    if smallest is None:
+      continue
+    others = [p for j, p in enumerate(ps) if j != i and p is not None and math.isfinite(p)]
+    v.p_level = ALPHA / (len(others) + 1 - sum(p < smallest for p in others))
+
+
+def _df_text(df: float) -> str:
+  return f"{df:.0f}" if float(df).is_integer() else f"{df:.1f}"
 
 
 def margin_of(reference: float | None) -> float | None:

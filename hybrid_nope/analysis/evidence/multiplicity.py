@@ -10,9 +10,13 @@ family, and the two one-sided tests (TOST) that turn "no effect" into a claim wi
   and effect < +margin) reject; its p is the larger of the two. Its size is at most α at the
   margin itself (|effect| = margin), whatever the SE.
 - `two_sided_p`: the ordinary t test of effect = 0, for the same (mean, SE, df).
+- `smallest_attainable_p`: an exact sign-flip permutation test over n paired seeds has 2^n
+  equally likely sign patterns, so its two-sided p is never below 2/2^n (5 seeds: 0.0625, above
+  5%): a test that cannot reach its level says so ("untestable"), not "inconclusive".
 
-All take an estimate, its standard error and Student-t degrees of freedom (seeds − 1 for a seed
-mean; np.inf for a normal reference), and accept numpy arrays elementwise.
+The t-based ones take an estimate, its standard error and Student-t degrees of freedom (seeds − 1
+for a seed mean, Satterthwaite's float for a seed × document error, np.inf for a normal
+reference), and accept numpy arrays elementwise.
 """
 from __future__ import annotations
 
@@ -73,3 +77,12 @@ def tost_p(mean, se, df, margin):
   below = scipy.stats.t.sf((mean + margin) / se, df)   # H0: effect ≤ −margin
   above = scipy.stats.t.cdf((mean - margin) / se, df)  # H0: effect ≥ +margin
   return _out(np.maximum(below, above))
+
+
+def smallest_attainable_p(n: int, zeros: int = 0) -> float:
+  """The smallest two-sided p of the exact sign-flip permutation test of a mean over n paired
+  differences, `zeros` of them exactly 0: the observed pattern and its mirror, times the 2^zeros
+  patterns that flip a zero, out of 2^n: min(1, 2^(zeros + 1) / 2^n)."""
+  if n < 0 or not 0 <= zeros <= n:
+    raise ValueError(f"n = {n!r}, zeros = {zeros!r}: need 0 ≤ zeros ≤ n")
+  return min(1.0, 2.0 ** (zeros + 1 - n))
