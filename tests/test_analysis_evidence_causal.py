@@ -34,7 +34,8 @@ def test_replicates_are_the_logit_gap_with_each_document_left_out():
     assert got[1 + d] == pytest.approx(want)
   diff = causal.difference_replicates(result)  # Signed by the clean gap (every layer alike).
   sign = np.sign(result["summary"][CLEAN]["logit_gap"])
-  assert diff[0] == pytest.approx(sign * result["summary"]["ablated_minus_control"]["logit_gap"])
+  assert diff[0] == pytest.approx(
+      sign * result["summary"][f"ablated_minus_{CONTROL}"]["logit_gap"])
 
 
 def _seeds(counts, rng, effect, seeds=5, sd_seed=0.004, sd_doc=0.02, sd_cell=0.01):
@@ -117,3 +118,77 @@ def test_a_read_out_that_favours_far_keys_is_signed_by_its_clean_gap(real_counts
   assert v.mean == pytest.approx(-0.05, abs=0.01)
   causal.findings.adjust([v])
   assert v.verdict == "reproduced"
+
+
+def _with_controls(result, **means_CN):
+  """`result` with more conditions' logit sums (per-document, per-head means at lag 1)."""
+  n_near = np.asarray(result["logit_sums"]["counts"]["near"])
+  for c, m_CN in means_CN.items():
+    result["logit_sums"][c] = {str(i): {"near": (np.asarray(m_CN) * n_near[:, None]).tolist(),
+                                        "far": np.zeros_like(m_CN).tolist()}
+                               for i in result["logit_sums"]["layers"]}
+  return result
+
+
+def test_an_older_file_is_compared_against_its_rotated_control(real_counts):
+  """Files written before the matched control carry the rotated one as "control": a config
+  whose seeds all have the matched control uses it; one seed without it sends every seed to the
+  rotated control (named in the row), never a mix."""
+  rng = np.random.default_rng(6)
+  seeds = _seeds(real_counts, rng, effect=-0.05, seeds=3)
+  c = real_counts.shape[1]
+  for r in seeds:  # The rotated control sits halfway: ablated − rotated = −0.025.
+    base = np.asarray(r["logit_sums"][CLEAN]["1"]["near"]) / real_counts[0][:, None]
+    abl = np.asarray(r["logit_sums"][ABLATED]["1"]["near"]) / real_counts[0][:, None]
+    _with_controls(r, rotated=(base + abl) / 2)
+  assert causal.control_for(seeds) == CONTROL
+  assert causal.verdict("swa16", seeds).mean == pytest.approx(-0.05, abs=0.01)
+  old = seeds[0]
+  old["logit_sums"]["control"] = old["logit_sums"].pop("rotated")
+  del old["logit_sums"][CONTROL]
+  assert causal.control_for(seeds) == "rotated" and causal.has(old, "rotated")
+  v = causal.verdict("swa16", seeds)
+  assert v.mean == pytest.approx(-0.025, abs=0.01) and "rotated control" in v.statistic
+  row = causal.row("swa16", seeds, v)
+  assert row["control"] == "rotated" and row["position"]["ablated_minus_noise"] is None
+  assert c > 0
+
+
+def test_seed_table_flags_a_layer_whose_clean_sign_flips_and_reports_both_signings(real_counts):
+  """Two layers: layer 1's clean logit gap is +0.1 at every seed, layer 3's flips sign across
+  seeds. The ablation moves each layer's gap by −0.05 (unsigned) against the matched control:
+  the unsigned per-seed value is −0.05; the signed one is −0.05 where the clean gap is positive
+  and +0.05 where it is negative; stable_sign is [True, False] and the row lists layer 3."""
+  rng = np.random.default_rng(7)
+  c = real_counts.shape[1]
+  results = []
+  for s, layer3 in enumerate((0.1, -0.1, 0.1)):
+    r = _seeds(real_counts, rng, effect=0.0, seeds=1, sd_seed=0, sd_doc=0, sd_cell=0)[0]
+    n = real_counts[0][:, None]
+    for cond, shift in ((CLEAN, 0.0), (CONTROL, 0.0), (ABLATED, -0.05)):
+      for layer, clean in (("1", 0.1), ("3", layer3)):
+        r["logit_sums"][cond][layer]["near"] = (np.full((c, HEADS), clean + shift) * n).tolist()
+    _with_controls(r, noise=np.full((c, HEADS), 0.02), other_row=np.full((c, HEADS), 0.07),
+                   rotated=np.full((c, HEADS), 0.1))
+    results.append(r)
+  table = causal.seed_table(results)
+  assert table["control"] == CONTROL and table["layers"] == [1, 3]
+  np.testing.assert_allclose(table["clean_logit_gap"], [[0.1] * 3, [0.1, -0.1, 0.1]])
+  assert table["stable_sign"] == [True, False]
+  np.testing.assert_allclose(table["ablated_minus_control"], [-0.05] * 3)
+  np.testing.assert_allclose(table["ablated_minus_control_signed"], [-0.05, 0.0, -0.05],
+                             atol=1e-12)
+  np.testing.assert_allclose(table["layer_ablated_minus_control_signed"],
+                             [[-0.05, -0.05, -0.05], [-0.05, 0.05, -0.05]])  # [layer][seed]
+  v = causal.verdict("x", results)
+  np.testing.assert_allclose(v.values, table["ablated_minus_control_signed"])
+  row = causal.row("x", results, v)
+  assert row["no_stable_sign"] == [3]
+  assert row["ablated_minus_control_unsigned"] == pytest.approx(-0.05)
+  assert [l["stable_sign"] for l in row["layers"]] == [True, False]
+  # Position: ablated (clean − 0.05 = 0.05 at layer 1, 0.05/−0.15 at 3) against the controls.
+  pos = row["position"]
+  assert pos["other_row_minus_noise"] == pytest.approx(0.05)
+  assert pos["ablated_minus_noise"] - pos["ablated_minus_other_row"] == pytest.approx(
+      pos["other_row_minus_noise"])
+  assert pos["other_row_matched_minus_noise_matched"] is None  # Not in these files.

@@ -1,50 +1,81 @@
 """The causal test of stage 3: do global NoPE layers read out the recency local layers plant?
 
 `python launch/analyze.py --workdir=DIR --ablate=local` (report.analyze calls `measure`) runs
-the probe and the eval rows through the trained model three times:
+the probe and the eval rows through the trained model under each condition (the interventions
+are controls.py's; every one replaces the mixer's branch output h at every local layer S, L, D
+and leaves padding as it is):
 
 - clean: no intervention (the analysis's own forward);
-- ablated: at every local layer (S, L, D) the mixer's branch output h_BTD is replaced by the
-  same vectors with their positions permuted at random within each document (padding stays):
-  every token's branch vector is kept, content and norm, but where it sits is random inside
-  its document, so the recency the branch carries is gone;
-- control: h + (h_perm − h) R with R a fixed Haar-random D x D rotation: the ablation's
-  perturbation, of the same norm at every token, turned into directions unrelated to position.
+- ablated: h permuted within each document: content and norms kept, position gone;
+- rotated: the first control, h + (h_π − h) R (R Haar); kept for old files, whose name for it
+  was "control". Its perturbation keeps ⟨h_t, h_s⟩ and so adds recency: not a null for position;
+- noise: i.i.d. Gaussian directions at the ablation's per-token norm: content and position gone;
+- other_row: another row's branch at the same positions (a fixed derangement of the forward's
+  rows) at the ablation's per-token norm: position kept, content gone;
+- noise_matched, other_row_matched: the same two, their dial λ bisected on the eval loss so that
+  each costs what the ablation costs (within controls.DAMAGE_TOLERANCE nats; `damage` records
+  λ, the loss reached and whether it matched). λ < 1 keeps (1 − λ) of h; λ > 1 scales the
+  target's norm up, so a matched control is damage-matched, the λ = 1 one norm-matched.
 
-One permutation (PERMUTATION_SEED, over the probe's documents, `probe.document_ids`) serves
-every local layer and R is drawn from ROTATION_SEED, so runs and checkpoints pair. Each
-condition is measured with the recency hook (its records at each global layer's normalised
-input: gap, logit gap and alignment) and scored by context position (`context_loss.
-evaluate_by_context`). Differences between conditions share the probe's documents, so their
-standard errors are paired over them (`recency.contrast_stderr`). Reading: the global layers
-read out the planted recency when ablated − clean logit gap is negative beyond control − clean
-(ablated − control, with its paired SE); docs/analysis.md lists every key.
+One permutation (PERMUTATION_SEED, over the probe's documents) serves every local layer, the
+noise and derangement are seeded, so runs and checkpoints pair. Each condition is measured with
+the recency hook at each global layer's normalised input (gap, logit gap, alignment) and scored
+by context position (`context_loss.evaluate_by_context`); every difference shares the probe's
+documents, so its standard error is paired over them (`recency.contrast_stderr`).
+
+Reading (docs/analysis.md lists every key):
+- the causal statistic is ablated − noise_matched (CONTROL): position removed against a
+  position-free intervention of the same damage. `logit_gap` is the raw (unsigned) change;
+  `logit_gap_signed` multiplies each layer's by the sign of its clean logit gap (negative: the
+  read-out shrinks toward 0 whichever way it pointed). Any destructive intervention shrinks a
+  read-out; the matched control's damage is the ablation's, so what is left is position.
+- what is specific to position: ablated − noise (both lose position; the ablation keeps content)
+  and ablated − other_row (the ablation keeps content, other_row keeps position). Their
+  difference, other_row − noise (`other_row_minus_noise`, and at matched damage
+  `other_row_matched_minus_noise_matched`), is what the branch's position alone is worth with
+  content gone in both: a read-out of planted recency shows a larger logit gap under other_row.
+- the controls' own effect on the global input's gap (`<control>_minus_clean.gap`): noise and
+  ablated both remove the branch's recency (both fall); rotated raises it (the flaw above);
+  other_row keeps it (≈ 0). A local layer's `mixer_gap` per condition is the branch's own
+  recency: ≈ 0 under ablated and noise, near clean under other_row.
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from hybrid_nope.analysis.checkpoint import controls
 from hybrid_nope.analysis.checkpoint.checkpoints import AnalysisError
+from hybrid_nope.analysis.checkpoint.controls import (  # noqa: F401  (the module's interface)
+    ABLATED, BOUNDARY, NOISE, OTHER_ROW, PERMUTATION_SEED, ROTATED, ROTATION_SEED, eval_apply,
+    for_condition, intervener, intervention_inputs, permutation_within_documents, rotation,
+    with_permutations)
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure import records as records_lib
 from hybrid_nope.model.pattern import KINDS, layer_kinds, layer_type
 
 ABLATE_CHOICES = ("local",)  # What --ablate may name: the local mixers' outputs.
-CLEAN, ABLATED, CONTROL = "clean", "ablated", "control"
-CONDITIONS = (CLEAN, ABLATED, CONTROL)
-DIFFERENCES = (("ablated_minus_clean", ABLATED, CLEAN), ("control_minus_clean", CONTROL, CLEAN),
-               ("ablated_minus_control", ABLATED, CONTROL))
-PERMUTATION_SEED = 1  # Not the shuffled-token control's (hook.SHUFFLE_SEED = 0).
-ROTATION_SEED = 2
-BOUNDARY = "mixer"          # Where the branch output is replaced.
+CLEAN = "clean"
+NOISE_MATCHED, OTHER_ROW_MATCHED = f"{NOISE}_matched", f"{OTHER_ROW}_matched"
+MATCHED = {NOISE_MATCHED: NOISE, OTHER_ROW_MATCHED: OTHER_ROW}  # Damage-matched: its target.
+ALL_CONDITIONS = (CLEAN, ABLATED, ROTATED, NOISE, OTHER_ROW, NOISE_MATCHED, OTHER_ROW_MATCHED)
+CONTROL = NOISE_MATCHED  # The causal verdict's control: position-free, damage-matched.
+CONDITIONS = (CLEAN, ABLATED, CONTROL)  # What the causal verdict reads (evidence/causal.py).
+LEGACY_CONTROL = "control"  # Old files' name for ROTATED.
+DIFFERENCES = tuple(
+    [(f"{c}_minus_{CLEAN}", c, CLEAN) for c in ALL_CONDITIONS[1:]]
+    + [(f"{ABLATED}_minus_{c}", ABLATED, c) for c in ALL_CONDITIONS[2:]]
+    + [(f"{OTHER_ROW}_minus_{NOISE}", OTHER_ROW, NOISE),  # Position alone, content gone in both.
+       (f"{OTHER_ROW_MATCHED}_minus_{NOISE_MATCHED}", OTHER_ROW_MATCHED, NOISE_MATCHED)])
 READ_AT = "pre_mixer_norm"  # Where a global layer's read-out is measured: its normalised input.
 LOSS_KEYS = ("loss", "loss_within", "loss_near", "loss_beyond")
+
+
+def target_of(condition: str) -> str:
+  """The controls.MODES target a condition uses (a matched one: its control's)."""
+  return MATCHED.get(condition, condition)
 
 
 # ---- which layers ------------------------------------------------------------------------------
@@ -65,76 +96,6 @@ def check(ablate: str, model_cfg) -> list[int]:
     raise AnalysisError(f"--ablate={ablate}: model.pattern={pattern!r} has no global layer (G) "
                         f"whose read-out the causal test measures")
   return local
-
-
-# ---- the interventions -------------------------------------------------------------------------
-
-def permutation_within_documents(doc_ids_BT: np.ndarray,
-                                 seed: int = PERMUTATION_SEED) -> np.ndarray:
-  """int32 [B, T]: for each position the position whose vector moves there, a random
-  permutation of each row's piece of each document (padding and every other token stay).
-  The shuffled-token control's permutation (`probe.shuffled_within_documents`) of the indices."""
-  doc_ids_BT = np.asarray(doc_ids_BT)
-  index_BT = np.broadcast_to(np.arange(doc_ids_BT.shape[1], dtype=np.int32), doc_ids_BT.shape)
-  return probe_lib.shuffled_within_documents(index_BT, doc_ids_BT, seed).astype(np.int32)
-
-
-def rotation(d_model: int, seed: int = ROTATION_SEED) -> np.ndarray:
-  """float32 [D, D]: a Haar-random orthogonal matrix (QR of a Gaussian, signs fixed)."""
-  q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((d_model, d_model)))
-  return (q * np.sign(np.diag(r))).astype(np.float32)
-
-
-def intervention_inputs(permutation_BT, rotation_DD, condition: str) -> dict:
-  """The traced arrays `intervene` reads: one compilation serves the ablation and its control."""
-  if condition not in (ABLATED, CONTROL):
-    raise ValueError(f"condition {condition!r}: expected {ABLATED!r} or {CONTROL!r}")
-  return {"permutation": jnp.asarray(permutation_BT, jnp.int32),
-          "rotation": jnp.asarray(rotation_DD, jnp.float32),
-          "replace": jnp.asarray(condition == ABLATED)}
-
-
-def _intervene(layers: frozenset, inputs: dict, layer: int, boundary: str, x_BTD):
-  if boundary != BOUNDARY or layer not in layers:
-    return x_BTD
-  rows = jnp.arange(x_BTD.shape[0])[:, None]
-  moved_BTD = x_BTD[rows, inputs["permutation"]]
-  step_BTD = jnp.einsum("btd,de->bte", moved_BTD.astype(jnp.float32) - x_BTD.astype(jnp.float32),
-                        inputs["rotation"], precision=jax.lax.Precision.HIGHEST)
-  control_BTD = (x_BTD.astype(jnp.float32) + step_BTD).astype(x_BTD.dtype)
-  return jnp.where(inputs["replace"], moved_BTD, control_BTD)
-
-
-@functools.lru_cache(maxsize=64)
-def intervener(layers: tuple[int, ...]) -> Callable:
-  """`intervene(inputs, layer, boundary, x_BTD) -> x_BTD` for `RecencyHook.sums`: at `layers`'
-  mixer boundary the branch output permuted (inputs["replace"]) or the control; elsewhere the
-  stream unchanged. One function per tuple of layers (the hook compiles once per function)."""
-  return functools.partial(_intervene, frozenset(layers))
-
-
-@functools.lru_cache(maxsize=16)
-def eval_apply(model_def, layers: tuple[int, ...], condition: str, d_model: int,
-               rotation_seed: int = ROTATION_SEED) -> Callable:
-  """`apply(params, batch) -> logits` under `condition`, reading the batch's "permutation"
-  (`context_loss.evaluate_by_context`'s apply; cached, so its compilation is reused)."""
-  intervene, rotation_DD = intervener(layers), rotation(d_model, rotation_seed)
-
-  def apply(params, batch):
-    inputs = intervention_inputs(batch["permutation"], rotation_DD, condition)
-    return model_def.bind(params)(batch["inputs"], positions_BT=batch["positions"],
-                                  segment_ids_BT=batch["segment_ids"],
-                                  observe=functools.partial(intervene, inputs))
-  return apply
-
-
-def with_permutations(batches: Sequence[dict], seed: int = PERMUTATION_SEED) -> list[dict]:
-  """The eval batches, each with its "permutation" within the documents of its rows."""
-  seg = np.concatenate([np.asarray(b["segment_ids"]) for b in batches])
-  pos = np.concatenate([np.asarray(b["positions"]) for b in batches])
-  perm_RT = permutation_within_documents(probe_lib.document_ids(seg, pos), seed)
-  splits = np.split(perm_RT, np.cumsum([len(b["segment_ids"]) for b in batches])[:-1])
-  return [{**b, "permutation": p} for b, p in zip(batches, splits)]
 
 
 # ---- statistics over per-cluster sums ----------------------------------------------------------
@@ -175,9 +136,10 @@ def _condition_fields(record: dict, sums: dict, layer: int, lags, far: int) -> d
 
 
 def _difference_fields(a: dict, b: dict, sums_a: dict, sums_b: dict, layer: int, lags,
-                       far: int) -> dict:
+                       far: int, clean_sign: float) -> dict:
   """a − b of every field, with standard errors paired over the probe's documents (the
-  alignment's with each condition's ‖M‖ ‖ΔG‖ held fixed, as in its record)."""
+  alignment's with each condition's ‖M‖ ‖ΔG‖ held fixed, as in its record);
+  `logit_gap_signed`: the head-mean change times `clean_sign` (the clean logit gap's sign)."""
   near_i, far_i = records_lib.near_far(lags, far)
   n = np.asarray(sums_a["counts"], np.float64)
   key = f"{layer}/{READ_AT}"
@@ -194,6 +156,7 @@ def _difference_fields(a: dict, b: dict, sums_a: dict, sums_b: dict, layer: int,
     out.update({
         "logit_gap": a["logit_gap"] - b["logit_gap"],
         "logit_gap_stderr": _se(terms(ones, ones, True)),
+        "logit_gap_signed": clean_sign * (a["logit_gap"] - b["logit_gap"]),
         "logit_gap_heads": list(np.subtract(a["logit_gap_heads"], b["logit_gap_heads"])),
         "logit_gap_heads_stderr": _se(terms(ones, ones, False)),
         "alignment": a["alignment"] - b["alignment"],
@@ -205,12 +168,14 @@ def _difference_fields(a: dict, b: dict, sums_a: dict, sums_b: dict, layer: int,
 
 def _summary(sums: dict, layers_out: list[dict], readout: list[int], lags, far: int) -> dict:
   """Means over global layers: the gap at their input, and over global NoPE layers and heads
-  the logit gap and alignment, per condition and difference (paired SEs over the layers'
-  shared documents)."""
+  the logit gap (unsigned, and signed per layer by its clean logit gap) and alignment, per
+  condition and difference (paired SEs over the layers' shared documents)."""
   keys = [f"{g['layer']}/{READ_AT}" for g in layers_out]
+  signs = {g["layer"]: float(np.sign(g[CLEAN]["logit_gap"])) for g in layers_out
+           if g["layer"] in readout}
   mean = lambda rows, key: float(np.mean([r[key] for r in rows])) if rows else None
   out = {}
-  for c in CONDITIONS:
+  for c in ALL_CONDITIONS:
     rows = [g[c] for g in layers_out]
     nope = [g[c] for g in layers_out if g["layer"] in readout]
     out[c] = {"gap": mean(rows, "gap"), "logit_gap": mean(nope, "logit_gap"),
@@ -220,12 +185,17 @@ def _summary(sums: dict, layers_out: list[dict], readout: list[int], lags, far: 
     nope = [g[name] for g in layers_out if g["layer"] in readout]
     gap_terms = (records_lib.mean_gap_terms(sums[a], keys, lags, far)
                  + records_lib.mean_gap_terms(sums[b], keys, lags, far, -1.0))
-    logit_terms = [t for layer in readout for s, sign in ((sums[a], 1.0), (sums[b], -1.0))
-                   for t in _logit_terms(s, layer, lags, far, np.ones(len(s[f"{layer}/m_norms"])),
-                                         sign / len(readout), True)]
+
+    def logit_terms(signed):
+      return [t for layer in readout for s, sign in ((sums[a], 1.0), (sums[b], -1.0))
+              for t in _logit_terms(s, layer, lags, far, np.ones(len(s[f"{layer}/m_norms"])),
+                                    sign * (signs[layer] if signed else 1.0) / len(readout),
+                                    True)]
     out[name] = {"gap": mean(rows, "gap"), "gap_stderr": records_lib.paired_stderr(gap_terms),
                  "logit_gap": mean(nope, "logit_gap"),
-                 "logit_gap_stderr": _se(logit_terms) if readout else None,
+                 "logit_gap_stderr": _se(logit_terms(False)) if readout else None,
+                 "logit_gap_signed": mean(nope, "logit_gap_signed"),
+                 "logit_gap_signed_stderr": _se(logit_terms(True)) if readout else None,
                  "alignment": mean(nope, "alignment")}
   return out
 
@@ -239,20 +209,52 @@ def _loss_delta(a: dict, b: dict) -> dict:
 
 # ---- the measurement ---------------------------------------------------------------------------
 
+def evaluate_conditions(eval_batches: Sequence[dict], evaluate: Callable, apply: Callable, *,
+                        permutation_seed: int = PERMUTATION_SEED,
+                        tolerance: float = controls.DAMAGE_TOLERANCE) -> tuple[dict, dict]:
+  """Every condition's loss by context position, the damage-matched ones' λ found by
+  `controls.match_damage` on the eval loss. Returns (evals by condition, damage: per matched
+  condition {"lam", "loss", "target", "matched", "trace", "tolerance"}; every condition's λ is
+  in "lams")."""
+  moved = with_permutations(eval_batches, permutation_seed)
+  run = lambda c, lam=1.0: evaluate(for_condition(moved, c, lam), apply)
+  evals = {CLEAN: evaluate(list(eval_batches), None)}
+  evals.update({c: run(c) for c in (ABLATED, ROTATED, NOISE, OTHER_ROW)})
+  damage = {}
+  for name, c in MATCHED.items():
+    seen = {1.0: evals[c]}
+
+    def loss_at(lam, c=c, seen=seen):
+      seen[lam] = run(c, lam)
+      return seen[lam]["loss"]
+    found = controls.match_damage(loss_at, evals[ABLATED]["loss"], tolerance=tolerance,
+                                  known={1.0: evals[c]["loss"]})
+    evals[name] = seen[found["lam"]]
+    damage[name] = {**found, "tolerance": float(tolerance)}
+  damage["lams"] = {c: (damage[c]["lam"] if c in MATCHED else 1.0) for c in ALL_CONDITIONS[1:]}
+  return evals, damage
+
+
 def measure(hook, params, eval_batches: Sequence[dict], evaluate: Callable, *, step: int,
             layers: Sequence[int], permutation_seed: int = PERMUTATION_SEED,
             rotation_seed: int = ROTATION_SEED) -> dict:
-  """The three conditions on `hook`'s probe (`RecencyHook`) and on `eval_batches`;
-  `evaluate(batches, apply)`: loss by context position (`context_loss.evaluate_by_context` with
-  its model, params and buckets; apply None = the clean forward). `layers`: the local layers
-  ablated (`check`). Returns the dict ablation_T<T>.json holds (docs/analysis.md)."""
+  """Every condition (module docstring) on `hook`'s probe (`RecencyHook`) and on
+  `eval_batches`; `evaluate(batches, apply)`: loss by context position
+  (`context_loss.evaluate_by_context` with its model, params and buckets; apply None = the
+  clean forward). `layers`: the local layers ablated (`check`). The eval losses come first: the
+  matched controls' λ is found on them, then used on the probe. Returns the dict
+  ablation_T<T>.json holds (docs/analysis.md)."""
   layers = tuple(sorted(int(i) for i in layers))
+  apply = eval_apply(hook.model_def, layers, hook.d_model, rotation_seed)
+  evals, damage = evaluate_conditions(eval_batches, evaluate, apply,
+                                      permutation_seed=permutation_seed)
   permutation_BT = permutation_within_documents(hook.doc_ids_BT, permutation_seed)
+  in_document_BT = np.asarray(hook.doc_ids_BT) != probe_lib.NOT_A_DOCUMENT
   rotation_DD = rotation(hook.d_model, rotation_seed)
   sums = {CLEAN: hook.sums(params)}
-  for c in (ABLATED, CONTROL):
-    sums[c] = hook.sums(params, intervener(layers),
-                        intervention_inputs(permutation_BT, rotation_DD, c))
+  for c in ALL_CONDITIONS[1:]:
+    sums[c] = hook.sums(params, intervener(layers), intervention_inputs(
+        permutation_BT, in_document_BT, rotation_DD, target_of(c), damage["lams"][c]))
   records = {c: {(r["layer"], r["module"]): r
                  for r in hook.build_records(step, s, data_control=False)}
              for c, s in sums.items()}
@@ -260,25 +262,23 @@ def measure(hook, params, eval_batches: Sequence[dict], evaluate: Callable, *, s
   globals_out = []
   for layer in [i for i, k in enumerate(hook.kinds) if k == "G"]:
     fields = {c: _condition_fields(records[c][(layer, READ_AT)], sums[c], layer, lags, far)
-              for c in CONDITIONS}
+              for c in ALL_CONDITIONS}
+    sign = float(np.sign(fields[CLEAN].get("logit_gap", 0.0)))
     globals_out.append({"layer": layer, "layer_type": layer_type("G"),
                         "nope": layer in hook.readout_layers, **fields,
                         **{name: _difference_fields(fields[a], fields[b], sums[a], sums[b],
-                                                    layer, lags, far)
+                                                    layer, lags, far, sign)
                            for name, a, b in DIFFERENCES}})
   local_out = [{"layer": i, "layer_type": layer_type(hook.kinds[i]),
                 # The branch's own recency (its output's cosine gap): gone when ablated.
-                "mixer_gap": {c: records[c][(i, BOUNDARY)]["gap"] for c in CONDITIONS},
+                "mixer_gap": {c: records[c][(i, BOUNDARY)]["gap"] for c in ALL_CONDITIONS},
                 "mixer_gap_stderr": {c: records[c][(i, BOUNDARY)]["gap_stderr"]
-                                     for c in CONDITIONS}} for i in layers]
-  moved = with_permutations(eval_batches, permutation_seed)
-  d_model, model_def = hook.d_model, hook.model_def
-  evals = {CLEAN: evaluate(list(eval_batches), None),
-           **{c: evaluate(moved, eval_apply(model_def, layers, c, d_model, rotation_seed))
-              for c in (ABLATED, CONTROL)}}
+                                     for c in ALL_CONDITIONS}} for i in layers]
   return {"step": int(step), "seq_len": int(hook.probe["inputs"].shape[1]), "ablate": "local",
-          "conditions": list(CONDITIONS), "far_lag": int(far), "lags": list(lags),
-          "permutation_seed": int(permutation_seed), "rotation_seed": int(rotation_seed),
+          "conditions": list(ALL_CONDITIONS), "control": CONTROL, "far_lag": int(far),
+          "lags": list(lags), "permutation_seed": int(permutation_seed),
+          "rotation_seed": int(rotation_seed), "noise_seed": controls.NOISE_SEED,
+          "derangement_seed": controls.DERANGEMENT_SEED, "damage": damage,
           "local_layers": local_out, "global_layers": globals_out,
           "summary": _summary(sums, globals_out, sorted(hook.readout_layers), lags, far),
           "eval": evals,
@@ -297,34 +297,46 @@ def logit_sums(sums: dict, readout: Sequence[int], lags, far: int) -> dict:
           "layers": [int(i) for i in readout],
           **{c: {str(i): {"near": np.asarray(sums[c][f"{i}/logit"], np.float64)[near_i].tolist(),
                           "far": np.asarray(sums[c][f"{i}/logit"], np.float64)[far_i].tolist()}
-                 for i in readout} for c in CONDITIONS}}
+                 for i in readout} for c in sums}}
 
 
 def summary_lines(result: dict) -> list[str]:
-  """A line per global layer (and one for the loss) for the terminal."""
+  """A line per global layer and control (and the losses) for the terminal."""
   def fmt(value, spec="+.4f"):
     return "—" if value is None else format(value, spec)
 
+  control = result.get("control", LEGACY_CONTROL)
+  controls_ = [c for c in result["conditions"] if c not in (CLEAN, ABLATED)]
   locals_ = ", ".join(f"{r['layer']} {r['layer_type']}" for r in result["local_layers"])
   lines = [f"ablation (--ablate=local) of the mixers of layers {locals_} at seq_len "
-           f"{result['seq_len']} (permutation seed {result['permutation_seed']}, rotation "
-           f"seed {result['rotation_seed']}); differences ± paired SE over "
+           f"{result['seq_len']} (permutation seed {result['permutation_seed']}); the causal "
+           f"statistic is ablated − {control}; differences ± paired SE over "
            f"{result['probe']['documents']} documents:"]
   for g in result["global_layers"]:
-    ab, co, ac = (g[name] for name, _, _ in DIFFERENCES)
+    ab = g[f"{ABLATED}_minus_{CLEAN}"]
     text = (f"  layer {g['layer']} global: gap at input {fmt(g[CLEAN]['gap'], '.4f')}, "
-            f"ablated − clean {fmt(ab['gap'])} ± {fmt(ab['gap_stderr'], '.4f')}, control − "
-            f"clean {fmt(co['gap'])} ± {fmt(co['gap_stderr'], '.4f')}")
+            f"ablated − clean {fmt(ab['gap'])} ± {fmt(ab['gap_stderr'], '.4f')}")
     if g["nope"]:
+      ac = g[f"{ABLATED}_minus_{control}"]
       text += (f" | logit gap {fmt(g[CLEAN]['logit_gap'])}, ablated − clean "
-               f"{fmt(ab['logit_gap'])} ± {fmt(ab['logit_gap_stderr'], '.4f')}, control − clean "
-               f"{fmt(co['logit_gap'])} ± {fmt(co['logit_gap_stderr'], '.4f')}, ablated − "
-               f"control {fmt(ac['logit_gap'])} ± {fmt(ac['logit_gap_stderr'], '.4f')} | "
-               f"alignment {fmt(g[CLEAN]['alignment'])} -> {fmt(g[ABLATED]['alignment'])} "
-               f"(ablated), {fmt(g[CONTROL]['alignment'])} (control)")
+               f"{fmt(ab['logit_gap'])} ± {fmt(ab['logit_gap_stderr'], '.4f')}, ablated − "
+               f"{control} {fmt(ac['logit_gap'])} ± {fmt(ac['logit_gap_stderr'], '.4f')} "
+               f"(signed by the clean gap {fmt(ac.get('logit_gap_signed'))})")
     lines.append(text)
-  ev, delta = result["eval"], result["loss_delta"]
-  lines.append(f"  eval loss {ev[CLEAN]['loss']:.4f} clean, ablated − clean "
-               f"{fmt(delta['ablated_minus_clean']['loss'])}, control − clean "
-               f"{fmt(delta['control_minus_clean']['loss'])}")
+    for c in controls_:
+      co, ac = g[f"{c}_minus_{CLEAN}"], g[f"{ABLATED}_minus_{c}"]
+      text = (f"    {c:<17} − clean: gap {fmt(co['gap'])} ± {fmt(co['gap_stderr'], '.4f')}")
+      if g["nope"]:
+        text += (f", logit gap {fmt(co['logit_gap'])} ± {fmt(co['logit_gap_stderr'], '.4f')}"
+                 f"; ablated − {c}: logit gap {fmt(ac['logit_gap'])} ± "
+                 f"{fmt(ac['logit_gap_stderr'], '.4f')}")
+      lines.append(text)
+  ev = result["eval"]
+  damage = result.get("damage", {})
+  losses = ", ".join(
+      f"{c} {ev[c]['loss']:.4f}" + (f" (λ {damage[c]['lam']:.3f}"
+                                    f"{'' if damage[c]['matched'] else ', not matched'})"
+                                    if c in damage else "")
+      for c in result["conditions"])
+  lines.append(f"  eval loss: {losses}")
   return lines

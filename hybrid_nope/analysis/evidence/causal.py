@@ -3,14 +3,24 @@ layers plant? One verdict per config, from each run's ablation_T<T>.json (`analy
 --ablate=local`, analysis/checkpoint/ablation.py).
 
 Per seed the statistic is the ablated − control logit gap of each global NoPE layer (head mean),
-signed by the layer's clean logit gap and averaged over the layers: the change in the read-out
-when the local branches keep their vectors and norms but lose their positions, beyond an
-equal-norm perturbation in rotated directions, negative where the read-out shrinks toward 0
-whichever way it pointed (a trained layer may favour far keys: prose swa16's last). It is built
-from the file's per-document sums (`logit_sums`), so its error has the seed and the document
-level (`two_level.combine`, the probe's documents shared by every seed). The claim says it is
-negative; its margin is `findings.MARGIN_FRACTION` of the clean |logit gap| (the read-out the
-ablation should remove), fixed before the ablated numbers are read.
+signed by the layer's clean logit gap and averaged over the layers. The control is the
+damage-matched, position-free one (ablation.CONTROL, noise_matched: i.i.d. noise at the
+ablation's per-token norm, its dial set so its eval loss is the ablation's): any destructive
+intervention shrinks a read-out toward 0, and the signed statistic reads shrinkage, so only a
+control of the same damage makes what is left position. Files written before that control
+existed carry the rotated one (their "control"); a config is compared against the matched
+control only when every seed has it, otherwise against the rotated one for all seeds (`row`'s
+"control" names it). The statistic is built from the file's per-document sums (`logit_sums`),
+so its error has the seed and the document level (`two_level.combine`, the probe's documents
+shared by every seed). The claim says it is negative; its margin is `findings.MARGIN_FRACTION`
+of the clean |logit gap| (the read-out the ablation should remove), fixed before the ablated
+numbers are read.
+
+Beside it: the same difference unsigned, per layer and in the mean; `seed_table`'s per-layer clean
+logit gaps with `stable_sign` (False where a layer's clean logit gap changes sign across seeds:
+its signed effect mixes directions and should be read unsigned); and the position-specific
+read-out (ablated − noise, ablated − other_row, and their difference other_row − noise: both
+without content, only other_row with position, so what position alone is worth).
 """
 from __future__ import annotations
 
@@ -18,24 +28,49 @@ from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONTROL
+from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONTROL, LEGACY_CONTROL,
+                                                      NOISE, NOISE_MATCHED, OTHER_ROW,
+                                                      OTHER_ROW_MATCHED, ROTATED)
 from hybrid_nope.analysis.evidence import findings, two_level
 from hybrid_nope.analysis.evidence.findings import Verdict
 
 FINDING = "global NoPE layers read out the planted recency (causal: local branches ablated)"
-STATISTIC = ("ablated − control logit gap at the final checkpoint, each global NoPE layer's signed "
-             "by its clean logit gap (negative: the read-out shrinks), mean over layers and heads")
-NULL = ("removing position from the local branches changes the read-out no more than an "
-        "equal-norm rotated perturbation")
+STATISTIC = ("ablated − damage-matched noise control logit gap at the final checkpoint, each "
+             "global NoPE layer's signed by its clean logit gap (negative: the read-out "
+             "shrinks), mean over layers and heads")
+NULL = ("removing position from the local branches changes the read-out no more than "
+        "position-free noise in their place at the same eval loss")
 MARGIN_RULE = "a tenth of the clean logit gap's size (the read-out the ablation should remove)"
+# The position-specific read-out: name -> (a, b) of a − b on the head/layer-mean logit gap.
+POSITION = {"ablated_minus_noise": (ABLATED, NOISE),
+            "ablated_minus_other_row": (ABLATED, OTHER_ROW),
+            "other_row_minus_noise": (OTHER_ROW, NOISE),
+            "other_row_matched_minus_noise_matched": (OTHER_ROW_MATCHED, NOISE_MATCHED)}
+
+
+def _key(result: dict, condition: str) -> str | None:
+  """Where `condition`'s sums are in this file (ROTATED is LEGACY_CONTROL in old files)."""
+  sums = result["logit_sums"]
+  if condition in sums:
+    return condition
+  if condition == ROTATED and LEGACY_CONTROL in sums:
+    return LEGACY_CONTROL
+  return None
+
+
+def has(result: dict, condition: str) -> bool:
+  return _key(result, condition) is not None
 
 
 def _layer_replicates(result: dict, condition: str, layer: int) -> np.ndarray:
   """[C + 1]: one global NoPE layer's head-mean logit gap under `condition` on all of the
   probe's documents, then with each document left out (`two_level.leave_one_out`)."""
   sums, counts = result["logit_sums"], result["logit_sums"]["counts"]
-  near_CN, far_CN = (np.asarray(sums[condition][str(layer)][k], np.float64)
-                     for k in ("near", "far"))
+  key = _key(result, condition)
+  if key is None:
+    raise KeyError(f"condition {condition!r} is not in this ablation file (it has "
+                   f"{sorted(k for k in sums if k not in ('counts', 'layers'))})")
+  near_CN, far_CN = (np.asarray(sums[key][str(layer)][k], np.float64) for k in ("near", "far"))
   return (two_level.leave_one_out(near_CN.T, counts["near"])
           - two_level.leave_one_out(far_CN.T, counts["far"])).mean(0)
 
@@ -52,16 +87,34 @@ def read_out_size(result: dict) -> float:
                         for layer in result["logit_sums"]["layers"]]))
 
 
-def difference_replicates(result: dict, a: str = ABLATED, b: str = CONTROL) -> np.ndarray:
-  """[C + 1]: condition a − condition b per global NoPE layer, signed by that layer's clean
-  logit gap (a read-out may favour recent or far keys; removing what it reads moves it toward
-  0 either way), averaged over the layers; paired by document."""
-  per_layer = []
+def layer_differences(result: dict, a: str, b: str, signed: bool = True) -> np.ndarray:
+  """[layers, C + 1]: condition a − b per global NoPE layer (head mean), each signed by that
+  layer's clean logit gap when `signed`; paired by document."""
+  out = []
   for layer in result["logit_sums"]["layers"]:
-    sign = np.sign(_layer_replicates(result, CLEAN, layer)[0])
-    per_layer.append(sign * (_layer_replicates(result, a, layer)
-                             - _layer_replicates(result, b, layer)))
-  return np.mean(per_layer, axis=0)
+    sign = np.sign(_layer_replicates(result, CLEAN, layer)[0]) if signed else 1.0
+    out.append(sign * (_layer_replicates(result, a, layer) - _layer_replicates(result, b, layer)))
+  return np.asarray(out)
+
+
+def difference_replicates(result: dict, a: str = ABLATED, b: str = CONTROL,
+                          signed: bool = True) -> np.ndarray:
+  """[C + 1]: condition a − b per global NoPE layer, signed by that layer's clean logit gap
+  (a read-out may favour recent or far keys; removing what it reads moves it toward 0 either
+  way) unless `signed` is False, averaged over the layers; paired by document."""
+  return layer_differences(result, a, b, signed).mean(0)
+
+
+def _usable(results: Sequence[dict]) -> list[dict]:
+  return [r for r in results if r is not None and "logit_sums" in r
+          and r["logit_sums"]["layers"]]
+
+
+def control_for(results: Sequence[dict]) -> str:
+  """The control a config's seeds are compared against: CONTROL (damage-matched noise) when
+  every seed's file has it, else the rotated control of older files."""
+  results = _usable(results)
+  return CONTROL if results and all(has(r, CONTROL) for r in results) else ROTATED
 
 
 def _same_probe(results: Sequence[dict], name: str) -> None:
@@ -71,39 +124,99 @@ def _same_probe(results: Sequence[dict], name: str) -> None:
                      f"far lags; documents cannot pair across them")
 
 
+def seed_table(results: Sequence[dict]) -> dict:
+  """One config's seeds side by side: per global NoPE layer its clean logit gap per seed and
+  `stable_sign` (the same nonzero sign at every seed); per seed the verdict's value (ablated −
+  control, signed) and the same unsigned, on the head/layer-mean logit gap, and per layer the
+  signed and unsigned ablated − control per seed ([layer][seed], as clean_logit_gap).
+  `control`: the control used."""
+  results = _usable(results)
+  if not results:
+    return {"control": None, "layers": [], "clean_logit_gap": [], "stable_sign": [],
+            "ablated_minus_control": [], "ablated_minus_control_signed": [],
+            "layer_ablated_minus_control": [], "layer_ablated_minus_control_signed": []}
+  control = control_for(results)
+  layers = [int(i) for i in results[0]["logit_sums"]["layers"]]
+  if any([int(i) for i in r["logit_sums"]["layers"]] != layers for r in results):
+    raise ValueError("the seeds' ablation files read out different global NoPE layers")
+  clean = [[float(_layer_replicates(r, CLEAN, layer)[0]) for r in results] for layer in layers]
+  per_layer = {s: [layer_differences(r, ABLATED, control, s)[:, 0] for r in results]
+               for s in (False, True)}
+  return {"control": control, "layers": layers, "clean_logit_gap": clean,
+          "stable_sign": [bool(len({np.sign(g) for g in gaps}) == 1 and gaps[0] != 0)
+                          for gaps in clean],
+          "ablated_minus_control": [float(np.mean(d)) for d in per_layer[False]],
+          "ablated_minus_control_signed": [float(np.mean(d)) for d in per_layer[True]],
+          "layer_ablated_minus_control": np.transpose(per_layer[False]).tolist(),
+          "layer_ablated_minus_control_signed": np.transpose(per_layer[True]).tolist()}
+
+
 def verdict(config: str, results: Sequence[dict]) -> Verdict:
   """The config's causal verdict over its seeds' ablation results (one per seed)."""
-  results = [r for r in results if r is not None and "logit_sums" in r
-             and r["logit_sums"]["layers"]]
+  results = _usable(results)
   if results:
     _same_probe(results, config)
-  diffs = [difference_replicates(r) for r in results]
+  control = control_for(results)
+  diffs = [difference_replicates(r, ABLATED, control) for r in results]
   clean = [read_out_size(r) for r in results]
   estimate = two_level.combine(diffs) if len(diffs) >= 2 else None
-  return Verdict(f"{config}: {FINDING}", STATISTIC, NULL, [float(d[0]) for d in diffs], sign=-1,
-                 margin=findings.MARGIN_FRACTION * float(np.mean(clean)) if clean else None,
-                 margin_rule=MARGIN_RULE, estimate=estimate)
+  statistic = STATISTIC if control == CONTROL else STATISTIC.replace(
+      "damage-matched noise control", "rotated control (files older than the matched one)")
+  return Verdict(f"{config}: {FINDING}", statistic, NULL, [float(d[0]) for d in diffs],
+                 sign=-1, margin=findings.MARGIN_FRACTION * float(np.mean(clean)) if clean
+                 else None, margin_rule=MARGIN_RULE, estimate=estimate)
 
 
-def loss_change(results: Sequence[dict], key: str = "loss") -> list[float]:
-  """Per seed: ablated − control eval loss (`key`: loss, loss_within, loss_near or
-  loss_beyond), the cost in prediction of removing the planted position."""
-  return [r["loss_delta"]["ablated_minus_control"][key] for r in results
-          if r is not None and r["loss_delta"]["ablated_minus_control"][key] is not None]
+def loss_change(results: Sequence[dict], key: str = "loss", name: str | None = None
+                ) -> list[float]:
+  """Per seed: a loss difference (`name`, default ablated − the config's control;
+  `key`: loss, loss_within, loss_near or loss_beyond). Against the matched control it is ≈ 0
+  by construction (within the matching tolerance); ablated_minus_clean is the ablation's cost."""
+  results = [r for r in results if r is not None]
+  if name is None:
+    control = control_for(results)
+    name = f"{ABLATED}_minus_{control}"
+  out = []
+  for r in results:
+    delta = r["loss_delta"].get(name)
+    if delta is None and name.startswith(f"{ABLATED}_minus_") and name != f"{ABLATED}_minus_{CLEAN}":
+      delta = r["loss_delta"].get(f"{ABLATED}_minus_{LEGACY_CONTROL}")  # An older file's.
+    if delta is not None and delta[key] is not None:
+      out.append(delta[key])
+  return out
 
 
 def row(config: str, results: Sequence[dict], v: Verdict) -> dict:
-  """The page's numbers for one config: seeds, the clean read-out's size, each difference's seed
-  mean (signed as the verdict's statistic), and the loss change (seed mean, seed SE)."""
-  results = [r for r in results if r is not None and "logit_sums" in r
-             and r["logit_sums"]["layers"]]
+  """The page's numbers for one config: seeds, the control used, the clean read-out's size, each
+  difference's seed mean (signed as the verdict's statistic, and unsigned), per layer its clean
+  logit gap, stable_sign and effects, the position-specific differences (unsigned; None where
+  the files lack those controls), and the loss changes (seed mean, seed SE)."""
+  results = _usable(results)
+  control = control_for(results)
   mean = lambda xs: float(np.mean(xs)) if len(xs) else None
   se = lambda xs: float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) >= 2 else None
-  signed = lambda a, b: mean([float(difference_replicates(r, a, b)[0]) for r in results])
+  diff = lambda a, b, s=True: (mean([float(difference_replicates(r, a, b, s)[0])
+                                     for r in results])
+                               if results and all(has(r, a) and has(r, b) for r in results)
+                               else None)
+  table = seed_table(results)
   losses = loss_change(results)
-  return {"config": config, "seeds": len(results),
+  cost = loss_change(results, name=f"{ABLATED}_minus_{CLEAN}")
+  layers = [{"layer": layer, "clean": mean(gaps), "stable_sign": stable,
+             "ablated_minus_control": mean(unsigned), "ablated_minus_control_signed": mean(signed)}
+            for layer, gaps, stable, unsigned, signed in zip(
+                table["layers"], table["clean_logit_gap"], table["stable_sign"],
+                table["layer_ablated_minus_control"], table["layer_ablated_minus_control_signed"])]
+  return {"config": config, "seeds": len(results), "control": control,
           "clean": mean([read_out_size(r) for r in results]),
-          "ablated_minus_clean": signed(ABLATED, CLEAN),
-          "control_minus_clean": signed(CONTROL, CLEAN),
+          "ablated_minus_clean": diff(ABLATED, CLEAN),
+          "control_minus_clean": diff(control, CLEAN),
           "ablated_minus_control": v.mean, "se": v.se,
-          "loss": mean(losses), "loss_se": se(losses), "verdict": v}
+          "ablated_minus_control_unsigned": diff(ABLATED, control, False),
+          "ablated_minus_control_unsigned_se": se(table["ablated_minus_control"]),
+          "layers": layers,
+          "no_stable_sign": [r["layer"] for r in layers if not r["stable_sign"]],
+          "position": {name: diff(a, b, False) for name, (a, b) in POSITION.items()},
+          "loss": mean(losses), "loss_se": se(losses),
+          "loss_ablated_minus_clean": mean(cost), "loss_ablated_minus_clean_se": se(cost),
+          "verdict": v}
