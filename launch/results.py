@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from hybrid_nope.analysis.evidence import results_page  # noqa: E402
+from hybrid_nope.analysis.evidence import primary, results_page  # noqa: E402
 
 flags.DEFINE_multi_string(
     "corpus", ["stdlib=docs/results/runs,docs/results/runs_v2",
@@ -22,6 +22,8 @@ flags.DEFINE_multi_string(
     "NAME=DIR[,DIR...]: a corpus and its records dirs of <experiment>/seed<k>.tar.gz packs.")
 flags.DEFINE_string("out", "docs/results.md", "The page to write.")
 flags.DEFINE_string("figures_dir", "docs/results", "Where the sweep figures go; '' = none.")
+flags.DEFINE_string("primary", primary.DEFAULT_PATH, "The registered primary family, decided "
+                    "first from its own runs; '' = a page of exploratory sweeps only.")
 flags.DEFINE_string("intro", "docs/results_intro.md", "The page's fixed text ({commit} filled).")
 
 
@@ -30,10 +32,14 @@ def main(argv):
   f = flags.FLAGS
   with open(f.intro) as intro:
     result = results_page.build(results_page.parse_corpora(f.corpus), f.out,
-                                f.figures_dir or None, intro.read())
+                                f.figures_dir or None, intro.read(),
+                                primary.load(f.primary) if f.primary else None)
   for name, corpus in result["corpora"].items():
     for v in corpus["verdicts"] + corpus["causal"]:
       print(f"{name:>7} {v['verdict']:>12}  {v['finding']}")
+  for name, rows in result["primary"].items():
+    for v in rows:
+      print(f"{name:>7} {v['verdict']:>12}  (primary) {v['finding']}")
   print(f"wrote {f.out}")
 
 

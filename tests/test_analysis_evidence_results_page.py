@@ -1,6 +1,7 @@
 """docs/results.md regenerates from packed records alone: packs in, page out, numbers from the
 records and their per-document sums, verdicts only where the seeds exist, every row with its
-margin and its raw and Holm-adjusted p."""
+margin and its raw and adjusted p: Holm inside the registered primary family, which the page
+decides first from its own runs, Benjamini–Hochberg q-values on every exploratory row."""
 import json
 import os
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope import sweep
-from hybrid_nope.analysis.evidence import results_page
+from hybrid_nope.analysis.evidence import multiplicity, primary, results_page
 from tests.measured_runs import measured_run
 
 
@@ -56,7 +57,7 @@ def test_page_is_built_from_the_packs_alone(packs, tmp_path):
   line = next(l for l in text.splitlines() if l.startswith(
       "| swa16: recency strengthens with training |"))
   assert "(10% of swa16's local mixer raise of the gap)" in line and " / " in line
-  assert "One family of" in text and "Holm-adjusted" in text
+  assert "Exploratory" in text and "Benjamini–Hochberg q-values" in text
   # The window claims need swa256 seeds: not listed until those runs exist.
   assert not any("swa256" in f or "smaller windows" in f for f in found)
 
@@ -121,7 +122,7 @@ def test_two_corpora_with_causal_tests_and_where_they_agree(tmp_path):
   result = results_page.build(list(dirs.items()), out, None, "# Results")
   text = open(out).read()
   assert "## Python stdlib source (configs/small.py)" in text
-  assert "## English prose: the King James Version (configs/small_prose.py)" in text
+  assert "## " + results_page.CORPUS_TITLES["prose"] in text
   assert "### The causal test: local branches ablated" in text
   (stdlib,), (prose,) = (result["corpora"][c]["causal"] for c in ("stdlib", "prose"))
   assert stdlib["finding"] == prose["finding"] == ("swa16: global NoPE layers read out the "
@@ -131,7 +132,7 @@ def test_two_corpora_with_causal_tests_and_where_they_agree(tmp_path):
   assert abs(prose["mean"]) < 0.01 and prose["verdict"] != "reproduced"
   family = sum(len(c["verdicts"]) + len(c["mixers"]) + len(c["causal"])
                for c in result["corpora"].values())
-  assert f"One family of {family} tests over the page" in text
+  assert f"{family} tests over the page's exploratory sections" in text
   agree = text[text.index("## Where the corpora agree"):]
   row = next(l for l in agree.splitlines() if l.startswith("| swa16: global NoPE layers"))
   assert row.endswith("| no |")
@@ -145,3 +146,40 @@ def test_two_corpora_with_causal_tests_and_where_they_agree(tmp_path):
         if not row.startswith("|"):
           break
         assert row.replace("\\|", "").count("|") == cells, row
+
+
+def test_the_primary_family_is_decided_first_from_its_own_runs(packs, tmp_path):
+  """A registry whose stdlib runs are swa64 and nope packs: its claims are rows of their own,
+  Holm-adjusted inside the family alone; the exploratory sweep keeps its q-values; a registry
+  that is not committed is said to be unregistered."""
+  records, _ = packs
+  primary_records = tmp_path / "primary"
+  for experiment, pattern, gaps in (("swa64", "SG", (0.05, 0.3)), ("nope", "G", (0.02, 0.1))):
+    for seed in range(3):
+      workdir = measured_run(str(tmp_path / "primary_runs"), f"{experiment}_{seed}",
+                             pattern=pattern, seed=seed, gaps=gaps)
+      sweep.pack_records(workdir, str(primary_records / experiment / f"seed{seed}.tar.gz"))
+  with open(primary.DEFAULT_PATH) as f:
+    text = f.read().replace('records_dir = "docs/results/primary/stdlib"',
+                            f'records_dir = "{primary_records}"')
+  registry_path = tmp_path / "primary.toml"
+  registry_path.write_text(text)
+  registry = primary.load(str(registry_path))
+  out = str(tmp_path / "results.md")
+  result = results_page.build(records, out, None, "# Results", registry)
+  page = open(out).read()
+  assert page.index("## The primary family (registered)") < page.index("## Exploratory")
+  assert "is not committed: these claims are not registered" in page
+  assert "Runs: 6 of 32 registered" in page and "swa64 ×3, nope ×3, swa512 ×0, nopeswa512 ×0" in page
+  rows = {r["claim"]: r for r in result["primary"]["stdlib"]}
+  assert set(rows) == {c.id for c in registry.claims}
+  grow = rows["strengthens_with_training"]
+  assert grow["n_seeds"] == 3 and grow["mean"] == pytest.approx(0.25, abs=0.01)
+  assert grow["margin"] == 0.005 and grow["verdict"] == "reproduced"
+  decided = [r for r in result["primary"]["stdlib"]]
+  assert [r["p_holm"] for r in decided] == multiplicity.holm([r["p"] for r in decided])
+  assert rows["smaller_window_lower_loss"]["n_seeds"] == 0  # swa512 not run yet
+  assert result["primary"]["prose"] and all(r["n_seeds"] == 0 for r in result["primary"]["prose"])
+  line = next(l for l in page.splitlines() if l.startswith(
+      "| Recency at the global layers' input strengthens with training |"))
+  assert "±0.005 cosine" in line and "**reproduced**" in line

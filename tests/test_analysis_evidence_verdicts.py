@@ -65,3 +65,17 @@ def test_with_null_is_welch_satterthwaite():
   assert out.mean == pytest.approx(0.5) and out.se == pytest.approx(np.sqrt(a + b))
   assert out.df == int((a + b) ** 2 / (a ** 2 / 4 + b ** 2 / 8))
   assert verdicts.with_null(est, [], {"mean": 0, "sd": None, "draws": 0}) is None
+
+
+def test_norm_rows_take_their_margin_from_what_a_norm_can_move(table):
+  """The norms' rows are measured against the floor and gap of the streams they read (0.1 and
+  0.3 + the local raise at residual_1 in these runs), not against the local mixer's raise."""
+  found, _ = table
+  floor_row = found["swa16: norms lower the floor"]
+  gap_row = found["swa16: norms raise the gap"]
+  assert floor_row.margin == pytest.approx(0.1 * 0.1, rel=0.1)
+  # Inputs: 'input' has gap 0.3 at every layer; 'residual_1' 0.3 + 0.2 at the 2 local layers.
+  assert gap_row.margin == pytest.approx(0.1 * (0.3 + 0.3 + 0.1) / 2, rel=0.05)
+  assert "what a norm can move" in floor_row.margin_rule
+  mixer_row = found["swa16: the local mixer raises the gap most"]
+  assert mixer_row.margin != pytest.approx(floor_row.margin)

@@ -161,6 +161,9 @@ class References:
         self.loss[e] = _seed_mean([b.summary["eval_loss"] - a.summary["eval_loss"]
                                    for a, b in pairs if a.summary["eval_loss"] is not None
                                    and b.summary["eval_loss"] is not None])
+    # What a norm can move: the floor and gap of the streams the two norms read.
+    self.norm = {kind: {e: _seed_mean([float(norm_input(kind)(r)[0]) for r in rs.values()])
+                        for e, rs in runs.items()} for kind in ("floor", "gap")}
     for table in (self.cosine, self.logit, self.loss):
       known = [abs(v) for v in table.values() if v is not None]
       table[NOPE] = float(np.mean(known)) if known else None
@@ -179,10 +182,26 @@ class References:
   def loss_margin(self, e: str) -> tuple[float | None, str]:
     return self.loss.get(e), self.LOSS_RULE.format(e=e)
 
+  NORM_RULE = "10% of {e}'s {kind} at the norms' inputs (what a norm can move)"
+
+  def norm_margin(self, e: str, kind: str) -> tuple[float | None, str]:
+    """RMSNorm leaves cosines unchanged but for its gains, so a norm's effect is measured
+    against the quantity it acts on, not against the local mixer's raise."""
+    return self.norm[kind].get(e), self.NORM_RULE.format(e=e, kind=kind)
+
 
 def _depth(r: Run, layers=None) -> np.ndarray:
   layers = r.global_layers if layers is None else layers
   return r.gap(r.final, INPUT, [layers[-1]]) - r.gap(r.final, INPUT, [layers[0]])
+
+
+NORM_INPUTS = (("pre_mixer_norm", "input"), ("pre_mlp_norm", "residual_1"))
+
+
+def norm_input(kind: str) -> Statistic:
+  """The gap or floor of the streams the two norms read, mean over layers and norms, final."""
+  return lambda r: np.mean([getattr(r, kind)(r.final, before, sorted(r.layer_types))
+                            for _, before in NORM_INPUTS], axis=0)
 
 
 def norm_change(kind: str) -> Statistic:
@@ -190,7 +209,7 @@ def norm_change(kind: str) -> Statistic:
   over the two norms, final step."""
   return lambda r: np.mean(
       [r.change(kind, r.final, n, before, sorted(r.layer_types))
-       for n, before in (("pre_mixer_norm", "input"), ("pre_mlp_norm", "residual_1"))], axis=0)
+       for n, before in NORM_INPUTS], axis=0)
 
 
 def mixer_most(r: Run) -> np.ndarray:

@@ -3,8 +3,9 @@
 `build(corpora, out_md, figures_dir)` unpacks, per corpus, every `<experiment>/seed<k>.tar.gz`
 (packed by hybrid_nope/sweep.py) of its records dirs, loads the runs as compare.py does, turns
 each published finding into one statistic per seed with its seed × document error and margin
-(`evidence.verdicts`), reads the causal test's files (`evidence.causal`), Holm-adjusts the whole
-page as one family, and writes it: per corpus the sweep table, the verdicts, the causal test,
+(`evidence.verdicts`), reads the causal test's files (`evidence.causal`), gives the rows
+Benjamini–Hochberg q-values (they are exploratory: the registered primary family, decided first by
+`primary_page` from its own runs, is the page's only Holm family), and writes it: per corpus the sweep table, the verdicts, the causal test,
 the mixers compared, the sign swing as counts, extrapolation at fixed loss, propagation through
 module kinds and figures; then where the corpora agree (`page_sections`).
 """
@@ -23,20 +24,10 @@ import numpy as np
 from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import (causal, compare, compare_table, extrapolation,
                                            findings, flip_counts, page_sections as sections,
-                                           propagation, run_files, verdicts)
-from hybrid_nope.analysis.evidence.findings import Verdict, adjust
+                                           primary, primary_page, propagation, run_files,
+                                           verdicts)
+from hybrid_nope.analysis.evidence.findings import Verdict
 from hybrid_nope.analysis.evidence.published_findings import NORMS, Run, paired_paths
-
-
-def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, str]]:
-  """experiment -> seed -> unpacked run directory."""
-  runs: dict[str, dict[int, str]] = collections.defaultdict(dict)
-  for path in sorted(glob.glob(os.path.join(records_dir, "*", "seed*.tar.gz"))):
-    experiment = os.path.basename(os.path.dirname(path))
-    seed = int(os.path.basename(path)[len("seed"):-len(".tar.gz")])
-    runs[experiment][seed] = sweep.unpack_records(path, os.path.join(into, experiment,
-                                                                    f"seed{seed}"))
-  return dict(runs)
 
 
 def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, str]]
@@ -110,12 +101,13 @@ def _git_head() -> str:
 
 
 CORPUS_TITLES = {"stdlib": "Python stdlib source (configs/small.py)",
-                 "prose": "English prose: the King James Version (configs/small_prose.py)"}
+                 "prose": "English prose: the King James Version, byte tokens (configs/"
+                          "small_prose.py before its BPE tokenizer)"}
 
 
 @dataclasses.dataclass
 class CorpusEvidence:
-  """One corpus's numbers for the page, before the page-wide Holm adjustment."""
+  """One corpus's exploratory numbers for the page, before the page-wide q-values."""
   name: str
   records_dirs: list[str]
   rows: list
@@ -144,12 +136,14 @@ def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -
               f"![loss vs window]({images}/loss_vs_window.png)",
               f"![gap vs window]({images}/gap_vs_window.png)", ""]
   lines += sections.verdicts_section(
-      "Verdicts", f"One family of {family} tests over the page (these tables, the sign-swing "
-      "row, the causal rows and the mixer rows), Holm-adjusted; a second family of the "
-      "equivalence (TOST) tests against each row's margin. Errors: seed × document where the "
-      "statistic is built from the probe's per-document sums, seed alone for eval losses "
-      "(hybrid_nope/analysis/evidence/findings.py defines the verdict kinds, two_level.py the "
-      "error, published_findings.py the margins' rule).", ev.found, h)
+      "Exploratory rows", f"Exploratory: not registered before these runs. {family} tests over "
+      "the page's exploratory sections (these tables, the sign-swing row, the causal rows and "
+      "the mixer rows) carry Benjamini–Hochberg q-values in the adjusted column (the "
+      "equivalence tests against each row's margin likewise); a kind read at q < 0.05 is a "
+      "lead for a registered test, not a verdict. Errors: seed × document where the statistic "
+      "is built from the probe's per-document sums, seed alone for eval losses "
+      "(hybrid_nope/analysis/evidence/findings.py defines the kinds, two_level.py the error, "
+      "published_findings.py the margins' rule).", ev.found, h)
   if ev.swing is not None:
     lines += [f"Sign swing in detail: "
               f"{flip_counts.verdict_text(ev.swing[1], p=ev.swing[0].p_adjusted)}", ""]
@@ -165,12 +159,18 @@ def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -
   return lines
 
 
-def render(corpora: list[CorpusEvidence], intro: str, out_md: str) -> str:
+def render(corpora: list[CorpusEvidence], intro: str, out_md: str,
+           primary_lines: Sequence[str] = ()) -> str:
   family = len([v for ev in corpora for v in ev.tests if v.p is not None])
   def images(ev):
     return (None if ev.figures_dir is None else
             os.path.relpath(ev.figures_dir, os.path.dirname(os.path.abspath(out_md))))
-  lines = [intro, ""]
+  lines = [intro, "", *primary_lines]
+  if primary_lines:
+    lines += ["## Exploratory: the earlier sweeps", "",
+              "Everything below was run before the primary family was registered, or is not in "
+              "it: read it as exploratory (Benjamini–Hochberg q-values over these sections).",
+              ""]
   if len(corpora) == 1 and not corpora[0].name:
     lines += render_corpus(corpora[0], family, "##", images(corpora[0]))
   else:
@@ -231,7 +231,7 @@ def corpus_evidence(name: str, records_dirs: Sequence[str], tmp: str,
                     figures_dir: str | None) -> CorpusEvidence:
   """Everything the page says about one corpus: its first records dir is the sweep every
   finding reads; later ones (reruns with new measurements) add causal tests and lengths."""
-  unpacked = [unpack_all(d, os.path.join(tmp, name or "corpus", str(i)))
+  unpacked = [run_files.unpack_all(d, os.path.join(tmp, name or "corpus", str(i)))
               for i, d in enumerate(records_dirs)]
   dirs = unpacked[0]
   if not dirs:
@@ -273,18 +273,23 @@ def _summary(ev: CorpusEvidence) -> dict:
 
 
 def build(corpora: str | Sequence[tuple[str, Sequence[str]]], out_md: str,
-          figures_dir: str | None, intro: str) -> dict:
-  """The page from packed records. `corpora`: one records dir (a page without corpus
-  sections), or (name, [records dirs]) per corpus, each corpus's figures under
-  figures_dir/<name> but the first's. One Holm family over the whole page."""
+          figures_dir: str | None, intro: str, registry: primary.Registry | None = None) -> dict:
+  """The page from packed records. `registry`: the primary family, decided first from its own
+  runs (Holm inside it, `primary_page`). `corpora`: the exploratory sweeps, one records dir (a
+  page without corpus sections), or (name, [records dirs]) per corpus, each corpus's figures
+  under figures_dir/<name> but the first's; Benjamini–Hochberg q-values over all of them."""
   if isinstance(corpora, str):
     corpora = [("", [corpora])]
   with tempfile.TemporaryDirectory() as tmp:
     evidence = [corpus_evidence(name, dirs, tmp, None if figures_dir is None else
                                 figures_dir if i == 0 else os.path.join(figures_dir, name))
                 for i, (name, dirs) in enumerate(corpora)]
-    adjust([v for ev in evidence for v in ev.tests])
-    text = render(evidence, intro.replace("{commit}", _git_head()), out_md)
+    primary.adjust_exploratory([v for ev in evidence for v in ev.tests])
+    decided = primary_page.decide(registry, tmp) if registry else []
+    primary_lines = primary_page.render(registry, decided) if registry else []
+    text = render(evidence, intro.replace("{commit}", _git_head()), out_md, primary_lines)
   with open(out_md, "w") as f:
     f.write(text)
-  return {**_summary(evidence[0]), "corpora": {ev.name: _summary(ev) for ev in evidence}}
+  return {**_summary(evidence[0]), "corpora": {ev.name: _summary(ev) for ev in evidence},
+          "primary": {pc.corpus.name: [dict(v.row(), claim=c.id) for c, v in
+                                       zip(registry.claims, pc.verdicts)] for pc in decided}}

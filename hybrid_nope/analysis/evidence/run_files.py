@@ -2,13 +2,16 @@
 extrapolation and init-null analyses, and the per-cluster sums that pair two steps of a run."""
 from __future__ import annotations
 
+import collections
 import fnmatch
+import glob
 import json
+import os
 from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope import run_dir, storage
+from hybrid_nope import run_dir, storage, sweep
 from hybrid_nope.analysis.checkpoint import checkpoints, report
 from hybrid_nope.analysis.measure import records
 from hybrid_nope.run_dir import RunDir
@@ -34,13 +37,19 @@ def latest_extrapolation(workdir: str) -> dict | None:
 def latest_init_null(workdir: str) -> dict | None:
   """The summary moments of the newest analysis/step_<N>/init_null_T<T>.json at the training
   length, or None."""
+  found = init_null_file(workdir)
+  return found["summary"] if found else None
+
+
+def init_null_file(workdir: str) -> dict | None:
+  """The whole newest analysis/step_<N>/init_null_T<T>.json (per-record moments and, since
+  they were kept, each draw's value), or None."""
   rd = RunDir(workdir)
   for step in reversed(rd.analysis_steps()):
     files = fnmatch.filter(storage.listdir(rd.analysis_dir(step)),
                            run_dir.wildcard(run_dir.INIT_NULL_FILE))
     if files:
-      path = storage.join(rd.analysis_dir(step), sorted(files)[0])
-      return json.loads(storage.read_text(path))["summary"]
+      return json.loads(storage.read_text(storage.join(rd.analysis_dir(step), sorted(files)[0])))
   return None
 
 
@@ -86,3 +95,14 @@ def since_init(workdir: str, by_step_records: dict) -> dict:
   value = sum(a * np.sum(sc) / np.sum(nc) for a, sc, nc in terms)
   return {"gap_since_init": float(value),
           "gap_since_init_stderr": records.paired_stderr(terms)}
+
+
+def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, str]]:
+  """experiment -> seed -> unpacked run directory."""
+  runs: dict[str, dict[int, str]] = collections.defaultdict(dict)
+  for path in sorted(glob.glob(os.path.join(records_dir, "*", "seed*.tar.gz"))):
+    experiment = os.path.basename(os.path.dirname(path))
+    seed = int(os.path.basename(path)[len("seed"):-len(".tar.gz")])
+    runs[experiment][seed] = sweep.unpack_records(path, os.path.join(into, experiment,
+                                                                    f"seed{seed}"))
+  return dict(runs)

@@ -66,11 +66,13 @@ def _growth_findings(e, rs, nope, ref) -> list[Verdict]:
 def _module_findings(e, rs, ref) -> list[Verdict]:
   m, rule = ref.cosine_margin(e)
   kw = dict(reference=m, rule=rule)
+  (fm, frule), (gm, grule) = ref.norm_margin(e, "floor"), ref.norm_margin(e, "gap")
   out = [verdict(f"{e}: norms lower the floor", "floor change of the two norms (output − "
                  "input), mean over layers, final", "no change", by_seed(rs), norm_change("floor"),
-                 sign=-1, **kw),
+                 sign=-1, reference=fm, rule=frule),
          verdict(f"{e}: norms raise the gap", "gap change of the two norms, mean over layers, "
-                 "final", "no change", by_seed(rs), norm_change("gap"), **kw)]
+                 "final", "no change", by_seed(rs), norm_change("gap"), reference=gm,
+                 rule=grule)]
 
   out.append(verdict(f"{e}: the local mixer raises the gap most", "gap change of the local "
                      "mixer − the largest of the other modules' (norms, MLP, global mixer), "

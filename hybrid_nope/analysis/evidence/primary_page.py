@@ -1,0 +1,101 @@
+"""docs/results.md's primary section: per corpus of the registry (docs/results/primary.toml),
+the runs present against those registered, whether the claims were registered before them, the
+data's own repetition profile, and the family's verdicts (Holm inside the family alone)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from hybrid_nope.analysis.evidence import primary, primary_statistics, run_files
+from hybrid_nope.analysis.evidence.findings import Verdict
+from hybrid_nope.analysis.evidence.page_sections import fmt
+from hybrid_nope.analysis.evidence.published_findings import Run, paired_paths
+from hybrid_nope.analysis.measure import records as records_lib
+
+HEADER = ("| claim | statistic (per seed or draw) | configs | null | n | mean ± SE (df) | margin | "
+          "p / Holm p | verdict | why |")
+
+
+@dataclasses.dataclass
+class PrimaryCorpus:
+  corpus: primary.Corpus
+  verdicts: list[Verdict]
+  counts: dict[str, int]        # experiment -> seeds packed
+  registration: dict
+  data_profile: dict | None     # lags and P(t_i = t_{i−d}) at the probe, step 0
+
+
+def data_profile(runs: dict[str, dict[int, Run]]) -> dict | None:
+  """The probe's own repetition P(t_i = t_{i−d}) by lag (the data-control record at step 0):
+  the same probe for every run, so one run tells it; and whether it falls with the lag."""
+  for rs in runs.values():
+    for r in rs.values():
+      rec = next((x for x in r.by_step.get(0, []) if x["layer"] == records_lib.DATA_LAYER), None)
+      if rec is not None:
+        profile = [float(p) for p in rec["profile"]]
+        return {"lags": list(rec["lags"]), "profile": profile,
+                "monotone": bool(np.all(np.diff(profile) <= 0))}
+  return None
+
+
+def evidence(corpus: primary.Corpus, tmp: str) -> tuple[primary_statistics.Evidence, list[str]]:
+  """The corpus's primary packs unpacked and loaded, and their paths."""
+  dirs = (run_files.unpack_all(corpus.records_dir, os.path.join(tmp, "primary", corpus.name))
+          if os.path.isdir(corpus.records_dir) else {})
+  paired_paths([d for by_seed in dirs.values() for d in by_seed.values()])
+  runs = {e: {s: Run(d, f"{e}_seed{s}") for s, d in by_seed.items()} for e, by_seed in dirs.items()}
+  init_nulls = {e: f for e, by_seed in dirs.items()
+                if (f := next((x for s in sorted(by_seed)
+                               if (x := run_files.init_null_file(by_seed[s]))), None))}
+  ablations = {e: {s: a for s in sorted(by_seed) if (a := run_files.latest_ablation(by_seed[s]))}
+               for e, by_seed in dirs.items()}
+  packs = [os.path.join(corpus.records_dir, e, f"seed{s}.tar.gz")
+           for e, by_seed in sorted(dirs.items()) for s in sorted(by_seed)]
+  return primary_statistics.Evidence(runs, init_nulls, ablations), packs
+
+
+def decide(registry: primary.Registry, tmp: str) -> list[PrimaryCorpus]:
+  out = []
+  for corpus in registry.corpora.values():
+    ev, packs = evidence(corpus, tmp)
+    out.append(PrimaryCorpus(corpus, primary.decide(registry, ev),
+                             {e: len(rs) for e, rs in ev.runs.items()},
+                             primary.registration(registry.path, packs), data_profile(ev.runs)))
+  return out
+
+
+def _row(claim: primary.Claim, v: Verdict) -> str:
+  df = f", {v.df:.3g} df" if v.df else ""
+  return (f"| {claim.claim} | {v.statistic} | {', '.join(claim.configs)} | {claim.null} | {v.n} "
+          f"| {fmt(v.mean, '+.4f')} ± {fmt(v.se, '.4f')} ({claim.level}{df}) | ±{claim.margin:g} "
+          f"{claim.unit} | {fmt(v.p, '.2g')} / {fmt(v.p_adjusted, '.2g')} | **{v.verdict}** | "
+          f"{v.note} |")
+
+
+def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str]:
+  lines = ["## The primary family (registered)", "",
+           f"The claims of `{registry.path}`, decided per corpus from their own runs "
+           f"({len(registry.seeds)} seeds per trained config, {registry.init_draws} init draws), "
+           f"Holm-adjusted inside the family of {len(registry.claims)} alone (differences, and "
+           "the equivalence tests against each registered margin as a second family). The "
+           "verdict kinds: hybrid_nope/analysis/evidence/findings.py.", ""]
+  for pc in decided:
+    wanted = len(registry.seeds) * len(registry.configs)
+    have = sum(pc.counts.get(e, 0) for e in registry.configs)
+    lines += [f"### {pc.corpus.title}", "",
+              primary.registration_line(pc.registration), "",
+              f"Runs: {have} of {wanted} registered (`{pc.corpus.records_dir}`): " + ", ".join(
+                  f"{e} ×{pc.counts.get(e, 0)}" for e in registry.configs) + ".", ""]
+    if pc.data_profile:
+      p = pc.data_profile
+      lines += ["The probe's own repetition, P(t_i = t_{i−d}) (a description of the data, not a "
+                "baseline for cosines): " + ", ".join(
+                    f"d={lag}: {v:.4f}" for lag, v in zip(p["lags"], p["profile"]))
+                + (". It falls monotonically with the lag." if p["monotone"] else
+                   ". **It does not fall monotonically with the lag**: f(1) − f(L) mixes the "
+                   "data's own repetition with recency."), ""]
+    lines += [HEADER, "|---|---|---|---|---|---|---|---|---|---|",
+              *(_row(c, v) for c, v in zip(registry.claims, pc.verdicts)), ""]
+  return lines
