@@ -171,6 +171,8 @@ def test_the_primary_family_is_decided_first_from_its_own_runs(packs, tmp_path):
   assert page.index("## The primary family (registered)") < page.index("## Exploratory")
   assert "is not committed: these claims are not registered" in page
   assert "Runs: 6 of 32 registered" in page and "swa64 ×3, nope ×3, swa512 ×0, nopeswa512 ×0" in page
+  # The synthetic probe repeats 0.15, 0.125, 0.1 at lags 1, 4, 16: it falls with the lag.
+  assert "d=1: 0.1500, d=4: 0.1250, d=16: 0.1000. No rise between consecutive lags" in page
   rows = {r["claim"]: r for r in result["primary"]["stdlib"]}
   assert set(rows) == {c.id for c in registry.claims}
   grow = rows["strengthens_with_training"]

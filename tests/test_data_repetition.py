@@ -72,3 +72,17 @@ def test_lags_must_be_increasing_positive_ints():
     repetition.repetition_profile([np.arange(10)], lags=(2, 1))
   with pytest.raises(ValueError, match="increasing positive ints"):
     repetition.repetition_profile([np.arange(10)], lags=(0,))
+
+
+def test_rises_of_counts_is_the_rule_on_documents():
+  """The results page applies the rule to the probe's per-document counts: the same numbers."""
+  from hybrid_nope.data import repetition
+  rng = np.random.default_rng(5)
+  docs = [rng.integers(0, 6, size=n) for n in (40, 90, 300, 700)]
+  lags = (1, 2, 4, 8, 16)
+  direct = repetition.rises(docs, lags)
+  counted = repetition.rises_of_counts(*repetition.repetition_counts(docs, lags))
+  np.testing.assert_allclose(counted, direct)
+  assert repetition.monotone_rises(*counted) == repetition.is_monotone(docs, lags)
+  assert not repetition.monotone_rises([0.1, -0.2], [0.01, 0.01])
+  assert repetition.monotone_rises([0.02, -0.2], [0.01, 0.01])

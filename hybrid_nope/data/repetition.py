@@ -52,7 +52,13 @@ def repetition_profile(docs: list[np.ndarray], lags=LAGS) -> np.ndarray:
 def rises(docs: list[np.ndarray], lags=LAGS) -> tuple[np.ndarray, np.ndarray]:
   """(D [K−1], se [K−1]): p(d_{k+1}) − p(d_k) and its paired per-document standard error
   (module docstring); NaN where either lag has no pair or fewer than 2 documents count."""
-  matches, pairs = repetition_counts(docs, lags)
+  return rises_of_counts(*repetition_counts(docs, lags))
+
+
+def rises_of_counts(matches, pairs) -> tuple[np.ndarray, np.ndarray]:
+  """`rises` from per-document counts (matches [J, K], pairs [J, K]): what the recency hook's
+  data record keeps per probe document, so the results page applies the same rule."""
+  matches, pairs = np.asarray(matches, np.float64), np.asarray(pairs, np.float64)
   total = pairs.sum(0).astype(np.float64)
   p = np.where(total > 0, matches.sum(0) / np.maximum(total, 1), np.nan)
   with np.errstate(invalid="ignore", divide="ignore"):
@@ -60,7 +66,7 @@ def rises(docs: list[np.ndarray], lags=LAGS) -> tuple[np.ndarray, np.ndarray]:
   diff = p[1:] - p[:-1]
   r_JK = resid_JK[:, 1:] - resid_JK[:, :-1]
   counted = np.count_nonzero(pairs[:, 1:] > 0, axis=0)  # Documents reaching the longer lag.
-  j = len(docs)
+  j = matches.shape[0]
   with np.errstate(invalid="ignore", divide="ignore"):
     se = np.sqrt(j / max(j - 1, 1) * np.sum(r_JK**2, axis=0))
   se = np.where(counted >= 2, se, np.nan)
@@ -70,7 +76,12 @@ def rises(docs: list[np.ndarray], lags=LAGS) -> tuple[np.ndarray, np.ndarray]:
 def is_monotone(docs: list[np.ndarray], lags=LAGS, z: float = Z) -> bool:
   """Whether the profile is non-increasing within sampling noise: no rise D_k > z · se_k
   between consecutive lags that both have pairs (module docstring)."""
-  diff, se = rises(docs, lags)
+  return monotone_rises(*rises(docs, lags), z=z)
+
+
+def monotone_rises(diff, se, z: float = Z) -> bool:
+  """No rise beyond z of its standard errors (`rises` or `rises_of_counts` give them)."""
+  diff, se = np.asarray(diff, np.float64), np.asarray(se, np.float64)
   seen = ~np.isnan(diff)
   return bool(np.all(diff[seen] <= z * np.nan_to_num(se[seen], nan=0.0)))
 

@@ -12,7 +12,7 @@ from hybrid_nope.analysis.evidence import primary, primary_statistics, run_files
 from hybrid_nope.analysis.evidence.findings import Verdict
 from hybrid_nope.analysis.evidence.page_sections import fmt
 from hybrid_nope.analysis.evidence.published_findings import Run, paired_paths
-from hybrid_nope.analysis.measure import records as records_lib
+from hybrid_nope.data import repetition
 
 HEADER = ("| claim | statistic (per seed or draw) | configs | null | n | mean ± SE (df) | margin | "
           "p / Holm p | verdict | why |")
@@ -28,15 +28,25 @@ class PrimaryCorpus:
 
 
 def data_profile(runs: dict[str, dict[int, Run]]) -> dict | None:
-  """The probe's own repetition P(t_i = t_{i−d}) by lag (the data-control record at step 0):
-  the same probe for every run, so one run tells it; and whether it falls with the lag."""
+  """The probe's own repetition P(t_i = t_{i−d}) by lag, from the data control's per-document
+  counts at step 0 (the same probe for every run, so one run tells it), and whether it falls
+  with the lag: no rise between consecutive lags beyond `repetition.Z` paired standard errors
+  (`repetition.rises_of_counts`, the rule `make prose` prints)."""
   for rs in runs.values():
     for r in rs.values():
-      rec = next((x for x in r.by_step.get(0, []) if x["layer"] == records_lib.DATA_LAYER), None)
-      if rec is not None:
-        profile = [float(p) for p in rec["profile"]]
-        return {"lags": list(rec["lags"]), "profile": profile,
-                "monotone": bool(np.all(np.diff(profile) <= 0))}
+      try:
+        reps = r.at(0)
+      except FileNotFoundError:
+        continue
+      if not reps.has("tokens"):
+        continue
+      matches_CL = np.asarray(reps.sums["tokens"], np.float64).T
+      pairs_CL = reps.counts.T
+      rise, se = repetition.rises_of_counts(matches_CL, pairs_CL)
+      profile = matches_CL.sum(0) / pairs_CL.sum(0)
+      return {"lags": list(reps.lags), "profile": [float(p) for p in profile],
+              "rise_z": [float(d / s) if s > 0 else None for d, s in zip(rise, se)],
+              "monotone": repetition.monotone_rises(rise, se)}
   return None
 
 
@@ -93,9 +103,13 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
       lines += ["The probe's own repetition, P(t_i = t_{i−d}) (a description of the data, not a "
                 "baseline for cosines): " + ", ".join(
                     f"d={lag}: {v:.4f}" for lag, v in zip(p["lags"], p["profile"]))
-                + (". It falls monotonically with the lag." if p["monotone"] else
-                   ". **It does not fall monotonically with the lag**: f(1) − f(L) mixes the "
-                   "data's own repetition with recency."), ""]
+                + (f". No rise between consecutive lags beyond {repetition.Z:g} SE: it falls "
+                   "with the lag." if p["monotone"] else
+                   f". **It rises with the lag somewhere** (rise / SE between consecutive lags: "
+                   + ", ".join(fmt(z, "+.1f") for z in p["rise_z"]) + f"; rule: none beyond "
+                   f"{repetition.Z:g}): f(1) − f(L) mixes the data's own repetition with the "
+                   "recency the model plants, so read the gaps against the shuffled-token control "
+                   "and the init null, not against zero."), ""]
     lines += [HEADER, "|---|---|---|---|---|---|---|---|---|---|",
               *(_row(c, v) for c, v in zip(registry.claims, pc.verdicts)), ""]
   return lines
