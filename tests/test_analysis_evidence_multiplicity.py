@@ -1,6 +1,7 @@
 """Holm and TOST (analysis/evidence/multiplicity.py): a hand-worked Holm family, an independent
 step-down implementation, the family-wise error rate by simulation (with a wrong-multiplier
-mutant that fails it), and TOST's size at the margin and power inside it."""
+mutant that fails it), TOST's size at the margin and power inside it, and the smallest p an exact
+sign-flip test can attain."""
 import numpy as np
 import pytest
 import scipy.stats
@@ -127,3 +128,14 @@ def test_tost_size_at_the_margin_and_power_inside_it():
   assert normal_mutant > alpha + slack
   power = np.mean(_simulated_tost(0.0, 0.05, 20, margin, sims, rng) <= alpha)
   assert power >= 0.95
+
+
+def test_smallest_attainable_p_of_the_sign_flip_test():
+  """2^n equally likely sign patterns: the observed one and its mirror are the most extreme,
+  2/2^n (5 seeds: 0.0625, above 5%); a zero difference flips to itself and doubles it."""
+  assert multiplicity.smallest_attainable_p(5) == 0.0625
+  assert multiplicity.smallest_attainable_p(6) == 0.03125 < 0.05
+  assert multiplicity.smallest_attainable_p(6, zeros=1) == 0.0625
+  assert multiplicity.smallest_attainable_p(1) == multiplicity.smallest_attainable_p(0) == 1.0
+  with pytest.raises(ValueError):
+    multiplicity.smallest_attainable_p(2, zeros=3)
