@@ -136,6 +136,7 @@ def test_two_corpora_with_causal_tests_and_where_they_agree(tmp_path):
   agree = text[text.index("## Where the corpora agree"):]
   row = next(l for l in agree.splitlines() if l.startswith("| swa16: global NoPE layers"))
   assert row.endswith("| no |")
+  assert "findings agree" not in agree and "differ in power only" in agree
   assert "| swa16: recency strengthens with training |" in agree
   # Every row of a table has its header's cells (a "|" inside a cell's text would split it).
   lines = text.splitlines()

@@ -79,3 +79,12 @@ def test_norm_rows_take_their_margin_from_what_a_norm_can_move(table):
   assert "what a norm can move" in floor_row.margin_rule
   mixer_row = found["swa16: the local mixer raises the gap most"]
   assert mixer_row.margin != pytest.approx(floor_row.margin)
+
+
+def test_the_read_out_against_nope_is_a_row_of_its_own(table):
+  """Stage 3 says the hybrid's global layers read out more than the global-only model's; the
+  synthetic swa16 reads 0.3 and nope 0.1 at the same layers."""
+  found, _ = table
+  v = found["swa16: the hybrid reads out more recency than nope"]
+  assert v.mean == pytest.approx(0.3 - 0.1, abs=0.01) and v.sign == 1
+  assert "nope: the hybrid reads out more recency than nope" not in found

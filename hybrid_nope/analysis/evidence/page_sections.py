@@ -127,16 +127,48 @@ def agreement_section(by_corpus: dict[str, list[Verdict]]) -> list[str]:
     return []
   lines = ["## Where the corpora agree", "",
            "Each finding measured on more than one corpus: its verdict and seed mean ± SE on "
-           "each (same statistic, same margin rule, one Holm family over the page); they agree "
-           "when the verdict kinds match.", "",
+           "each (same statistic, same margin rule, exploratory q-values). They agree when the "
+           "verdict kinds match; they differ in power only when one corpus decides and another "
+           "cannot (inconclusive or untestable) with the mean on the same side; they disagree "
+           "otherwise.", "",
            "| finding | " + " | ".join(names) + " | agree |",
            "|---|" + "---|" * len(names) + "---|"]
+  readings = {}
   for f in shared:
     cells = [tables[c].get(f) for c in names]
     text = [f"{v.verdict} ({fmt(v.mean, '+.4f')} ± {fmt(v.se, '.4f')})" if v else "—"
             for v in cells]
-    kinds = {v.verdict for v in cells if v is not None}
-    lines.append(f"| {f} | " + " | ".join(text) + f" | {'yes' if len(kinds) == 1 else 'no'} |")
-  agree = sum(1 for f in shared if len({tables[c][f].verdict for c in names
-                                        if f in tables[c]}) == 1)
-  return lines + ["", f"{agree} of {len(shared)} findings agree.", ""]
+    readings[f] = agreement([v for v in cells if v is not None])
+    lines.append(f"| {f} | " + " | ".join(text) + f" | {readings[f]} |")
+  counts = {k: sum(1 for r in readings.values() if r == k) for k in AGREEMENT}
+  return lines + ["", f"Of {len(shared)} findings: {counts['yes']} agree, "
+                  f"{counts['power only']} differ in power only, {counts['no']} disagree.", ""]
+
+
+AGREEMENT = ("yes", "power only", "no")
+UNDECIDED = ("inconclusive", "untestable")
+
+
+def agreement(cells: list[Verdict]) -> str:
+  """yes: one verdict kind; power only: the decided ones agree, the rest could not decide,
+  and every mean lies on the same side of 0; no: otherwise."""
+  kinds = {v.verdict for v in cells}
+  if len(kinds) == 1:
+    return "yes"
+  decided = {k for k in kinds if k not in UNDECIDED}
+  signs = {np.sign(v.mean) for v in cells if v.mean is not None}
+  return "power only" if len(decided) == 1 and len(signs) == 1 else "no"
+
+
+def readout_inversions(rows: list[Verdict]) -> list[str]:
+  """A sentence where the data contradict stage 3: a hybrid whose global layers read out less
+  recency than the global-only model's (the "reads out more recency than nope" rows)."""
+  inverted = [v for v in rows if v.finding.endswith("reads out more recency than nope")
+              and v.mean is not None and v.mean < 0]
+  if not inverted:
+    return []
+  return ["**Against stage 3:** the global-only model reads out more recency than " + ", ".join(
+      f"{v.finding.split(':')[0]} ({fmt(v.mean, '+.4f')} ± {fmt(v.se, '.4f')}, q "
+      f"{fmt(v.p_adjusted, '.2g')})" for v in inverted) + ": its recency comes from the causal "
+      "mask alone (c_global(d) = 1 − O(d/i)), and these hybrids' global layers do not read out "
+      "more of what their local layers plant.", ""]

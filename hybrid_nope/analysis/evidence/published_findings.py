@@ -111,9 +111,11 @@ class Run:
     return np.mean([reps.mean(f"{g}/{INPUT}", reps.near_i) - reps.mean(f"{g}/{INPUT}", i)
                     for g in self.global_layers], axis=0)
 
-  def logit_gap(self, step: int) -> np.ndarray:
+  def logit_gap(self, step: int, layers=None) -> np.ndarray:
+    """Head- and layer-mean logit gap at the global layers (or those given)."""
     reps = self.at(step)
-    return np.mean([reps.logit_gap(g) for g in self.global_layers], axis=0)
+    return np.mean([reps.logit_gap(g) for g in (self.global_layers if layers is None
+                                                 else layers)], axis=0)
 
   def has_shuffled_readout(self) -> bool:
     return self.at(self.final).has(f"{self.global_layers[0]}/logit/shuffled")

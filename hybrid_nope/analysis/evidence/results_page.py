@@ -144,6 +144,7 @@ def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -
       "is built from the probe's per-document sums, seed alone for eval losses "
       "(hybrid_nope/analysis/evidence/findings.py defines the kinds, two_level.py the error, "
       "published_findings.py the margins' rule).", ev.found, h)
+  lines += sections.readout_inversions(ev.found)
   if ev.swing is not None:
     lines += [f"Sign swing in detail: "
               f"{flip_counts.verdict_text(ev.swing[1], p=ev.swing[0].p_adjusted)}", ""]

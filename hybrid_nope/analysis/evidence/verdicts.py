@@ -112,7 +112,7 @@ def with_null(estimate: two_level.Estimate, values, null: dict) -> two_level.Est
                             documents=estimate.documents)
 
 
-def _logit_findings(e, rs, nulls, ref) -> list[Verdict]:
+def _logit_findings(e, rs, nulls, ref, nope=None) -> list[Verdict]:
   null = (nulls.get(e) or {}).get("logit_gap") or {}
   m, rule = ref.logit_margin(e)
   v = verdict(f"{e}: logit recency appears with training", "head- and layer-mean logit gap at "
@@ -123,6 +123,13 @@ def _logit_findings(e, rs, nulls, ref) -> list[Verdict]:
   v.estimate = with_null(v.estimate, v.values, null)
   v.values = [x - null.get("mean", 0.0) for x in v.values]
   out = [v]
+  if nope and e != NOPE:
+    out.append(verdict(
+        f"{e}: the hybrid reads out more recency than nope", "head- and layer-mean logit gap, "
+        "final, config − nope at the config's global layers, paired by seed", "no difference "
+        "(a negative value: the global-only model, with recency from its causal mask alone, "
+        "reads out more)", by_seed(rs, nope), lambda a, b: a.logit_gap(a.final)
+        - b.logit_gap(b.final, a.global_layers), reference=m, rule=rule))
   if all(r.has_shuffled_readout() for r in rs.values()):
     out.append(verdict(
         f"{e}: the read-out is of position, not content matching", "logit gap − shuffled-token "
@@ -197,7 +204,7 @@ def all_verdicts(runs: dict[str, dict[int, Run]], nulls: dict[str, dict]
   for e in local:
     found += _module_findings(e, runs[e], ref)
   for e in local + ([NOPE] if nope else []):
-    found += _logit_findings(e, runs[e], nulls, ref)
+    found += _logit_findings(e, runs[e], nulls, ref, nope)
   found += _window_findings(runs, ref)
   mixers = mixer_verdicts(runs, ref)
   adjust(found + mixers)

@@ -1,0 +1,43 @@
+"""Sections of docs/results.md drawn from computed numbers (analysis/evidence/page_sections.py):
+agreement across corpora tells a power difference from a disagreement, and a read-out
+inversion against stage 3 is said in words."""
+import pytest
+
+from hybrid_nope.analysis.evidence import page_sections
+from hybrid_nope.analysis.evidence.findings import Verdict
+
+
+def _v(values, finding="swa64: x", **kw):
+  return Verdict(finding, "s", "n", values, **kw)
+
+
+DECIDED = [0.30, 0.31, 0.29, 0.30, 0.32]        # t ≈ 50: reproduced
+WEAK = [0.05, -0.02, 0.08, 0.01, 0.03]          # same side, not significant: inconclusive
+OPPOSITE = [-0.30, -0.31, -0.29, -0.30, -0.32]  # significant the other way: refuted
+
+
+@pytest.mark.parametrize("cells,reading", [
+    ((DECIDED, DECIDED), "yes"),
+    ((DECIDED, WEAK), "power only"),
+    ((DECIDED, OPPOSITE), "no"),
+    ((DECIDED, [-0.05, 0.02, -0.08, -0.01, -0.03]), "no"),  # undecided, but the other side
+])
+def test_agreement_tells_power_from_disagreement(cells, reading):
+  verdicts = [_v(values) for values in cells]
+  assert verdicts[0].verdict == "reproduced"
+  assert page_sections.agreement(verdicts) == reading
+
+
+def test_the_agreement_table_counts_each_reading():
+  lines = page_sections.agreement_section({"a": [_v(DECIDED), _v(DECIDED, "swa64: y")],
+                                           "b": [_v(WEAK), _v(OPPOSITE, "swa64: y")]})
+  assert "Of 2 findings: 0 agree, 1 differ in power only, 1 disagree." in lines
+
+
+def test_a_read_out_inversion_is_said_in_words():
+  name = "swa16: the hybrid reads out more recency than nope"
+  rows = [_v([-0.2, -0.21, -0.19], name), _v([0.1, 0.11, 0.09], "swa64: the hybrid reads out "
+                                              "more recency than nope")]
+  text = " ".join(page_sections.readout_inversions(rows))
+  assert "Against stage 3" in text and "swa16 (-0.2000" in text and "swa64" not in text
+  assert page_sections.readout_inversions(rows[1:]) == []
