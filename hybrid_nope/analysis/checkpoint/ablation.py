@@ -219,7 +219,8 @@ def evaluate_conditions(eval_batches: Sequence[dict], evaluate: Callable, apply:
   moved = with_permutations(eval_batches, permutation_seed)
   run = lambda c, lam=1.0: evaluate(for_condition(moved, c, lam), apply)
   evals = {CLEAN: evaluate(list(eval_batches), None)}
-  evals.update({c: run(c) for c in (ABLATED, ROTATED, NOISE, OTHER_ROW)})
+  # other_row first: a forward of one row (rows_per_call=1) has no other row and fails here.
+  evals.update({c: run(c) for c in (OTHER_ROW, ABLATED, ROTATED, NOISE)})
   damage = {}
   for name, c in MATCHED.items():
     seen = {1.0: evals[c]}
