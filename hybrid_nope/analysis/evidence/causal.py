@@ -179,7 +179,8 @@ def loss_change(results: Sequence[dict], key: str = "loss", name: str | None = N
   out = []
   for r in results:
     delta = r["loss_delta"].get(name)
-    if delta is None and name.startswith(f"{ABLATED}_minus_") and name != f"{ABLATED}_minus_{CLEAN}":
+    legacy = name.startswith(f"{ABLATED}_minus_") and name != f"{ABLATED}_minus_{CLEAN}"
+    if delta is None and legacy:
       delta = r["loss_delta"].get(f"{ABLATED}_minus_{LEGACY_CONTROL}")  # An older file's.
     if delta is not None and delta[key] is not None:
       out.append(delta[key])
