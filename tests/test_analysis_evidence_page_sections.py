@@ -41,3 +41,17 @@ def test_a_read_out_inversion_is_said_in_words():
   text = " ".join(page_sections.readout_inversions(rows))
   assert "Against stage 3" in text and "swa16 (-0.2000" in text and "swa64" not in text
   assert page_sections.readout_inversions(rows[1:]) == []
+
+
+def test_the_causal_table_shows_unsigned_effects_unstable_layers_and_position():
+  v = _v([-0.02, -0.03, -0.025], "swa64: causal")
+  row = {"config": "swa64", "seeds": 3, "control": "noise_matched", "clean": 0.07,
+         "ablated_minus_control": v.mean, "se": v.se, "ablated_minus_control_unsigned": 0.006,
+         "ablated_minus_control_unsigned_se": 0.009, "no_stable_sign": [1],
+         "position": {"other_row_minus_noise": 0.05}, "loss_ablated_minus_clean": 1.4,
+         "loss_ablated_minus_clean_se": 0.1, "verdict": v}
+  lines = page_sections.causal_section([row])
+  line = next(l for l in lines if l.startswith("| swa64 | 3 |"))
+  cells = [c.strip() for c in line.strip("|").split("|")]
+  assert cells[2] == "noise_matched" and cells[5] == "+0.0060 ± 0.0090"
+  assert cells[6] == "1" and cells[7] == "+0.0500" and cells[8] == "+1.4000 ± 0.1000"

@@ -187,3 +187,22 @@ def test_registration_sees_a_file_changed_after_its_runs(tmp_path):
   reg = primary.registration(str(registry), [str(pack)])
   assert reg["changed_after"] == [str(pack)]
   assert "changed after 1 of these runs" in primary.registration_line(reg)
+
+
+def test_causal_claim_reads_the_matched_control_unsigned(decided):
+  """Per seed ablated − noise_matched on the head/layer-mean logit gap, without the clean gap's
+  sign: a layer whose clean read-out is negative still counts a fall as a fall."""
+  from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONTROL
+  from tests.measured_runs import ablation_result
+  _, _, runs = decided
+  rng = np.random.default_rng(2)
+  counts = rng.integers(20, 80, size=(2, 24)).astype(float)
+  files = {}
+  for seed in range(4):
+    clean = np.full((24, 2), -0.1)  # A negative clean read-out: signing would flip the effect.
+    files[seed] = ablation_result(counts, {CLEAN: clean, CONTROL: clean + 0.01,
+                                           ABLATED: clean - 0.05 + rng.normal(0, 0.003, (24, 2))})
+  ev = primary_statistics.Evidence(runs, ablations={"swa64": files})
+  v = primary_statistics.STATISTICS["causal_ablated_minus_matched_control"](ev, ("swa64",))
+  assert v.n == 4 and v.mean == pytest.approx(-0.06, abs=0.005)
+  assert v.levels == "seed × document"

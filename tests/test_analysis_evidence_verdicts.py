@@ -63,7 +63,7 @@ def test_with_null_is_welch_satterthwaite():
   out = verdicts.with_null(est, [1.0] * 5, {"mean": 0.5, "sd": 0.3, "draws": 9})
   a, b = 0.01, 0.09 / 9
   assert out.mean == pytest.approx(0.5) and out.se == pytest.approx(np.sqrt(a + b))
-  assert out.df == int((a + b) ** 2 / (a ** 2 / 4 + b ** 2 / 8))
+  assert out.df == pytest.approx((a + b) ** 2 / (a ** 2 / 4 + b ** 2 / 8))
   assert verdicts.with_null(est, [], {"mean": 0, "sd": None, "draws": 0}) is None
 
 

@@ -92,26 +92,37 @@ def propagation_section(rows: list[dict], h: str = "##") -> list[str]:
 
 def causal_section(rows: list[dict], h: str = "##") -> list[str]:
   """The causal test per config (analysis/evidence/causal.py): the verdict rows, then the
-  read-out under each condition and the loss it costs."""
+  read-out's change signed and unsigned, the layers without a stable sign, the part specific to
+  position, and what the ablation costs in loss."""
   if not rows:
     return []
   lines = verdicts_section(
       "The causal test: local branches ablated", "Per config with a local mixer, from each "
       "seed's `analyze.py --ablate=local` (analysis/checkpoint/ablation.py): the local "
       "branches' outputs permuted within documents (content and norm kept, position gone) "
-      "against an equal-norm rotated control; in the page's Holm family.",
-      [r["verdict"] for r in rows], h)
-  lines += ["Logit-gap changes are signed by each layer's clean logit gap (negative: the read-out "
-            "shrinks toward 0), averaged over global NoPE layers.", "",
-            "| config | seeds | clean \\|logit gap\\| | ablated − clean | control − clean | "
-            "ablated − control ± SE (seed × document) | eval loss, ablated − control ± seed SE |",
-            "|---|---|---|---|---|---|---|"]
+      "against position-free noise of the same per-token norm, its dial set so its eval loss is "
+      "the ablation's (`noise_matched`; files older than it carry the rotated control, which "
+      "keeps the perturbation's Gram structure and with it recency).", [r["verdict"] for r in rows],
+      h)
+  lines += ["The verdict's statistic is signed by each layer's clean logit gap (negative: the "
+            "read-out shrinks toward 0, which any damage does: hence a control of equal "
+            "damage); the unsigned column reads the read-out's own direction. Position: "
+            "another row's branch at the same positions (position kept, content gone) against "
+            "noise (both gone), unsigned; a positive value is read-out that position alone "
+            "carries.", "",
+            "| config | seeds | control | clean \\|logit gap\\| | ablated − control, signed ± SE "
+            "| unsigned ± seed SE | layers without a stable sign | position: other_row − noise "
+            "| eval loss, ablated − clean ± seed SE |",
+            "|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['clean'], '+.4f')} | "
-                 f"{fmt(r['ablated_minus_clean'], '+.4f')} | "
-                 f"{fmt(r['control_minus_clean'], '+.4f')} | "
-                 f"{fmt(r['ablated_minus_control'], '+.4f')} ± {fmt(r['se'], '.4f')} | "
-                 f"{fmt(r['loss'], '+.4f')} ± {fmt(r['loss_se'], '.4f')} |")
+    unstable = ", ".join(str(x) for x in r.get("no_stable_sign", [])) or "—"
+    position = (r.get("position") or {}).get("other_row_minus_noise")
+    lines.append(f"| {r['config']} | {r['seeds']} | {r.get('control', '—')} | "
+                 f"{fmt(r['clean'], '+.4f')} | {fmt(r['ablated_minus_control'], '+.4f')} ± "
+                 f"{fmt(r['se'], '.4f')} | {fmt(r.get('ablated_minus_control_unsigned'), '+.4f')}"
+                 f" ± {fmt(r.get('ablated_minus_control_unsigned_se'), '.4f')} | {unstable} | "
+                 f"{fmt(position, '+.4f')} | {fmt(r.get('loss_ablated_minus_clean'), '+.4f')} ± "
+                 f"{fmt(r.get('loss_ablated_minus_clean_se'), '.4f')} |")
   return lines + [""]
 
 

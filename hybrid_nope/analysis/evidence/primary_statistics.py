@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from hybrid_nope.analysis.evidence import causal, verdicts as verdicts_lib
+from hybrid_nope.analysis.evidence import causal, two_level, verdicts as verdicts_lib
 from hybrid_nope.analysis.evidence.findings import Verdict
 from hybrid_nope.analysis.evidence.published_findings import (INPUT, Run, by_seed, mixer_most,
                                                                verdict)
@@ -132,12 +132,18 @@ def _logit_gap_minus_init_null(ev: Evidence, configs: tuple[str, ...], text: str
 
 
 def _causal(ev: Evidence, configs: tuple[str, ...], text: str) -> Verdict:
+  """Per seed: ablated − the damage-matched position-free control (ablation.CONTROL), the
+  head- and layer-mean logit gap unsigned (the registered direction says it falls), paired by
+  the probe's documents; only seeds whose file holds that control count."""
   (e,) = configs
-  files = [f for _, f in sorted((ev.ablations.get(e) or {}).items())]
-  usable = [f for f in files if causal.MATCHED_CONTROL in (f.get("logit_sums") or {})]
-  if not usable:
+  files = [f for _, f in sorted((ev.ablations.get(e) or {}).items())
+           if f is not None and causal.has(f, causal.CONTROL)]
+  if not files:
     return _empty(text, f"no causal-test files of {e} with the matched control")
-  return causal.matched_verdict(e, usable)
+  diffs = [causal.difference_replicates(f, causal.ABLATED, causal.CONTROL, signed=False)
+           for f in files]
+  return Verdict("", text, "", [float(d[0]) for d in diffs],
+                 estimate=two_level.combine(diffs) if len(diffs) >= 2 else None)
 
 
 def _loss(a: Run, b: Run):

@@ -2,6 +2,7 @@
 `findings.Verdict`s built from `published_findings` statistics, Holm-adjusted as one family."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -106,10 +107,8 @@ def with_null(estimate: two_level.Estimate, values, null: dict) -> two_level.Est
     return None
   a, b = estimate.se ** 2, sd ** 2 / k
   df = (a + b) ** 2 / (a ** 2 / estimate.df + b ** 2 / (k - 1))
-  return two_level.Estimate(mean=estimate.mean - null["mean"], se=math.sqrt(a + b),
-                            se_seed=estimate.se_seed, se_doc=estimate.se_doc,
-                            df=int(math.floor(df)), seeds=estimate.seeds,
-                            documents=estimate.documents)
+  return dataclasses.replace(estimate, mean=estimate.mean - null["mean"], se=math.sqrt(a + b),
+                             df=float(df))
 
 
 def _logit_findings(e, rs, nulls, ref, nope=None) -> list[Verdict]:
