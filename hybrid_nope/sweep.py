@@ -202,10 +202,13 @@ def has_local_mixer(workdir: str) -> bool:
 
 
 def execute(run: Run, *, threads: int, log: Callable[[str], None],
-            lock_dir: str = CORE_LOCKS, ablate: bool = False, **command_args) -> float:
+            lock_dir: str = CORE_LOCKS, ablate: bool = False,
+            ablate_experiments: Sequence[str] = (), **command_args) -> float:
   """Trains and analyses one run pinned to its cores; returns its seconds. Raises on failure,
   naming the run and its log file. `ablate`: the analysis runs the causal test too, where the
-  trained run has a local mixer to ablate (a global-only run is analysed without it)."""
+  trained run has a local mixer to ablate (a global-only run is analysed without it), and,
+  where `ablate_experiments` names some, only for those (the test costs a few minutes a run)."""
+  ablate = ablate and (not ablate_experiments or run.experiment in ablate_experiments)
   os.makedirs(run.workdir, exist_ok=True)
   log_path = RunDir(run.workdir).sweep_log
   with claimed_cores(threads, lock_dir=lock_dir, log=log) as cores, open(log_path, "a") as out:

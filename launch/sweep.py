@@ -1,7 +1,7 @@
 """Train and analyse configs x seeds, resumably: python launch/sweep.py --experiments=swa16,nope
     --seeds=0,1,2,3,4 [--config_file=configs/small.py] [--root=workdirs/sweep]
     [--records_dir=docs/results/runs] [--commit] [--parallel=2 --threads=1] [--init_seeds=10]
-    [--ablate]
+    [--ablate [--ablate_experiments=swa64,...]]
 
 Finished runs are skipped, partial ones resumed (hybrid_nope/sweep.py); each finished run's
 records are packed under --records_dir (and committed by themselves with --commit).
@@ -26,6 +26,8 @@ flags.DEFINE_integer("threads", 1, "Cores pinned to each run.")
 flags.DEFINE_integer("init_seeds", 10, "Fresh inits for the init null (first seed's runs only).")
 flags.DEFINE_bool("ablate", False, "Also run the causal test (analyze.py --ablate=local) on "
                   "each run with a local mixer; its ablation_T<T>.json is packed.")
+flags.DEFINE_list("ablate_experiments", [], "With --ablate: only these experiments get the "
+                  "causal test (default: every one with a local mixer).")
 # Multi-string, one argument per use: a list flag would split "--lengths=1,2,4" at its commas.
 flags.DEFINE_multi_string("analyze_args", ["--lengths=1,2"],
                           "An extra argument of launch/analyze.py (repeat the flag for more).")
@@ -42,7 +44,8 @@ def main(argv):
                        records_dir=f.records_dir or None,
                        on_packed=sweep.git_commit if f.commit else None, log=logging.info,
                        analyze_args=f.analyze_args, train_args=f.train_args, init_seeds=f.init_seeds,
-                       init_seed_of=int(f.seeds[0]), ablate=f.ablate)
+                       init_seed_of=int(f.seeds[0]), ablate=f.ablate,
+                       ablate_experiments=f.ablate_experiments)
   failed = {k: v for k, v in status.items() if v.startswith("failed")}
   for name, why in failed.items():
     logging.error("%s %s", name, why)

@@ -66,6 +66,13 @@ def test_the_causal_test_runs_where_the_trained_run_has_a_local_mixer(tmp_path, 
     assert open(os.path.join(run.workdir, "sweep.log")).read().split() == ["ablate",
                                                                            str(ablated)]
   assert sweep.has_local_mixer(run.workdir)
+  run = sweep.Run("configs/small.py", "swa16", 1, str(tmp_path))  # Not among those named.
+  os.makedirs(run.workdir)
+  with open(os.path.join(run.workdir, "config.json"), "w") as f:
+    json.dump({"model": {"pattern": "SG"}}, f)
+  sweep.execute(run, threads=1, log=lambda m: None, lock_dir=str(tmp_path / "locks"),
+                ablate=True, ablate_experiments=("swa64",))
+  assert open(os.path.join(run.workdir, "sweep.log")).read().split() == ["ablate", "False"]
   fake_run_dir(str(tmp_path / "packed"))
   with open(tmp_path / "packed" / "analysis" / "step_64" / "ablation_T1024.json", "w") as f:
     f.write("{}")
