@@ -1,10 +1,12 @@
 """Regenerate docs/results.md from the sweeps' committed records (no training, no checkpoints):
 
-  python launch/results.py [--corpus=NAME=DIR[,DIR...] ...] [--out=docs/results.md]
-      [--figures_dir=docs/results]
+  python launch/results.py [--primary=docs/results/primary.toml] [--corpus=NAME=DIR[,DIR...] ...]
+      [--out=docs/results.md] [--figures_dir=docs/results]
 
-Each --corpus names a corpus and its records dirs: the first is the sweep every finding reads,
-later ones (reruns with new measurements) add causal tests and longer lengths
+--primary is the registered primary family, decided first from its own runs (the records_dir of
+each of its corpora), Holm inside it. Each --corpus names an exploratory sweep and its records
+dirs: the first is the sweep every row reads, later ones (reruns with new measurements) add
+causal tests and longer lengths; their rows carry Benjamini–Hochberg q-values
 (hybrid_nope/analysis/evidence/results_page.py).
 """
 import os

@@ -38,9 +38,14 @@ def test_a_read_out_inversion_is_said_in_words():
   name = "swa16: the hybrid reads out more recency than nope"
   rows = [_v([-0.2, -0.21, -0.19], name), _v([0.1, 0.11, 0.09], "swa64: the hybrid reads out "
                                               "more recency than nope")]
+  weak = _v([-0.1, 0.05, -0.2], "gla: the hybrid reads out more recency than nope")
+  rows.append(weak)
+  for v in rows:
+    v.p_adjusted = v.p
   text = " ".join(page_sections.readout_inversions(rows))
   assert "Against stage 3" in text and "swa16 (-0.2000" in text and "swa64" not in text
-  assert page_sections.readout_inversions(rows[1:]) == []
+  assert "The same sign, not significant: gla." in text
+  assert page_sections.readout_inversions(rows[1:]) == []  # No significant inversion.
 
 
 def test_the_causal_table_shows_unsigned_effects_unstable_layers_and_position():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from hybrid_nope.analysis.evidence import extrapolation, findings
-from hybrid_nope.analysis.evidence.findings import Verdict
+from hybrid_nope.analysis.evidence.findings import ALPHA, Verdict
 
 
 def fmt(v, spec):
@@ -176,10 +176,13 @@ def readout_inversions(rows: list[Verdict]) -> list[str]:
   recency than the global-only model's (the "reads out more recency than nope" rows)."""
   inverted = [v for v in rows if v.finding.endswith("reads out more recency than nope")
               and v.mean is not None and v.mean < 0]
-  if not inverted:
+  significant = [v for v in inverted if v.p_adjusted is not None and v.p_adjusted < ALPHA]
+  if not significant:
     return []
+  others = [v.finding.split(":")[0] for v in inverted if v not in significant]
   return ["**Against stage 3:** the global-only model reads out more recency than " + ", ".join(
       f"{v.finding.split(':')[0]} ({fmt(v.mean, '+.4f')} ± {fmt(v.se, '.4f')}, q "
-      f"{fmt(v.p_adjusted, '.2g')})" for v in inverted) + ": its recency comes from the causal "
-      "mask alone (c_global(d) = 1 − O(d/i)), and these hybrids' global layers do not read out "
-      "more of what their local layers plant.", ""]
+      f"{fmt(v.p_adjusted, '.2g')})" for v in significant) + ": its recency comes from the "
+      "causal mask alone (c_global(d) = 1 − O(d/i)), and these hybrids' global layers do not "
+      "read out more of what their local layers plant."
+      + (f" The same sign, not significant: {', '.join(others)}." if others else ""), ""]

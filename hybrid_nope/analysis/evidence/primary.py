@@ -188,7 +188,9 @@ def registration_line(reg: dict) -> str:
             "registered.")
   line = (f"Registered in `{reg['file']}` at commit {reg['commit']}; {reg['packs']} run pack(s) "
           "decide it.")
-  if reg["changed_after"]:
+  if not reg["packs"]:
+    line += " No run pack is in yet."
+  elif reg["changed_after"]:
     line += (f" **The file was changed after {len(reg['changed_after'])} of these runs were "
              "committed** (" + ", ".join(f"`{p}`" for p in reg["changed_after"][:4])
              + (", …" if len(reg["changed_after"]) > 4 else "") + "): their claims were not "
