@@ -54,9 +54,25 @@ def test_the_causal_table_shows_unsigned_effects_unstable_layers_and_position():
          "ablated_minus_control": v.mean, "se": v.se, "ablated_minus_control_unsigned": 0.006,
          "ablated_minus_control_unsigned_se": 0.009, "no_stable_sign": [1],
          "position": {"other_row_minus_noise": 0.05}, "loss_ablated_minus_clean": 1.4,
-         "loss_ablated_minus_clean_se": 0.1, "verdict": v}
+         "loss_ablated_minus_clean_se": 0.1, "verdict": v,
+         "layers": [{"layer": 1, "clean": -0.001, "stable_sign": False,
+                     "ablated_minus_control": -0.012, "ablated_minus_control_signed": 0.012},
+                    {"layer": 3, "clean": 0.141, "stable_sign": True,
+                     "ablated_minus_control": 0.024, "ablated_minus_control_signed": 0.024}]}
   lines = page_sections.causal_section([row])
   line = next(l for l in lines if l.startswith("| swa64 | 3 |"))
   cells = [c.strip() for c in line.strip("|").split("|")]
   assert cells[2] == "noise_matched" and cells[5] == "+0.0060 ± 0.0090"
   assert cells[6] == "1" and cells[7] == "+0.0500" and cells[8] == "+1.4000 ± 0.1000"
+  assert "| swa64 | 1 | -0.0010 | **no** | -0.0120 | +0.0120 |" in lines
+  assert "| swa64 | 3 | +0.1410 | yes | +0.0240 | +0.0240 |" in lines
+
+
+def test_propagation_failures_are_tallied():
+  rows = [{"config": c, "seeds": 3, "measured_gap": 0.1, "error_across": e, "error_across_se":
+           0.01, "holds_across": e is not None and e < 0.1, "error_within": 0.05,
+           "error_within_se": 0.01, "holds_within": True}
+          for c, e in (("swa64", 0.2), ("gla", None), ("nope", 0.05))]
+  text = " ".join(page_sections.propagation_section(rows))
+  assert ("from other configs it fails for 1 of 2 configs (swa64); from its other seeds it "
+          "fails for 0 of 3 configs") in text

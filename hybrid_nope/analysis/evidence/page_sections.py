@@ -85,9 +85,14 @@ def propagation_section(rows: list[dict], h: str = "##") -> list[str]:
   for r in rows:
     lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['measured_gap'], '.4f')} | "
                  f"{cell(r, 'across')} | {cell(r, 'within')} |")
-  return lines + [""]
-
-
+  tally = []
+  for name, what in (("across", "from other configs"), ("within", "from its other seeds")):
+    tried = [r for r in rows if r[f"error_{name}"] is not None]
+    failed = [r["config"] for r in tried if not r[f"holds_{name}"]]
+    tally.append(f"{what} it fails for {len(failed)} of {len(tried)} configs"
+                 + (f" ({', '.join(failed)})" if failed else ""))
+  return lines + ["", f"Where propagation fails: {'; '.join(tally)}. A per-kind transfer that "
+                  "fails from a config's own seeds does not carry its gap through the stack.", ""]
 
 
 def causal_section(rows: list[dict], h: str = "##") -> list[str]:
@@ -123,6 +128,16 @@ def causal_section(rows: list[dict], h: str = "##") -> list[str]:
                  f" ± {fmt(r.get('ablated_minus_control_unsigned_se'), '.4f')} | {unstable} | "
                  f"{fmt(position, '+.4f')} | {fmt(r.get('loss_ablated_minus_clean'), '+.4f')} ± "
                  f"{fmt(r.get('loss_ablated_minus_clean_se'), '.4f')} |")
+  per_layer = [(r["config"], layer) for r in rows for layer in r.get("layers", [])]
+  if per_layer:
+    lines += ["", "Per global NoPE layer (seed means): its clean logit gap, whether that sign "
+              "holds in every seed, and ablated − control unsigned and signed.", "",
+              "| config | layer | clean logit gap | stable sign | unsigned | signed |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {c} | {x['layer']} | {fmt(x['clean'], '+.4f')} | "
+              f"{'yes' if x['stable_sign'] else '**no**'} | "
+              f"{fmt(x['ablated_minus_control'], '+.4f')} | "
+              f"{fmt(x['ablated_minus_control_signed'], '+.4f')} |" for c, x in per_layer]
   return lines + [""]
 
 
