@@ -43,7 +43,10 @@ def test_jax_and_orbax_noise_is_quiet_at_the_default_verbosity_and_shown_at_debu
   filters = [f for f in absl_logging.get_absl_handler().filters
              if type(f).__name__ == "_LibraryInfoFilter"]
   keep = lambda r: all(f.filter(r) for f in filters)
-  before = absl_logging.get_verbosity()
+  # The absl logger's own level, not get_verbosity(): restoring the verbosity would pin the
+  # logger at its effective level (WARNING before flags are parsed), and later tests' INFO
+  # records through absl would never reach their caplog.
+  before = logging.getLogger("absl").level
   try:
     absl_logging.set_verbosity(absl_logging.INFO)
     assert not any(keep(message(*noise)) for noise in NOISE)
@@ -53,7 +56,7 @@ def test_jax_and_orbax_noise_is_quiet_at_the_default_verbosity_and_shown_at_debu
     absl_logging.set_verbosity(absl_logging.DEBUG)  # --verbosity=1
     assert all(keep(message(*noise)) for noise in NOISE)
   finally:
-    absl_logging.set_verbosity(before)
+    logging.getLogger("absl").setLevel(before)
 
 
 def test_orbax_errors_and_closed_loop_tracebacks_go_to_the_file_and_writes_that_fail_are_said(
