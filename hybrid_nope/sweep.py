@@ -280,12 +280,17 @@ def git_commit(path: str, run: Run) -> None:
   """Commits one pack by itself (`git commit --only`), retrying while another git holds the
   index lock."""
   repo = os.path.dirname(os.path.abspath(path))  # The repository that holds the pack.
+  top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=repo, capture_output=True,
+                       text=True).stdout.strip()
+  # The message names the records dir as the repository sees it (e.g. docs/results/primary/prose).
+  records_dir = os.path.relpath(os.path.dirname(os.path.dirname(os.path.abspath(path))),
+                                top or repo)
   for attempt in range(30):
     add = subprocess.run(["git", "add", "--", os.path.abspath(path)], cwd=repo,
                          capture_output=True, text=True)
     if add.returncode == 0:
       commit = subprocess.run(
-          ["git", "commit", "-q", "-m", f"docs/results/runs: records of {run.name}", "--only",
+          ["git", "commit", "-q", "-m", f"{records_dir}: records of {run.name}", "--only",
            "--", os.path.abspath(path)], cwd=repo, capture_output=True, text=True)
       if commit.returncode == 0 or "nothing to commit" in commit.stdout + commit.stderr:
         return

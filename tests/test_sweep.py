@@ -241,3 +241,19 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_when_the_sweep_re
   assert sweep.trained_steps(run.workdir) == (40, 40)
   with open(os.path.join(run.workdir, "sweep.log")) as f:
     assert "stopped before its first checkpoint" in f.read()  # The sweep's log stays put.
+
+
+def test_a_pack_is_committed_by_itself_naming_its_records_dir(tmp_path, monkeypatch):
+  for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+    monkeypatch.setenv(key, "t@t")
+  subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+  (tmp_path / "other.txt").write_text("staged elsewhere, not committed with the pack")
+  subprocess.run(["git", "add", "other.txt"], cwd=tmp_path, check=True)
+  pack = tmp_path / "docs" / "primary" / "prose" / "swa64" / "seed0.tar.gz"
+  pack.parent.mkdir(parents=True)
+  pack.write_bytes(b"pack")
+  sweep.git_commit(str(pack), sweep.Run("configs/small.py", "swa64", 0, str(tmp_path)))
+  log = subprocess.run(["git", "log", "--format=%s", "--name-only"], cwd=tmp_path,
+                       capture_output=True, text=True, check=True).stdout.split()
+  assert " ".join(log) == "docs/primary/prose: records of swa64/seed0 " \
+      "docs/primary/prose/swa64/seed0.tar.gz"
