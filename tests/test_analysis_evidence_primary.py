@@ -2,7 +2,7 @@
 checked, a bad entry fails naming it, the family is Holm-adjusted alone while exploratory rows
 get Benjamini–Hochberg q-values, and the registration check sees a file changed after its runs.
 """
-import json
+import dataclasses
 import os
 import subprocess
 
@@ -78,7 +78,8 @@ def decided(tmp_path_factory):
               for s in range(4)} for e, kw in spec.items()}
   for s in range(4):  # nope's final loss is swa64's eval loss at step 4.
     _eval_losses(runs["swa64"][s], {4: 2.6 + 0.001 * s, 8: 2.0})
-  reg = primary.load(COMMITTED)
+  # Four seeds stand for the registered eight here: the decision logic is the same.
+  reg = dataclasses.replace(primary.load(COMMITTED), seeds=tuple(range(4)))
   verdicts = primary.decide(reg, primary_statistics.Evidence(runs))
   return reg, {c.id: v for c, v in zip(reg.claims, verdicts)}, runs
 
@@ -119,11 +120,27 @@ def test_a_claim_without_its_inputs_is_not_computed(decided):
     assert v.n == 0 and v.verdict == "inconclusive" and "not computed" in v.statistic
 
 
-def test_holm_runs_inside_the_family_alone(decided):
-  _, by_id, _ = decided
-  rows = list(by_id.values())
-  expected = multiplicity.holm([v.p for v in rows])
-  assert [v.p_adjusted for v in rows] == expected
+def test_holm_runs_inside_the_family_alone_at_its_registered_size(decided):
+  """m is the family's registered size: the claims not computed yet count as p = 1, and are
+  pending (no adjusted p, no verdict)."""
+  reg, by_id, _ = decided
+  rows = [by_id[c.id] for c in reg.claims]
+  waiting = primary.pending(reg, rows)
+  assert sum(waiting) == 5 and len(rows) == 10
+  expected = multiplicity.holm([1.0 if w else v.p for v, w in zip(rows, waiting)])
+  for v, w, e in zip(rows, waiting, expected):
+    assert v.p_adjusted == (None if w else e)
+
+
+def test_a_claim_short_of_its_registered_seeds_is_pending(decided):
+  reg, _, runs = decided
+  full = primary.decide(reg, primary_statistics.Evidence(runs))
+  fewer = {e: {s: r for s, r in rs.items() if s < 3} for e, rs in runs.items()}
+  short = primary.decide(reg, primary_statistics.Evidence(fewer))
+  grow = [c.id for c in reg.claims].index("strengthens_with_training")
+  assert not primary.pending(reg, full)[grow] and full[grow].p_adjusted is not None
+  assert primary.pending(reg, short)[grow] and short[grow].p_adjusted is None
+  assert short[grow].n == 3
 
 
 def test_init_claim_pairs_draws(decided):

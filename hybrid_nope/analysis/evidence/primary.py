@@ -132,16 +132,36 @@ def load(path: str = DEFAULT_PATH) -> Registry:
   return Registry(path, float(raw["alpha"]), seeds, int(raw["init_draws"]), corpora, claims)
 
 
+def required(registry: Registry, claim: Claim) -> int:
+  """How many values the claim is registered to be decided on: its init draws or its seeds."""
+  per_draw = primary_statistics.STATISTICS[claim.statistic].per_draw
+  return registry.init_draws if per_draw else len(registry.seeds)
+
+
+def pending(registry: Registry, verdicts: Sequence[Verdict]) -> list[bool]:
+  """Per claim: fewer values than registered. A pending claim is shown, never decided: reading
+  a verdict off the first seeds and stopping when it looks good would be optional stopping."""
+  return [v.n < required(registry, c) for c, v in zip(registry.claims, verdicts)]
+
+
 def decide(registry: Registry, evidence: primary_statistics.Evidence) -> list[Verdict]:
   """One Verdict per claim (its values empty where the corpus's packs cannot compute it yet),
-  Holm-adjusted inside the family: differences as one family, equivalences as the second."""
+  Holm-adjusted inside the family: differences as one family, equivalences as the second. The
+  family's size is the registered one: a pending claim counts with p = 1 (it has not rejected),
+  and its own adjusted p stays None."""
   out = []
   for claim in registry.claims:
     v = primary_statistics.STATISTICS[claim.statistic](evidence, claim.configs)
     out.append(dataclasses.replace(
         v, finding=claim.claim, null=claim.null, sign=claim.direction, margin=claim.margin,
         margin_rule=f"{claim.margin:g} {claim.unit} (registered)"))
-  findings.adjust(out)
+  waiting = pending(registry, out)
+  decided = [v for v, w in zip(out, waiting) if not w]
+  stand_ins = [Verdict("", "", "", [], p_exact=1.0) for w in waiting if w]
+  findings.adjust(decided + stand_ins)
+  for v, w in zip(out, waiting):
+    if w:
+      v.p_adjusted = v.p_tost_adjusted = None
   return out
 
 

@@ -76,12 +76,22 @@ def decide(registry: primary.Registry, tmp: str) -> list[PrimaryCorpus]:
   return out
 
 
-def _row(claim: primary.Claim, v: Verdict) -> str:
+def verdict_text(registry: primary.Registry, claim: primary.Claim, v: Verdict,
+                 waiting: bool) -> tuple[str, str]:
+  """(kind, why) as the page shows them: a pending claim is not decided."""
+  if waiting:
+    return "pending", (f"{v.n} of the {primary.required(registry, claim)} registered values "
+                       "are in; decided when all are")
+  return v.verdict, v.note
+
+
+def _row(registry: primary.Registry, claim: primary.Claim, v: Verdict, waiting: bool) -> str:
   df = f", {v.df:.3g} df" if v.df else ""
+  kind, why = verdict_text(registry, claim, v, waiting)
   return (f"| {claim.claim} | {v.statistic} | {', '.join(claim.configs)} | {claim.null} | {v.n} "
           f"| {fmt(v.mean, '+.4f')} ± {fmt(v.se, '.4f')} ({claim.level}{df}) | ±{claim.margin:g} "
-          f"{claim.unit} | {fmt(v.p, '.2g')} / {fmt(v.p_adjusted, '.2g')} | **{v.verdict}** | "
-          f"{v.note} |")
+          f"{claim.unit} | {fmt(v.p, '.2g')} / {fmt(v.p_adjusted, '.2g')} | **{kind}** | "
+          f"{why} |")
 
 
 def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str]:
@@ -111,5 +121,6 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
                    "recency the model plants, so read the gaps against the shuffled-token control "
                    "and the init null, not against zero."), ""]
     lines += [HEADER, "|---|---|---|---|---|---|---|---|---|---|",
-              *(_row(c, v) for c, v in zip(registry.claims, pc.verdicts)), ""]
+              *(_row(registry, c, v, w) for c, v, w in zip(
+                  registry.claims, pc.verdicts, primary.pending(registry, pc.verdicts))), ""]
   return lines

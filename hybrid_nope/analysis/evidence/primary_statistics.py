@@ -34,6 +34,7 @@ class Statistic:
   configs: int                                        # how many configs the claim names
   text: str                                           # what is computed, per seed or draw
   compute: Callable[[Evidence, tuple[str, ...], str], Verdict]  # (evidence, configs, text)
+  per_draw: bool = False                              # one value per init draw, not per seed
 
   def __call__(self, ev: Evidence, configs: tuple[str, ...]) -> Verdict:
     return self.compute(ev, configs, self.text)
@@ -155,7 +156,7 @@ def _loss(a: Run, b: Run):
 STATISTICS: dict[str, Statistic] = {
     "init_global_input_gap_minus_nope": Statistic(
         2, "gap at the global layers' normalised input at init, config − nope at the same "
-        "layers, per init draw (same draw seed)", _init_gap_minus_nope),
+        "layers, per init draw (same draw seed)", _init_gap_minus_nope, per_draw=True),
     "global_input_gap_final_minus_init": Statistic(
         1, "gap at the global layers' normalised input, final − step 0, mean over global layers",
         _trained(lambda r: r.global_input_gap(r.final) - r.global_input_gap(0))),

@@ -292,5 +292,8 @@ def build(corpora: str | Sequence[tuple[str, Sequence[str]]], out_md: str,
   with open(out_md, "w") as f:
     f.write(text)
   return {**_summary(evidence[0]), "corpora": {ev.name: _summary(ev) for ev in evidence},
-          "primary": {pc.corpus.name: [dict(v.row(), claim=c.id) for c, v in
-                                       zip(registry.claims, pc.verdicts)] for pc in decided}}
+          "primary": {pc.corpus.name: [
+              dict(v.row(), claim=c.id, pending=w,
+                   verdict=primary_page.verdict_text(registry, c, v, w)[0])
+              for c, v, w in zip(registry.claims, pc.verdicts,
+                                 primary.pending(registry, pc.verdicts))] for pc in decided}}
