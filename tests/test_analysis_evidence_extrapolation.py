@@ -37,3 +37,10 @@ def test_too_few_configs_is_undecided_and_says_how_many():
 def test_ratios_below_one_say_there_is_no_failure_to_explain():
   r = extrapolation.regression(_points(0.0, np.random.default_rng(3)), resamples=200)
   assert r["ratio_range"][1] < 1 and "no failure to explain" in extrapolation.decided(r)
+
+
+def test_a_failure_to_extrapolate_is_a_ratio_at_the_threshold():
+  from hybrid_nope.analysis.evidence import extrapolation as ex
+  assert not ex.has_failure({"ratio_range": [0.9, ex.FAILURE_RATIO - 1e-9]})
+  assert ex.has_failure({"ratio_range": [0.9, ex.FAILURE_RATIO]})
+  assert not ex.has_failure({"ratio_range": None})

@@ -19,6 +19,16 @@ import numpy as np
 
 MIN_CONFIGS = 4  # Three coefficients need more than three points to leave any residual.
 
+# A config fails to extrapolate at k× when its eval loss there is this much above its loss at
+# the training length (the ratio); below it, the regression has no failure to explain.
+FAILURE_RATIO = 1.05
+
+
+def has_failure(regression: dict) -> bool:
+  """Whether any config's mean ratio at this factor reaches FAILURE_RATIO."""
+  top = (regression.get("ratio_range") or [None, None])[1]
+  return top is not None and top >= FAILURE_RATIO
+
 
 def _coefficients(gap: np.ndarray, loss: np.ndarray, ratio: np.ndarray) -> np.ndarray | None:
   design = np.column_stack([np.ones_like(gap), gap, loss])

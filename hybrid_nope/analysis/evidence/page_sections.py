@@ -60,6 +60,13 @@ def extrapolation_section(regressions: dict[int, dict], corr: dict, h: str = "##
     lines.append(f"| {k} | {r['n']} | {fmt(r['slope'], '+.3g')} | [{fmt(r['low'], '+.3g')}, "
                  f"{fmt(r['high'], '+.3g')}] | {fmt(r['partial_r'], '+.2f')} | "
                  f"{fmt(rng[0], '.3f')}–{fmt(rng[1], '.3f')} | {extrapolation.decided(r)} |")
+  calm = [k for k, r in sorted(regressions.items()) if r["ratio_range"] and
+          not extrapolation.has_failure(r)]
+  if calm:
+    lines += ["", f"At {', '.join(f'{k}×' for k in calm)} no config fails to extrapolate (every "
+              f"ratio below {extrapolation.FAILURE_RATIO}): the regression has no failure to "
+              "explain there. The configs built to fail are configs/small.py's RoPE-global "
+              "controls (rope, swa64_globalrope)."]
   lines += ["", f"For comparison, the raw Pearson r of the 2× ratio with the gap over "
             f"{corr.get('points', 0)} runs in {corr['groups']} configs: {fmt(corr['r'], '+.3f')}"
             f", 95% [{fmt(corr['low'], '+.3f')}, {fmt(corr['high'], '+.3f')}] (configs "
