@@ -33,8 +33,9 @@ flags.DEFINE_integer("init_seeds", 0,
                      "empirical init null, analysis/step_<N>/init_null_T<T>.json); 0 = skip.")
 flags.DEFINE_enum("ablate", None, list(ablation.ABLATE_CHOICES),
                   "Also run the causal test: 'local' permutes the local mixers' outputs within "
-                  "documents, against an equal-norm control, and measures every global layer's "
-                  "read-out and the loss (analysis/step_<N>/ablation_T<T>.json); unset = skip.")
+                  "documents, against position-free controls matched in norm and eval loss, and "
+                  "measures every global layer's read-out and the loss "
+                  "(analysis/step_<N>/ablation_T<T>.json); unset = skip.")
 flags.DEFINE_integer("rows_per_call", None,
                      "Eval rows per forward pass (memory at long lengths); default a batch.")
 cli.define_config_dict("config", base.get_config(),

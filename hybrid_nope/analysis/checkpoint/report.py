@@ -212,7 +212,8 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
   `init_seeds`: also measure K fresh initialisations on the same probe (the empirical init
   null, `analysis.checkpoint.init_null`), written to init_null_T<seq_len>.json; 0 = skip.
   `ablate`: "local" also runs the causal test (`analysis.checkpoint.ablation`: the local
-  mixers' outputs permuted within documents, against an equal-norm control) at seq_len,
+  mixers' outputs permuted within documents, against controls matched in norm and eval loss) at
+  seq_len,
   written to ablation_T<seq_len>.json; None = skip. A pattern without a local mixer fails
   before anything is restored.
 
