@@ -25,6 +25,7 @@ class PrimaryCorpus:
   counts: dict[str, int]        # experiment -> seeds packed
   registration: dict
   data_profile: dict | None     # lags and P(t_i = t_{i−d}) at the probe, step 0
+  pending: list[bool]           # per claim: fewer values than registered (`primary.pending`)
 
 
 def data_profile(runs: dict[str, dict[int, Run]]) -> dict | None:
@@ -70,9 +71,10 @@ def decide(registry: primary.Registry, tmp: str) -> list[PrimaryCorpus]:
   out = []
   for corpus in registry.corpora.values():
     ev, packs = evidence(corpus, tmp)
-    out.append(PrimaryCorpus(corpus, primary.decide(registry, ev),
-                             {e: len(rs) for e, rs in ev.runs.items()},
-                             primary.registration(registry.path, packs), data_profile(ev.runs)))
+    verdicts = primary.decide(registry, ev)
+    out.append(PrimaryCorpus(corpus, verdicts, {e: len(rs) for e, rs in ev.runs.items()},
+                             primary.registration(registry.path, packs), data_profile(ev.runs),
+                             primary.pending(registry, verdicts)))
   return out
 
 
@@ -122,5 +124,5 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
                    "and the init null, not against zero."), ""]
     lines += [HEADER, "|---|---|---|---|---|---|---|---|---|---|",
               *(_row(registry, c, v, w) for c, v, w in zip(
-                  registry.claims, pc.verdicts, primary.pending(registry, pc.verdicts))), ""]
+                  registry.claims, pc.verdicts, pc.pending)), ""]
   return lines

@@ -126,10 +126,8 @@ def _logit_gap_minus_init_null(ev: Evidence, configs: tuple[str, ...], text: str
   pairs = _runs(ev, e)
   if not pairs or not null.get("sd"):
     return _empty(text, f"no packs of {e}, or no init null of its logit gap")
-  v = verdict("", text, "", pairs, lambda r: r.logit_gap(r.final))
-  v.estimate = verdicts_lib.with_null(v.estimate, v.values, null)
-  v.values = [x - null["mean"] for x in v.values]
-  return v
+  return verdicts_lib.against_null(verdict("", text, "", pairs, lambda r: r.logit_gap(r.final)),
+                                   null)
 
 
 def _causal(ev: Evidence, configs: tuple[str, ...], text: str) -> Verdict:

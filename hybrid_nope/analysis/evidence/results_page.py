@@ -295,5 +295,4 @@ def build(corpora: str | Sequence[tuple[str, Sequence[str]]], out_md: str,
           "primary": {pc.corpus.name: [
               dict(v.row(), claim=c.id, pending=w,
                    verdict=primary_page.verdict_text(registry, c, v, w)[0])
-              for c, v, w in zip(registry.claims, pc.verdicts,
-                                 primary.pending(registry, pc.verdicts))] for pc in decided}}
+              for c, v, w in zip(registry.claims, pc.verdicts, pc.pending)] for pc in decided}}

@@ -111,6 +111,14 @@ def with_null(estimate: two_level.Estimate, values, null: dict) -> two_level.Est
                              df=float(df))
 
 
+def against_null(v: Verdict, null: dict) -> Verdict:
+  """`v`'s trained values read against the empirical init null: its mean subtracted, its
+  spread in the error (`with_null`)."""
+  v.estimate = with_null(v.estimate, v.values, null)
+  v.values = [x - null.get("mean", 0.0) for x in v.values]
+  return v
+
+
 def _logit_findings(e, rs, nulls, ref, nope=None) -> list[Verdict]:
   null = (nulls.get(e) or {}).get("logit_gap") or {}
   m, rule = ref.logit_margin(e)
@@ -119,8 +127,7 @@ def _logit_findings(e, rs, nulls, ref, nope=None) -> list[Verdict]:
               f"{null.get('mean', float('nan')):+.4f}, SD {null.get('sd') or float('nan'):.4f} "
               f"over {null.get('draws', 0)} fresh initialisations; Welch)", by_seed(rs),
               lambda r: r.logit_gap(r.final), reference=m, rule=rule)
-  v.estimate = with_null(v.estimate, v.values, null)
-  v.values = [x - null.get("mean", 0.0) for x in v.values]
+  against_null(v, null)
   out = [v]
   if nope and e != NOPE:
     out.append(verdict(
