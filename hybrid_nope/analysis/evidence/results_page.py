@@ -6,8 +6,9 @@ each published finding into one statistic per seed with its seed × document err
 (`evidence.verdicts`), reads the causal test's files (`evidence.causal`), gives the rows
 Benjamini–Hochberg q-values (they are exploratory: the registered primary family, decided first
 by `primary_page` from its own runs, is the page's only Holm family), and writes it: per corpus
-the sweep table, the verdicts, the causal test, the mixers compared, the sign swing as counts, extrapolation at fixed loss, propagation through
-module kinds and figures; then where the corpora agree (`page_sections`).
+the sweep table, the verdicts, the causal test, the mixers compared, the sign swing as counts,
+extrapolation at fixed loss, propagation through module kinds and figures; then where the
+corpora agree (`page_sections`).
 """
 from __future__ import annotations
 
