@@ -1,0 +1,441 @@
+"""Gated linear attention for GPUs in Pallas (Triton lowering): chunked forward and backward.
+
+The maths is linear_xla's (read its docstring): per (batch row, kv head) the [H, H] state runs
+over chunks of C = 64 tokens, and within a chunk out_i = s·[(q_i ⊙ e^{P_i})ᵀ S_in + Σ_{j<=i} A_ij
+v_j] with A_ij = Σ_d q_id k_jd e^{Σ_{j<t<=i} g_td}. Four pallas_calls, as fla's chunk_gla splits
+the work (state passing sequential over chunks, everything else parallel over chunks):
+  gla_chunk_states   grid (B, K, H/BV), a loop over chunks: the state entering each chunk;
+  gla_chunk_out      grid (B, K, n): the chunk's outputs for the G query heads of a kv head;
+  gla_chunk_dstates  grid (B, K, H/BV), a reverse loop: the gradient of each chunk's out state;
+  gla_chunk_grads    grid (B, K, n): dq, dk, dv and the chunk-local part of dlog_decay.
+The later chunks' share of dlog_decay is one [H] vector per chunk, carried by an associative
+scan in XLA (_dlog_decay), as linear_xla's reverse scan carries it.
+
+Stable intra-chunk decays. A chunk is cut into sub-chunks of 16 rows (Triton's smallest dot
+edge). Every factor is e^{Σ g} over exactly the range it stands for, never a ratio e^{P_i}e^{-P_j}
+(which overflows) nor a difference of prefixes P_i − P_j (which loses its digits after one
+strong step): the sums are 0/1-matrix dots at HIGHEST precision (IEEE float32: a direct sum of
+the selected terms, all <= 0). A pair j < i in sub-chunks J < I is split at I's start:
+  e^{Σ_{j<t<=i} g} = e^{pre_I(i)} · e^{suf_J(j)} · Π_{J<M<I} e^{tot_M},
+pre the in-sub-chunk sum up to i, suf the one after j, tot a sub-chunk's sum; a pair inside one
+sub-chunk is split by linear_xla's halving hierarchy (levels h = 1, 2, 4, 8, each a masked
+16 x 16 dot). Every factor lies in [0, 1], so nothing overflows; each exponent is a sum of <= C
+same-signed terms, so a weight w carries a relative error ~C·eps·|log w|, at most ~C·eps/e
+absolute (the bound this relies on); a product that underflows is a weight below ~1e-38, where
+the true one is too. log_decay is clamped at -1e30 (same exp, 0) so -inf makes no 0·inf NaN.
+
+Backward: dq, dk, dv by the chain rule through the same factors; dlog_decay as linear_xla's, the
+in-run reverse cumulative sum of dG = q ⊙ dq − k ⊙ dk (full gradients, the i = j terms left
+out: they cancel exactly), chunk-locally a masked 0/1 dot at HIGHEST, across chunks the scan.
+
+Layout stays [B, T, heads, H] (no transposes): a chunk's program owns one kv head and the G
+query heads that read it (so dk, dv need no atomics). T is padded to whole chunks, H to a power
+of two >= 16 (zero columns change nothing). Segments become per-position run ids and read /
+write flags (linear_xla's masks) computed once in XLA. Data dots run at the default precision
+(TF32 for float32 on GPU); accumulation and all gate maths are float32.
+
+Status: checked in interpret mode on CPU (tests/test_kernels_linear_pallas_gpu.py) and lowered
+for CUDA with jax.export; not yet run or timed on a GPU, so linear_attention's "auto" does not
+pick it (AUTO_PALLAS_PLATFORMS). BV = 32 (value columns per state program) and C = 64 are fla's
+sizes, not tuned here.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from hybrid_nope.kernels import linear_xla
+
+try:  # Pallas APIs move between jax releases: without them impl="pallas" is off on CUDA.
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+except ImportError:  # pragma: no cover - depends on the jax build
+  pl = plgpu = None
+
+CHUNK = 64
+SUB = 16          # Sub-chunk rows: Triton's smallest dot edge.
+VALUE_BLOCK = 32  # Value columns per state program (more programs for the sequential passes).
+_SQUEEZED = getattr(pl, "squeezed", None)
+_NN = (((1,), (0,)), ((), ()))
+_NT = (((1,), (1,)), ((), ()))  # a @ b.T
+_TN = (((0,), (0,)), ((), ()))  # a.T @ b
+
+
+def available() -> bool:
+  """Whether the compiled (Triton) kernels can be built; interpret mode needs only Pallas."""
+  return pl is not None and plgpu is not None
+
+
+def _dot(a, b, dims=_NN, precision=None):
+  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32, precision=precision)
+
+
+def _ranges(h):
+  """0/1 [SUB, SUB] matrices (rows i, columns t) of t in [start of i's h-block, i] and of t in
+  (i, end of i's h-block]: dotted with g, the direct range sums pre_h and suf_h."""
+  i = jnp.arange(SUB, dtype=jnp.int32)[:, None]
+  t = jnp.arange(SUB, dtype=jnp.int32)[None, :]
+  same = lax.div(i, jnp.int32(h)) == lax.div(t, jnp.int32(h))  # lax.div: Triton lowers it as is
+  return jnp.where(same & (t <= i), 1.0, 0.0), jnp.where(same & (t > i), 1.0, 0.0)
+
+
+def _level_mask(h):
+  """[SUB, SUB] pairs of level h: i in the second half, j in the first, of one 2h-block."""
+  i = jnp.arange(SUB, dtype=jnp.int32)[:, None]
+  j = jnp.arange(SUB, dtype=jnp.int32)[None, :]
+  two = jnp.int32(2 * h)
+  return ((lax.div(i, two) == lax.div(j, two)) & (lax.rem(i, two) >= h)
+          & (lax.rem(j, two) < h))
+
+
+class _Sub(NamedTuple):
+  """One sub-chunk's decay factors ([SUB, H] unless noted), all in [0, 1]."""
+  pre: jax.Array     # e^{Σ g from the sub-chunk's start to i}
+  suf: jax.Array     # e^{Σ g after j to the sub-chunk's end}
+  tot: jax.Array     # [H] e^{Σ g over the sub-chunk}
+  levels: tuple      # ((e^pre_h, e^suf_h, level mask) for h = 1, 2, 4, 8)
+
+
+def _sub_factors(g):
+  g = jnp.maximum(g.astype(jnp.float32), -1e30)  # -inf: 0·-inf in the dots would be NaN
+  exact = lax.Precision.HIGHEST
+  sums = lambda h: [jnp.exp(_dot(m, g, precision=exact)) for m in _ranges(h)]
+  levels = tuple((*sums(h), _level_mask(h)) for h in (1, 2, 4, 8) if h < SUB)
+  pre, suf = sums(SUB)
+  return _Sub(pre, suf, jnp.exp(jnp.sum(g, axis=0)), levels)
+
+
+class _Chunk(NamedTuple):
+  """A chunk's factors, per sub-chunk: e^P (chunk start to i), e^U (after j to chunk end), the
+  off-diagonal k factors fk[I][J] (J < I), the state decay [H], and the sub-chunks' _Sub."""
+  ep: list
+  eu: list
+  fk: list
+  decay: jax.Array
+  subs: list
+
+
+def _chunk_factors(g_ref, start, n_sub):
+  subs = [_sub_factors(g_ref[pl.ds(start + I * SUB, SUB), :]) for I in range(n_sub)]
+  prod = lambda Ms: functools.reduce(lambda a, M: a * subs[M].tot, Ms, jnp.ones_like(subs[0].tot))
+  ep = [subs[I].pre * prod(range(I))[None, :] for I in range(n_sub)]
+  eu = [subs[J].suf * prod(range(J + 1, n_sub))[None, :] for J in range(n_sub)]
+  fk = [[subs[J].suf * prod(range(J + 1, I))[None, :] for J in range(I)] for I in range(n_sub)]
+  return _Chunk(ep, eu, fk, prod(range(n_sub)), subs)
+
+
+class _Flags(NamedTuple):
+  """One sub-chunk's segment flags: run ids [SUB] and valid / read / write as [SUB, 1] 0/1."""
+  run: jax.Array
+  valid: jax.Array
+  read: jax.Array
+  write: jax.Array
+
+
+def _flags(refs, I):
+  run_ref, valid_ref, read_ref, write_ref = refs
+  sl = pl.ds(I * SUB, SUB)
+  return _Flags(run_ref[sl], valid_ref[sl][:, None], read_ref[sl][:, None],
+                write_ref[sl][:, None])
+
+
+def _pair(fi, fj, diagonal):
+  """[SUB, SUB] 0/1: j <= i in one run, i not padding (linear_xla's pair mask)."""
+  m = (fi.run[:, None] == fj.run[None, :]) & (fi.valid > 0)
+  if diagonal:
+    m &= (jnp.arange(SUB, dtype=jnp.int32)[None, :] <= jnp.arange(SUB, dtype=jnp.int32)[:, None])
+  return jnp.where(m, 1.0, 0.0)
+
+
+def _intra(q, k, ch, pairs, precision):
+  """A[I][J] (J <= I), masked: the intra-chunk weights of one query head."""
+  A = []
+  for I in range(len(q)):
+    qs = q[I] * ch.subs[I].pre
+    row = [_dot(qs, k[J] * ch.fk[I][J], _NT, precision) for J in range(I)]
+    diag = _dot(q[I], k[I], _NT, precision) * _level_mask_eye()
+    for fq, fk, mask in ch.subs[I].levels:
+      diag += jnp.where(mask, _dot(q[I] * fq, k[I] * fk, _NT, precision), 0.0)
+    A.append([a * pairs[I][J] for J, a in enumerate(row + [diag])])
+  return A
+
+
+def _level_mask_eye():
+  i = jnp.arange(SUB, dtype=jnp.int32)
+  return jnp.where(i[:, None] == i[None, :], 1.0, 0.0)
+
+
+def _pairs(flags):
+  return [[_pair(flags[I], flags[J], I == J) for J in range(I + 1)] for I in range(len(flags))]
+
+
+def _load(ref, start, n_sub, *index):
+  return [ref[(pl.ds(start + I * SUB, SUB), *index)].astype(jnp.float32) for I in range(n_sub)]
+
+
+def _states_kernel(k_ref, v_ref, g_ref, write_ref, carry_ref, states_ref, *, C):
+  """The state entering each chunk (value columns of this program's block), in order."""
+  n_sub, H = C // SUB, k_ref.shape[-1]
+
+  def step(c, S):
+    states_ref[c] = S
+    start = c * C
+    ch = _chunk_factors(g_ref, start, n_sub)
+    k, v = _load(k_ref, start, n_sub, slice(None)), _load(v_ref, start, n_sub, slice(None))
+    write = [write_ref[pl.ds(start + J * SUB, SUB)][:, None] for J in range(n_sub)]
+    S = (ch.decay * carry_ref[c])[:, None] * S
+    for J in range(n_sub):
+      S += _dot(k[J] * ch.eu[J] * write[J], v[J], _TN)
+    return S
+
+  lax.fori_loop(0, states_ref.shape[0], step,
+                jnp.zeros((H, states_ref.shape[-1]), jnp.float32))
+
+
+def _dstates_kernel(q_ref, do_ref, g_ref, read_ref, carry_ref, dstates_ref, *, C, G, scale):
+  """The gradient of the state leaving each chunk, in reverse order."""
+  n_sub, H, n = C // SUB, q_ref.shape[-1], dstates_ref.shape[0]
+
+  def step(t, dS):
+    c = n - 1 - t
+    dstates_ref[c] = dS
+    start = c * C
+    ch = _chunk_factors(g_ref, start, n_sub)
+    read = [read_ref[pl.ds(start + I * SUB, SUB)][:, None] for I in range(n_sub)]
+    dS = (ch.decay * carry_ref[c])[:, None] * dS
+    for g in range(G):
+      q, do = _load(q_ref, start, n_sub, g, slice(None)), _load(do_ref, start, n_sub, g, slice(None))
+      for I in range(n_sub):
+        dS += _dot(q[I] * ch.ep[I] * read[I], do[I] * scale, _TN)
+    return dS
+
+  lax.fori_loop(0, n, step, jnp.zeros((H, dstates_ref.shape[-1]), jnp.float32))
+
+
+def _out_kernel(q_ref, k_ref, v_ref, g_ref, S_ref, *rest, C, G, scale, precision):
+  flag_refs, (out_ref,) = rest[:4], rest[4:]
+  n_sub = C // SUB
+  ch = _chunk_factors(g_ref, 0, n_sub)
+  flags = [_flags(flag_refs, I) for I in range(n_sub)]
+  pairs = _pairs(flags)
+  k, v = _load(k_ref, 0, n_sub, slice(None)), _load(v_ref, 0, n_sub, slice(None))
+  S = S_ref[...]
+  for g in range(G):
+    q = _load(q_ref, 0, n_sub, g, slice(None))
+    A = _intra(q, k, ch, pairs, precision)
+    for I in range(n_sub):
+      out = _dot(q[I] * ch.ep[I] * flags[I].read, S, precision=precision)
+      for J in range(I + 1):
+        out += _dot(A[I][J], v[J], precision=precision)
+      out_ref[pl.ds(I * SUB, SUB), g, :] = (out * scale).astype(out_ref.dtype)
+
+
+def _grads_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, S_ref, dS_ref, *rest, C, G, scale,
+                  precision):
+  """dq (per query head), dk, dv and dg_local (the in-chunk, in-run reverse sum of dG)."""
+  flag_refs, (dq_ref, dk_ref, dv_ref, dgl_ref) = rest[:4], rest[4:]
+  n_sub = C // SUB
+  ch = _chunk_factors(g_ref, 0, n_sub)
+  flags = [_flags(flag_refs, I) for I in range(n_sub)]
+  pairs = _pairs(flags)
+  k, v = _load(k_ref, 0, n_sub, slice(None)), _load(v_ref, 0, n_sub, slice(None))
+  S, dS = S_ref[...], dS_ref[...]
+  eye = _level_mask_eye()
+  # The state's part: S_out gets (k ⊙ e^U)ᵀ v on the chunk's last run.
+  kw = [k[J] * ch.eu[J] * flags[J].write for J in range(n_sub)]
+  dk = [_dot(v[J], dS, _NT, precision) * ch.eu[J] * flags[J].write for J in range(n_sub)]
+  dv = [_dot(kw[J], dS, precision=precision) for J in range(n_sub)]
+  dk_diag = [jnp.zeros_like(x) for x in dk]
+  dG = [jnp.zeros_like(x) for x in dk]
+  for g in range(G):
+    q = _load(q_ref, 0, n_sub, g, slice(None))
+    do = [x * scale for x in _load(do_ref, 0, n_sub, g, slice(None))]
+    A = _intra(q, k, ch, pairs, precision)
+    for I in range(n_sub):
+      dq = _dot(do[I], S, _NT, precision) * ch.ep[I] * flags[I].read
+      qs = q[I] * ch.subs[I].pre
+      for J in range(I + 1):
+        dA = _dot(do[I], v[J], _NT, precision) * pairs[I][J]
+        dv[J] += _dot(A[I][J], do[I], _TN, precision)
+        if J < I:
+          dq += _dot(dA, k[J] * ch.fk[I][J], precision=precision) * ch.subs[I].pre
+          dk[J] += _dot(dA, qs, _TN, precision) * ch.fk[I][J]
+          continue
+        for fq, fk, mask in ch.subs[I].levels:
+          dX = jnp.where(mask, dA, 0.0)
+          dq += _dot(dX, k[I] * fk, precision=precision) * fq
+          dk[I] += _dot(dX, q[I] * fq, _TN, precision) * fk
+        # The i = j terms cancel exactly in dG: they join dq, dk only after it.
+        diag = jnp.sum(dA * eye, axis=1)[:, None]
+        dG[I] += q[I] * dq
+        dq_ref[pl.ds(I * SUB, SUB), g, :] = (dq + diag * k[I]).astype(dq_ref.dtype)
+        dk_diag[I] += diag * q[I]
+  exact = lax.Precision.HIGHEST
+  for J in range(n_sub):
+    dG[J] -= k[J] * dk[J]
+    dk_ref[pl.ds(J * SUB, SUB), :] = (dk[J] + dk_diag[J]).astype(dk_ref.dtype)
+    dv_ref[pl.ds(J * SUB, SUB), :] = dv[J].astype(dv_ref.dtype)
+  for I in range(n_sub):  # dg_local_i = Σ_{t >= i in i's run} dG_t: pairs transposed
+    dg = _dot(pairs[I][I], dG[I], _TN, exact)
+    for T in range(I + 1, n_sub):
+      dg += _dot(pairs[T][I], dG[T], _TN, exact)
+    dgl_ref[pl.ds(I * SUB, SUB), :] = dg
+
+
+class _Masks(NamedTuple):
+  """linear_xla's run masks per position ([B, Tp]; carry [B, n]), for the kernels' flags."""
+  run: jax.Array    # int32 run ids
+  valid: jax.Array  # not padding
+  read: jax.Array   # reads the state entering its chunk
+  write: jax.Array  # writes the state leaving its chunk (the chunk's last run)
+  carry: jax.Array  # [B, n] the entering state survives the chunk
+  start: jax.Array  # bool: a run starts here, or padding (dlog_decay 0)
+
+
+def _masks(segment_ids, Tp, C) -> _Masks:
+  run, valid = linear_xla._runs(segment_ids, Tp)
+  B, n = run.shape[0], Tp // C
+  last = run[:, C - 1::C]                                            # [B, n]
+  prev = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32), last[:, :-1]], axis=1)
+  per_pos = lambda x: jnp.repeat(x, C, axis=1)
+  change = jnp.concatenate([jnp.ones((B, 1), bool), run[:, 1:] != run[:, :-1]], axis=1)
+  f32 = lambda x: x.astype(jnp.float32)
+  return _Masks(run, f32(valid), f32(valid & (run == per_pos(prev))),
+                f32(valid & (run == per_pos(last))), f32(last == prev), change | ~valid)
+
+
+def _call(kernel, grid, in_specs, out_specs, out_shape, interpret, name):
+  params = None if interpret else plgpu.CompilerParams(num_warps=4, num_stages=1)
+  return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                        out_shape=out_shape, compiler_params=params, interpret=interpret,
+                        name=name)
+
+
+def _specs(C, G, H):
+  """BlockSpecs over grid (b, kv head, chunk): a kv head's chunk, its query heads' chunk, one
+  position flag row, its states."""
+  kv = pl.BlockSpec((_SQUEEZED, C, _SQUEEZED, H), lambda b, h, c: (b, c, h, 0))
+  group = pl.BlockSpec((_SQUEEZED, C, G, H), lambda b, h, c: (b, c, h, 0))
+  flag = pl.BlockSpec((_SQUEEZED, C), lambda b, h, c: (b, c))
+  state = pl.BlockSpec((_SQUEEZED,) * 3 + (H, H), lambda b, h, c: (b, h, c, 0, 0))
+  return kv, group, flag, state
+
+
+def _sequential_specs(Tp, n, H, BV, heads):
+  """BlockSpecs over grid (b, kv head, value block) for the state passes: whole-sequence
+  operands of `heads` query heads (None: the kv head), value columns of block vb, per-chunk
+  rows, and the states' value block."""
+  whole = lambda cols, idx: pl.BlockSpec(
+      (_SQUEEZED, Tp, heads or _SQUEEZED, cols), lambda b, h, vb: (b, 0, h, idx(vb)))
+  return (whole(H, lambda vb: 0), whole(BV, lambda vb: vb),
+          pl.BlockSpec((_SQUEEZED, Tp, _SQUEEZED, H), lambda b, h, vb: (b, 0, h, 0)),
+          pl.BlockSpec((_SQUEEZED, Tp), lambda b, h, vb: (b, 0)),
+          pl.BlockSpec((_SQUEEZED, n), lambda b, h, vb: (b, 0)),
+          pl.BlockSpec((_SQUEEZED, _SQUEEZED, n, H, BV), lambda b, h, vb: (b, h, 0, 0, vb)))
+
+
+def _forward(q, k, v, g, m, C, scale, precision, interpret):
+  """Padded operands in: (out [B, Tp, N, H], states entering each chunk [B, K, n, H, H])."""
+  B, Tp, N, H = q.shape
+  K = k.shape[2]
+  G, n, BV = N // K, Tp // C, min(H, VALUE_BLOCK)
+  kspec, vspec, gspec, wspec, cspec, sspec = _sequential_specs(Tp, n, H, BV, None)
+  states = _call(functools.partial(_states_kernel, C=C), (B, K, H // BV),
+                 [kspec, vspec, gspec, wspec, cspec], sspec,
+                 jax.ShapeDtypeStruct((B, K, n, H, H), jnp.float32), interpret,
+                 "gla_chunk_states")(k, v, g, m.write, m.carry)
+  kv, group, flag, state = _specs(C, G, H)
+  kernel = functools.partial(_out_kernel, C=C, G=G, scale=scale, precision=precision)
+  out = _call(kernel, (B, K, n), [group, kv, kv, kv, state, flag, flag, flag, flag], group,
+              jax.ShapeDtypeStruct(q.shape, q.dtype), interpret, "gla_chunk_out")(
+                  q, k, v, g, states, m.run, m.valid, m.read, m.write)
+  return out, states
+
+
+def _dlog_decay(dgl, m, C):
+  """dg = in-run reverse cumulative sum of dG: the chunk-local part dgl plus, on each chunk's
+  last run, `later` (Σ dG over the later chunks in that run), zero where a run starts.
+  later_c = read_{c+1}[0]·(dgl_{c+1}[0] + write_{c+1}[0]·later_{c+1}): affine in later_{c+1}
+  with 0/1 coefficients, solved by an associative scan over the chunks, reversed."""
+  B, Tp = m.run.shape
+  first = lambda x: x[:, ::C]  # position 0 of each chunk
+  r0, w0 = first(m.read), first(m.write)  # [B, n]
+  a = (r0[..., None, None] * first(dgl))[:, 1:]
+  b = (r0 * w0)[:, 1:, None, None]
+  pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)[:, ::-1]
+  a, b = jnp.broadcast_arrays(pad(a), pad(b))  # chunk n - 1 first; the last has no later
+
+  def compose(later, cur):  # x_cur = a_cur + b_cur·x_later
+    return cur[0] + cur[1] * later[0], cur[1] * later[1]
+
+  later = lax.associative_scan(compose, (a, b), axis=1)[0][:, ::-1]  # [B, n, K, H]
+  later = jnp.repeat(later, C, axis=1)
+  dg = dgl + m.write[..., None, None] * later
+  return jnp.where(m.start[..., None, None], 0.0, dg)
+
+
+def _backward(q, k, v, g, m, states, do, C, scale, precision, interpret):
+  B, Tp, N, H = q.shape
+  K = k.shape[2]
+  G, n, BV = N // K, Tp // C, min(H, VALUE_BLOCK)
+  qspec, dospec, gspec, rspec, cspec, sspec = _sequential_specs(Tp, n, H, BV, G)
+  dstates = _call(functools.partial(_dstates_kernel, C=C, G=G, scale=scale), (B, K, H // BV),
+                  [qspec, dospec, gspec, rspec, cspec], sspec,
+                  jax.ShapeDtypeStruct((B, K, n, H, H), jnp.float32), interpret,
+                  "gla_chunk_dstates")(q, do, g, m.read, m.carry)
+  kv, group, flag, state = _specs(C, G, H)
+  kernel = functools.partial(_grads_kernel, C=C, G=G, scale=scale, precision=precision)
+  dq, dk, dv, dgl = _call(
+      kernel, (B, K, n), [group, kv, kv, kv, group, state, state, flag, flag, flag, flag],
+      [group, kv, kv, kv],
+      [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+       jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(k.shape, jnp.float32)],
+      interpret, "gla_chunk_grads")(q, k, v, g, do, states, dstates, m.run, m.valid, m.read,
+                                    m.write)
+  return dq, dk, dv, _dlog_decay(dgl, m, C).astype(g.dtype)
+
+
+# C, `scale` (1/sqrt of the unpadded head dim), precision and interpret are static.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _gla(q, k, v, g, segment_ids, C, scale, precision, interpret):
+  return _gla_fwd(q, k, v, g, segment_ids, C, scale, precision, interpret)[0]
+
+
+def _gla_fwd(q, k, v, g, segment_ids, C, scale, precision, interpret):
+  m = _masks(segment_ids, q.shape[1], C)
+  out, states = _forward(q, k, v, g, m, C, scale, precision, interpret)
+  return out, (q, k, v, g, m, states)
+
+
+def _gla_bwd(C, scale, precision, interpret, residuals, do):
+  q, k, v, g, m, states = residuals
+  return (*_backward(q, k, v, g, m, states, do, C, scale, precision, interpret), None)
+
+
+_gla.defvjp(_gla_fwd, _gla_bwd)
+
+
+def linear_attention(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, *, segment_ids=None,
+                     chunk: int | None = None, precision=None, interpret: bool = False):
+  """Gated linear attention; arguments as kernels.linear_attention. `chunk`: a power of two
+  >= 16 (default CHUNK); `precision`: of the data dots (None: TF32 for float32 on GPU);
+  `interpret=True` runs the kernels on any backend (tests)."""
+  if pl is None or (not interpret and plgpu is None):
+    raise ValueError("impl='pallas' on GPU needs jax.experimental.pallas (and its triton "
+                     "module), which this jax build lacks")
+  C = chunk or CHUNK
+  if C < SUB or C & (C - 1):
+    raise ValueError(f"chunk={C}: expected a power of two >= {SUB}")
+  B, T, N, H = q_BTNH.shape
+  Tp, Hp = -(-T // C) * C, max(SUB, pl.next_power_of_2(H))
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, Tp - T), (0, 0), (0, Hp - H)))
+  # Padded tail positions are segment 0: padding, which outputs 0 and writes nothing.
+  seg = jnp.ones((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+  seg = jnp.pad(seg, ((0, 0), (0, Tp - T)))
+  out = _gla(pad(q_BTNH), pad(k_BTKH), pad(v_BTKH), pad(log_decay_BTKH), seg, C, H**-0.5,
+             precision, interpret)
+  return out[:, :T, :, :H]
