@@ -1,21 +1,23 @@
-# Each target sets itself up: a .venv at the repo root with the pinned versions of requirements.lock.
+# Each target sets itself up: a .venv at the repo root with the pinned versions of requirements.lock
+# (requirements-next.lock where the Python is 3.12+: launch/install.sh).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 
-.PHONY: demo prose test test-all analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval \
+.PHONY: demo prose test test-all test-next analyze install install-gpu install-tpu clean check-hf install-hf check-lm-eval \
 	check-delta-hf tensorboard
 
 CUDA ?= 13  # CUDA major version of the GPU jax build; current H100/H200 drivers run CUDA 13.
 
-$(VENV)/.installed: requirements.lock setup.py launch/install.sh
+$(VENV)/.installed: requirements.lock requirements-next.lock setup.py launch/install.sh
 	PYTHON=$(PYTHON) bash launch/install.sh cpu
 	touch $@
 
 install: $(VENV)/.installed
 
-# The lock plus the CUDA (or TPU) build of the locked jax version; `make test` stays on CPU.
+# The lock plus the CUDA (or TPU) build of the locked jax version; `make test` stays on CPU. On
+# Python 3.12+ (current CUDA images) that is requirements-next.lock's jax 0.11.
 install-gpu: $(VENV)/.installed
 	PYTHON=$(PYTHON) bash launch/install.sh cuda$(strip $(CUDA))
 
@@ -49,8 +51,21 @@ tensorboard:
 # Two workers: the 2-core machines CI and users have. `test` is the everyday tier (every module's
 # unit and property tests); `test-all` adds the integration and slow tests, and is what CI runs
 # (.ci/run). Markers: pytest.ini.
+UNIT := -m "not slow and not integration"
 test: install
-	$(PY) -m pytest -q -n 2 -m "not slow and not integration"
+	$(PY) -m pytest -q -n 2 $(UNIT)
+
+# The everyday tier on Python 3.12 with jax 0.11 (requirements-next.lock), in .venv-next.
+# PYTHON_NEXT: python3.12 where it runs, else pyenv's (whose shim runs it only when 3.12 is among
+# `pyenv global`'s versions).
+PYTHON_NEXT ?= $(firstword $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null) \
+	$(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+.venv-next/.installed: requirements-next.lock setup.py launch/install.sh
+	PYTHON=$(PYTHON_NEXT) VENV=.venv-next LOCK=requirements-next.lock bash launch/install.sh cpu
+	touch $@
+
+test-next: .venv-next/.installed
+	.venv-next/bin/python -m pytest -q -n 2 $(UNIT)
 
 test-all: install
 	$(PY) -m pytest -q -n 2 -m ""
@@ -84,4 +99,4 @@ check-lm-eval: install-hf
 	.venv-hf/bin/python tests/hf/check_lm_eval.py
 
 clean:
-	rm -rf $(VENV) .venv-hf .venv-tb workdirs .pytest_cache
+	rm -rf $(VENV) .venv-next .venv-hf .venv-tb workdirs .pytest_cache
