@@ -13,8 +13,10 @@ Implementations (`impl=`):
            them (call the modules with interpret=True).
   "cudnn"  cuDNN flash attention on CUDA GPUs, bfloat16 / float16 (cudnn.py).
   "auto"   decided when the function is lowered (jax.lax.platform_dependent): splash attention
-           on TPU, our Triton kernel on CUDA, xla elsewhere. One jitted or exported step thus
-           carries the right kernel for each platform; cuDNN is only ever chosen explicitly.
+           on TPU, xla elsewhere, and on CUDA the kernel measured faster for the layer
+           (gpu_choice.py, the one table: our Triton kernel for windows, cuDNN for global
+           bfloat16 layers without segment ids from T = 8192). One jitted or exported step thus
+           carries the right kernel for each platform and layer.
 
 Availability is checked against the target platform: this machine's backend, or the one set
 by `target_platform(...)` (launch/lower.py exports for TPU or CUDA from a CPU machine).
@@ -28,8 +30,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from hybrid_nope.kernels import (context_parallel, cudnn, pallas_gpu, pallas_tpu, per_shard,
-                                 xla)
+from absl import logging
+
+from hybrid_nope.kernels import (blocking, context_parallel, cudnn, gpu_choice, pallas_gpu,
+                                 pallas_tpu, per_shard, xla)
 
 IMPLS = ("auto", "xla", "pallas", "cudnn")
 
@@ -113,28 +117,50 @@ def available_impls(q_BTNH, segment_ids=None) -> tuple[str, ...]:
   return tuple(i for i in IMPLS[1:] if _unavailable_reason(i, q_BTNH, segment_ids) is None)
 
 
+def _cuda_choice(q_BTNH, segment_ids, window) -> gpu_choice.Choice:
+  return gpu_choice.cuda_attention(
+      window=blocking.effective_window(window, q_BTNH.shape[1]), seq_len=q_BTNH.shape[1],
+      dtype=q_BTNH.dtype, has_segments=segment_ids is not None,
+      cudnn_unavailable=cudnn.unsupported_reason(q_BTNH, segment_ids))
+
+
+def _cuda_auto(q_BTNH, k_BTKH, v_BTKH, *, window=None, segment_ids=None):
+  """"auto" on CUDA: the kernel gpu_choice picks for this call's (per-shard) shapes."""
+  choice = _cuda_choice(q_BTNH, segment_ids, window)
+  logging.info("attention on cuda, T=%d, window=%s: %s (%s)", q_BTNH.shape[1], window,
+               choice.impl, choice.why)
+  kernel = cudnn.attention if choice.impl == gpu_choice.CUDNN else pallas_gpu.attention
+  return kernel(q_BTNH, k_BTKH, v_BTKH, window=window, segment_ids=segment_ids)
+
+
 def _per_platform(impl: str) -> dict:
   """platform -> kernel for jax.lax.platform_dependent, which keeps only the branch of the
   platform a function is lowered for: one jitted or exported step carries XLA on CPU, splash
-  attention on TPU and our Triton kernel on CUDA. cuDNN is only ever an explicit choice."""
+  attention on TPU and, on CUDA, the kernel gpu_choice picks per layer."""
   if impl == "xla":
     return {"default": xla.attention}
   if impl == "cudnn":
     return {"default": cudnn.attention}
-  pallas = {**({"tpu": pallas_tpu.attention} if pallas_tpu.available() else {}),
-            **({"cuda": pallas_gpu.attention} if pallas_gpu.available() else {})}
-  return {**pallas, "default": xla.attention} if impl == "auto" else pallas
+  tpu = {"tpu": pallas_tpu.attention} if pallas_tpu.available() else {}
+  if not pallas_gpu.available():
+    cuda = {}
+  else:
+    cuda = {"cuda": _cuda_auto if impl == "auto" else pallas_gpu.attention}
+  return {**tpu, **cuda, "default": xla.attention} if impl == "auto" else {**tpu, **cuda}
 
 
-def resolve(impl: str, q_BTNH, segment_ids=None) -> str:
-  """The concrete implementation `impl` means on the target platform; ValueError if
-  unavailable. ("auto" is xla on CPU and other platforms, pallas on TPU and CUDA.)"""
+def resolve(impl: str, q_BTNH, segment_ids=None, window: int | None = None) -> str:
+  """The concrete implementation `impl` means on the target platform for a layer with this
+  window; ValueError if unavailable. ("auto" is xla on CPU and other platforms, pallas on TPU,
+  and gpu_choice's pick on CUDA.)"""
   reason = _unavailable_reason(impl, q_BTNH, segment_ids)
   if reason is not None:
     raise ValueError(f"impl={impl!r} is not available here: {reason}. Available: "
                      f"{available_impls(q_BTNH, segment_ids)}")
   if impl == "auto":
-    return "pallas" if _platform() in _per_platform("auto") else "xla"
+    if _platform() not in _per_platform("auto"):
+      return "xla"
+    return _cuda_choice(q_BTNH, segment_ids, window).impl if _platform() == "cuda" else "pallas"
   return impl
 
 

@@ -58,7 +58,11 @@ def available() -> bool:
 
 
 def _dot(a, b, dims):
-  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+  # Triton runs float32 dots at TF32 unless asked for HIGHEST (IEEE): on the H200 that missed the
+  # float32 check's 1e-4 by 1.5-7.2x (docs/performance.md, "GPU: one H200"). float32 here is the
+  # numerics path (speed runs are bfloat16), so it computes float32; bfloat16 is unaffected.
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
 def _mask(qpos, kpos, window, seg_q, seg_k):

@@ -1,0 +1,85 @@
+"""The per-layer attention choice on CUDA (kernels/gpu_choice.py) and its wiring into
+attention()'s "auto": the table's rules, what resolve() reports for a layer, and that float32
+runs our kernel's dots at HIGHEST (IEEE in Triton, not TF32)."""
+import importlib
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_nope import kernels
+from hybrid_nope.kernels import cudnn, gpu_choice, pallas_gpu
+
+# The module, which kernels/__init__ shadows with its attention() function.
+attention_module = importlib.import_module("hybrid_nope.kernels.attention")
+
+RUNNABLE = dict(has_segments=False, cudnn_unavailable=None)
+
+
+@pytest.mark.parametrize("window, seq_len, dtype, extra, expected", [
+    (None, 8192, jnp.bfloat16, {}, "cudnn"),
+    (None, 32768, jnp.float16, {}, "cudnn"),
+    (None, 8191, jnp.bfloat16, {}, "pallas"),          # below the measured crossover
+    (None, 8192, jnp.float32, {}, "pallas"),           # cuDNN takes no float32
+    (1024, 32768, jnp.bfloat16, {}, "pallas"),         # windows: our kernel
+    (64, 8192, jnp.bfloat16, {}, "pallas"),
+    (None, 8192, jnp.bfloat16, {"has_segments": True}, "pallas"),  # dense T x T mask otherwise
+    (None, 8192, jnp.bfloat16, {"cudnn_unavailable": "no GPU"}, "pallas"),
+])
+def test_table(window, seq_len, dtype, extra, expected):
+  choice = gpu_choice.cuda_attention(window=window, seq_len=seq_len, dtype=dtype,
+                                     **{**RUNNABLE, **extra})
+  assert choice.impl == expected and choice.why
+
+
+def test_resolve_reports_the_layer_choice_on_cuda(monkeypatch):
+  q = jnp.zeros((1, 8192, 2, 64), jnp.bfloat16)
+  seg = jnp.ones((1, 8192), jnp.int32)
+  with kernels.target_platform("cuda"):
+    # This CPU cannot trace cuDNN, so a global layer exported from here gets our kernel.
+    assert kernels.resolve("auto", q, window=None) == "pallas"
+    monkeypatch.setattr(cudnn, "unsupported_reason", lambda q, segment_ids: None)
+    assert kernels.resolve("auto", q, window=None) == "cudnn"
+    assert kernels.resolve("auto", q, window=16384) == "cudnn"  # a window >= T is global
+    assert kernels.resolve("auto", q, window=256) == "pallas"
+    assert kernels.resolve("auto", q, seg, window=None) == "pallas"
+    assert kernels.resolve("auto", q.astype(jnp.float32), window=None) == "pallas"
+  assert kernels.resolve("auto", q, window=None) == "xla"  # CPU
+
+
+def test_cuda_auto_calls_the_chosen_kernel(monkeypatch):
+  calls = []
+  monkeypatch.setattr(cudnn, "unsupported_reason", lambda q, segment_ids: None)
+  monkeypatch.setattr(cudnn, "attention", lambda q, k, v, **kw: calls.append("cudnn") or q)
+  monkeypatch.setattr(pallas_gpu, "attention", lambda q, k, v, **kw: calls.append("pallas") or q)
+  q = jnp.zeros((1, 8192, 2, 64), jnp.bfloat16)
+  attention_module._cuda_auto(q, q, q, window=None)
+  attention_module._cuda_auto(q, q, q, window=128)
+  attention_module._cuda_auto(q[:, :4096], q[:, :4096], q[:, :4096], window=None)
+  assert calls == ["cudnn", "pallas", "pallas"]
+
+
+def _dot_precisions(jaxpr) -> list:
+  """The precision of every dot_general in `jaxpr` and the jaxprs nested in its equations."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      found.append(eqn.params["precision"])
+    for inner in jax.extend.core.jaxprs_in_params(eqn.params):
+      found += _dot_precisions(inner)
+  return found
+
+
+@pytest.mark.parametrize("dtype, highest", [(jnp.float32, True), (jnp.bfloat16, False)])
+def test_triton_kernel_dots_are_highest_in_float32_only(dtype, highest):
+  q = jnp.asarray(np.random.default_rng(0).standard_normal((1, 32, 2, 16)), dtype)
+
+  def loss(q):
+    return pallas_gpu.attention(q, q, q, window=8, interpret=True).astype(jnp.float32).sum()
+
+  precisions = _dot_precisions(jax.make_jaxpr(jax.grad(loss))(q).jaxpr)
+  assert len(precisions) >= 9  # all three kernels seen: forward 2 dots, dq 3, dk/dv 4
+  is_highest = [p is not None and jax.lax.Precision.HIGHEST in tuple(p) for p in precisions]
+  assert all(is_highest) if highest else not any(is_highest)
