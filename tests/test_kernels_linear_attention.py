@@ -195,8 +195,8 @@ def test_dispatch_runs_xla_on_cpu():
     kernels.linear_attention(q, k, v, g, impl="pallas")
 
 
-# "auto" on every platform; "pallas" where its kernel exists (TPU; elsewhere it raises, as
-# test_dispatch_runs_xla_on_cpu checks).
+# "auto" on every platform; "pallas" where its kernel exists (TPU here, CUDA in
+# test_kernels_linear_pallas_gpu.py; elsewhere it raises, as test_dispatch_runs_xla_on_cpu checks).
 @pytest.mark.parametrize("platform, impl", [("cpu", "auto"), ("tpu", "auto"), ("cuda", "auto"),
                                             ("tpu", "pallas")])
 def test_one_function_lowers_for_each_platform(platform, impl):

@@ -10,14 +10,16 @@ gives finite outputs and gradients.
 
 Implementations (`impl=`):
   "xla"    the chunked form in pure jax.numpy (linear_xla.py); every backend, the CPU default.
-  "pallas" a Mosaic TPU forward kernel (linear_pallas.py) that keeps the state in VMEM across
-           the chunks; its backward is the XLA chunked one. TPU only (tests run it with
-           interpret=True on the module).
+  "pallas" Pallas kernels, as attention()'s "pallas": on TPU a Mosaic forward kernel
+           (linear_pallas.py) that keeps the state in VMEM across the chunks, its backward the
+           XLA chunked one; on CUDA Triton kernels for forward and backward
+           (linear_pallas_gpu.py). TPU and CUDA only (tests run both with interpret=True on
+           their modules).
   "auto"   decided when the function is lowered (jax.lax.platform_dependent), as attention()
-           does: today XLA on every platform. The Pallas kernel has never run on a TPU (no
-           accelerator was available where it was written: it is checked in interpret mode
-           and lowered with jax.export only), so "auto" will not choose it until it has been
-           measured faster there; AUTO_PALLAS_PLATFORMS is the one place to change that.
+           does: today XLA on every platform. Neither Pallas kernel has run on its hardware (no
+           accelerator was available where they were written: they are checked in interpret
+           mode and lowered with jax.export only), so "auto" will not choose one until it has
+           been measured faster there; AUTO_PALLAS_PLATFORMS is the one place to change that.
 """
 from __future__ import annotations
 
@@ -28,13 +30,14 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_nope.kernels import context_parallel as cp
-from hybrid_nope.kernels import linear_pallas, linear_xla, per_shard
+from hybrid_nope.kernels import linear_pallas, linear_pallas_gpu, linear_xla, per_shard
 # q, k, v and segment_ids obey attention()'s rules, and the target platform is attention()'s.
 from hybrid_nope.kernels.attention import _check as _check_qkv
 from hybrid_nope.kernels.attention import _platform
 
 IMPLS = ("auto", "xla", "pallas")
-# Platforms where "auto" runs the Pallas kernel (see the module docstring): none yet.
+# Platforms where "auto" runs the Pallas kernels ("tpu", "cuda"; see the module docstring):
+# none yet.
 AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
 
 
@@ -53,10 +56,13 @@ def _unavailable_reason(impl: str) -> str | None:
   platform = _platform()  # the target_platform(...) context, else this backend
   if impl in ("xla", "auto"):
     return None
-  if platform != "tpu":
-    return (f"the Pallas linear attention kernel compiles for TPU only; the platform is "
-            f"{platform!r} (tests run it with interpret=True on linear_pallas)")
-  return None if linear_pallas.available() else "jax.experimental.pallas.tpu is missing"
+  if platform == "cuda":
+    return None if linear_pallas_gpu.available() else "jax.experimental.pallas.triton is missing"
+  if platform == "tpu":
+    return None if linear_pallas.available() else "jax.experimental.pallas.tpu is missing"
+  return (f"the Pallas linear attention kernels compile for TPU and CUDA GPUs only; the platform "
+          f"is {platform!r} (tests run them with interpret=True on linear_pallas and "
+          f"linear_pallas_gpu)")
 
 
 def available_impls() -> tuple[str, ...]:
@@ -69,7 +75,9 @@ def _per_platform(impl: str) -> dict:
   kept), as attention._per_platform."""
   if impl == "xla":
     return {"default": linear_xla.linear_attention}
-  pallas = {"tpu": linear_pallas.linear_attention} if linear_pallas.available() else {}
+  pallas = {**({"tpu": linear_pallas.linear_attention} if linear_pallas.available() else {}),
+            **({"cuda": linear_pallas_gpu.linear_attention} if linear_pallas_gpu.available()
+               else {})}
   if impl == "pallas":
     return pallas
   return {**{p: k for p, k in pallas.items() if p in AUTO_PALLAS_PLATFORMS},
