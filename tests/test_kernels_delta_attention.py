@@ -19,6 +19,7 @@ Relative error here is max|got − want| / max|want| per tensor (out, dq, dk, dv
 dbeta). Every test draws a new seed and names it in its failure message; DELTA_TEST_SEED=<seed>
 reruns with that one.
 """
+import contextlib
 import functools
 import sys
 
@@ -248,7 +249,7 @@ def test_dispatch_runs_xla_on_cpu():
   args = [jnp.asarray(a, jnp.float32) for a in random_delta_inputs(rng, 2, 50, 4, 2, 8)]
   seg = random_runs(rng, 2, 50)
   assert dispatch.resolve("auto") == "xla" and dispatch.available_impls() == ("xla",)
-  assert kernels.DELTA_IMPLS == ("auto", "xla")
+  assert kernels.DELTA_IMPLS == ("auto", "xla", "pallas")
   want = delta_reference(*args, seg)
   for impl in ("auto", "xla"):
     out = jax.jit(lambda *a: kernels.delta_attention(*a, segment_ids=jnp.asarray(seg),
@@ -257,6 +258,13 @@ def test_dispatch_runs_xla_on_cpu():
   for platform in ("tpu", "cuda"):
     with kernels.target_platform(platform):
       assert dispatch.resolve("auto") == "xla"
+  with kernels.target_platform("cuda"):
+    assert dispatch.resolve("pallas") == "pallas" and "pallas" in dispatch.available_impls()
+  for platform in (None, "tpu"):
+    with kernels.target_platform(platform) if platform else contextlib.nullcontext():
+      with pytest.raises(ValueError, match=r"impl='pallas'.*CUDA GPUs only.*Available: "
+                                           r"\('xla',\)"):
+        kernels.delta_attention(*args, impl="pallas")
 
 
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])

@@ -25,9 +25,15 @@ log_decay <= 0 and 0 <= beta <= 2 are the caller's contract (not checkable on tr
 and gradients.
 
 Implementations (`impl=`):
-  "xla"   the chunked form in pure jax.numpy (delta_xla.py); every backend, the CPU default.
-  "auto"  decided when the function is lowered (jax.lax.platform_dependent), as
-          linear_attention() does: XLA on every platform today.
+  "xla"    the chunked form in pure jax.numpy (delta_xla.py); every backend, the CPU default.
+  "pallas" Triton kernels for CUDA GPUs (delta_pallas_gpu.py): the forward and the backward's
+           reverse state pass in Pallas, the per-chunk gradient by XLA autodiff. CUDA only
+           (tests run it with interpret=True on the module).
+  "auto"   decided when the function is lowered (jax.lax.platform_dependent), as
+           linear_attention() does: XLA on every platform today. The Pallas kernel has never
+           run on a GPU (checked in interpret mode and lowered with jax.export only), so
+           "auto" will not choose it until it has been measured faster there;
+           AUTO_PALLAS_PLATFORMS is the one place to change that.
 
 `delta_step` is the one-token recurrent form (generation), on the same conventions;
 `delta_prefill` runs a prompt in the chunked form and returns the state after it, where
@@ -41,11 +47,14 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_nope.kernels import context_parallel as cp
-from hybrid_nope.kernels import delta_xla, per_shard
-# q, k and segment_ids obey attention()'s rules.
+from hybrid_nope.kernels import delta_pallas_gpu, delta_xla, per_shard
+# q, k and segment_ids obey attention()'s rules, and the target platform is attention()'s.
 from hybrid_nope.kernels.attention import _check as _check_qkv
+from hybrid_nope.kernels.attention import _platform
 
-IMPLS = ("auto", "xla")
+IMPLS = ("auto", "xla", "pallas")
+# Platforms where "auto" runs the Pallas kernel (see the module docstring): none yet.
+AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
 
 
 def _check_floating(name, x):
@@ -106,22 +115,44 @@ def _check(q_BTNH, k_BTKH, v_BTVJ, log_decay, beta_BTV, segment_ids, impl) -> in
   return V
 
 
+def _unavailable_reason(impl: str) -> str | None:
+  if impl in ("xla", "auto"):
+    return None
+  platform = _platform()  # the target_platform(...) context, else this backend
+  if platform != "cuda":
+    return (f"the Pallas delta rule kernel compiles for CUDA GPUs only; the platform is "
+            f"{platform!r} (tests run it with interpret=True on delta_pallas_gpu)")
+  return None if delta_pallas_gpu.available() else "jax.experimental.pallas.triton is missing"
+
+
 def available_impls() -> tuple[str, ...]:
-  """Concrete implementations that can run on the target platform (XLA runs everywhere)."""
-  return IMPLS[1:]
+  """Concrete implementations that can run on the target platform."""
+  return tuple(i for i in IMPLS[1:] if _unavailable_reason(i) is None)
 
 
 def _per_platform(impl: str) -> dict:
   """platform -> kernel for jax.lax.platform_dependent, as linear_attention._per_platform."""
-  del impl  # "xla" and "auto" are both the XLA kernel on every platform today.
-  return {"default": delta_xla.delta_attention}
+  if impl == "xla":
+    return {"default": delta_xla.delta_attention}
+  pallas = {"cuda": delta_pallas_gpu.delta_attention} if delta_pallas_gpu.available() else {}
+  if impl == "pallas":
+    return pallas
+  return {**{p: k for p, k in pallas.items() if p in AUTO_PALLAS_PLATFORMS},
+          "default": delta_xla.delta_attention}
 
 
 def resolve(impl: str) -> str:
-  """The concrete implementation `impl` means on the target platform (any platform: XLA)."""
+  """The concrete implementation `impl` means on the target platform; ValueError if
+  unavailable."""
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r}: expected one of {IMPLS}")
-  return "xla"
+  reason = _unavailable_reason(impl)
+  if reason is not None:
+    raise ValueError(f"impl={impl!r} is not available here: {reason}. Available: "
+                     f"{available_impls()}")
+  if impl == "auto":
+    return "pallas" if _platform() in _per_platform("auto") else "xla"
+  return impl
 
 
 def _gqa_operands(q_BTNH, k_BTKH, log_decay, beta_BTV, V):
