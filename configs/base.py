@@ -49,6 +49,9 @@ def get_config() -> ml_collections.ConfigDict:
                                # their memory; updates below bf16's resolution are lost).
       logits_dtype="compute",  # compute | float32: the output head's matmul in the compute
                                # dtype or in float32; the loss is float32 either way.
+      loss_block=1024,         # Positions of each row whose logits the head and loss compute
+                               # at once (model/head.py), so [B, T, V] is never held; 0 = whole
+                               # rows (the full logits). Same function either way.
       remat=False,             # True: scan the pattern repeats, keeping only the residual stream
                                # between them for the backward pass (long sequences, big models).
       attention_impl="auto",   # Kernel of the S and G layers: auto picks per platform

@@ -30,7 +30,7 @@ ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
               "train.schedule": "cosine", "train.decay_fraction": 0.2,
               "train.schedule_offset": 0, "train.z_loss": 0.0,
               "train.opt_state_dtype": "float32", "model.param_dtype": "float32",
-              "model.logits_dtype": "compute"}
+              "model.logits_dtype": "compute", "model.loss_block": 0}
 
 
 def history(workdir: str) -> list[dict]:
@@ -122,7 +122,7 @@ DEFINING_KEYS = ("data.batch_size", "data.seq_len", "train.seed", "train.learnin
                  "train.schedule", "train.decay_fraction", "train.schedule_offset",
                  "train.z_loss", "train.opt_state_dtype")
 FREE_MODEL_KEYS = ("model.attention_impl", "model.linear_impl", "model.delta_impl",
-                   "model.remat")
+                   "model.remat", "model.loss_block")
 
 
 def flat(config) -> dict[str, Any]:

@@ -156,7 +156,8 @@ def validate(config, *, check_paths: bool = True) -> None:
 
 
 def check_recipe(config) -> None:
-  """The schedule, z-loss and storage dtypes (train/lr_schedule.py, model/loss.py)."""
+  """The schedule, z-loss, storage dtypes and the loss's blocks (train/lr_schedule.py,
+  model/loss.py, model/head.py)."""
   t = config.train
   kind = one_of(config, "train.schedule", SCHEDULES)
   int_in(config, "train.schedule_offset", 0, 2,
@@ -173,6 +174,9 @@ def check_recipe(config) -> None:
   one_of(config, "train.opt_state_dtype", DTYPES)
   one_of(config, "model.param_dtype", DTYPES)
   one_of(config, "model.logits_dtype", LOGITS_DTYPES)
+  int_in(config, "model.loss_block", 0, None,
+         "an integer >= 0: positions per row of each block of the head and loss (0 = whole "
+         "rows, the full [B, T, V] logits)")
 
 
 # config.mesh.<axis>: the trainer's mesh axes, outermost first. The sequence axis sits beside

@@ -6,6 +6,7 @@ import dataclasses
 import jax
 from flax import nnx
 
+from hybrid_nope.model import head, loss
 from hybrid_nope.model.transformer import LanguageModel
 
 
@@ -20,6 +21,37 @@ class ModelDef:
   def apply(self, params: dict, batch: dict) -> jax.Array:
     return self.bind(params)(batch["inputs"], positions_BT=batch["positions"],
                              segment_ids_BT=batch["segment_ids"])
+
+  def objective_sums(self, params: dict, batch: dict, z_loss: float = 0.0):
+    """(objective, sums): the train step's objective Σ weight · (loss + z_loss · log²Z) to
+    differentiate, and loss.objective_sums' float32 sums. model.loss_block > 0 runs the head
+    and loss in blocks of that many positions (model/head.py), never holding [B, T, V]."""
+    model = self.bind(params)
+    if not model.loss_block:
+      sums = loss.objective_sums(self.apply(params, batch), batch["targets"], batch["weights"],
+                                 z_loss)
+      return sums["loss"] + sums["z_loss"], sums
+    w_DV, scale = model.unembedding()
+    return head.objective_sums(self._features(model, batch), w_DV, batch["targets"],
+                               batch["weights"], z_loss=z_loss, block=model.loss_block,
+                               scale=scale, dtype=model.head_dtype)
+
+  def token_losses(self, params: dict, batch: dict):
+    """(token loss × weight [B, T], weight [B, T]) in float32, the forward pass only; in
+    blocks where model.loss_block says so."""
+    model = self.bind(params)
+    if not model.loss_block:
+      return loss.weighted_token_losses(self.apply(params, batch), batch["targets"],
+                                        batch["weights"])
+    w_DV, scale = model.unembedding()
+    return head.token_losses(self._features(model, batch), w_DV, batch["targets"],
+                             batch["weights"], block=model.loss_block, scale=scale,
+                             dtype=model.head_dtype)
+
+  @staticmethod
+  def _features(model: LanguageModel, batch: dict) -> jax.Array:
+    return model.features(batch["inputs"], positions_BT=batch["positions"],
+                          segment_ids_BT=batch["segment_ids"])
 
 
 def init_model(model_cfg, seed: int) -> tuple[ModelDef, dict]:

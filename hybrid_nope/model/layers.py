@@ -124,7 +124,7 @@ def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.
 
 
 class Embed(nnx.Module):
-  """Token embedding; `attend` gives logits against the same table (tied head)."""
+  """Token embedding; `unembedding` is the same table as a tied head."""
 
   def __init__(self, vocab_size: int, d_model: int, *, dtype, rngs: nnx.Rngs):
     self.dtype = dtype
@@ -135,10 +135,9 @@ class Embed(nnx.Module):
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     return constrain(jnp.take(self.embedding_VD[...], tokens_BT, axis=0).astype(self.dtype), BTD)
 
-  def attend(self, x_BTD: jax.Array, dtype=None) -> jax.Array:
-    """Logits against the table, computed in `dtype` (default: the compute dtype)."""
+  def unembedding(self) -> tuple[jax.Array, float]:
+    """The tied head as (w [D, V], scale): logits = (x · w) × scale."""
     # The table has unit-variance rows; 1/sqrt(D) keeps tied logits at unit scale, like an
     # untied fan-in-initialised head.
-    dtype = dtype or self.dtype
-    table_VD = self.embedding_VD[...].astype(dtype)
-    return project(x_BTD.astype(dtype), table_VD.T) * (x_BTD.shape[-1] ** -0.5)
+    table_VD = self.embedding_VD[...]
+    return table_VD.T, table_VD.shape[-1] ** -0.5

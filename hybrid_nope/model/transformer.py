@@ -9,9 +9,10 @@ from flax import nnx
 from hybrid_nope.model.attention import Attention
 from hybrid_nope.model.delta import DeltaAttention
 from hybrid_nope.model.gla import GatedLinearAttention
+from hybrid_nope.model.head import head_logits
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init,
-                                      logical_axes, param, project)
+                                      logical_axes, param)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # model.logits_dtype: the output head's matmul in "float32" (its inputs cast up), or in the
@@ -90,6 +91,9 @@ class LanguageModel(nnx.Module):
     self.kinds = layer_kinds(cfg.pattern, cfg.num_layers)
     self.period = len(cfg.pattern)
     self.remat = cfg.remat
+    # Positions per row of each block of the head and loss (model/head.py); 0 = whole rows.
+    # Configs saved before the key ran whole rows (run_config.ADDED_KEYS).
+    self.loss_block = cfg.get("loss_block", 0)
     self.tie_embeddings = cfg.tie_embeddings
     self.embed = Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs)
     self.blocks = nnx.List([Block(kind, cfg, dtype=dtype, rngs=rngs) for kind in self.kinds])
@@ -102,8 +106,24 @@ class LanguageModel(nnx.Module):
 
   def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
                segment_ids_BT: jax.Array | None = None, observe=None) -> jax.Array:
-    """`observe(layer, boundary, x_BTD) -> x_BTD`, if given, sees every block's BOUNDARIES and
-    the last layer's FINAL_BOUNDARY."""
+    """Float32 logits [B, T, V]. `observe(layer, boundary, x_BTD) -> x_BTD`, if given, sees
+    every block's BOUNDARIES and the last layer's FINAL_BOUNDARY."""
+    w_DV, scale = self.unembedding()
+    x_BTD = self.features(tokens_BT, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT,
+                          observe=observe)
+    return constrain(head_logits(x_BTD, w_DV, scale, self.head_dtype), BTV)
+
+  def unembedding(self) -> tuple[jax.Array, float]:
+    """The output head as (w [D, V] in the storage dtype, scale): logits = (x · w) × scale,
+    in head_dtype (model/head.py). The tied head is the embedding table's."""
+    if self.tie_embeddings:
+      return self.embed.unembedding()
+    return self.head_DV[...], 1.0
+
+  def features(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
+               segment_ids_BT: jax.Array | None = None, observe=None) -> jax.Array:
+    """The final norm's output [B, T, D] in head_dtype: what the head reads. The blocked loss
+    (model.loss_block) takes it with `unembedding`, never forming the logits whole."""
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
     x_BTD = self.embed(tokens_BT)
@@ -120,12 +140,7 @@ class LanguageModel(nnx.Module):
     x_BTD = self.final_norm(x_BTD)
     if observe is not None:
       x_BTD = observe(len(self.blocks) - 1, FINAL_BOUNDARY, x_BTD)
-    x_BTD = x_BTD.astype(self.head_dtype)
-    if self.tie_embeddings:
-      logits_BTV = self.embed.attend(x_BTD, self.head_dtype)
-    else:
-      logits_BTV = project(x_BTD, self.head_DV[...].astype(self.head_dtype))
-    return constrain(logits_BTV.astype(jnp.float32), BTV)
+    return x_BTD.astype(self.head_dtype)
 
   def _rematerialised_blocks(self, x_BTD, positions_BT, segment_ids_BT):
     """The blocks as a scan over repeats of the pattern, each repeat recomputed in the backward

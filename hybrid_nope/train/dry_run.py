@@ -32,6 +32,10 @@ HEAD_SIZED_PER_QUERY_HEAD = 2   # Queries and the attention output, per query he
 HEAD_SIZED_PER_KV_HEAD = 2      # Keys and values, per key/value head.
 MLP_SIZED_PER_LAYER = 3         # SwiGLU's gate, up and their product.
 LOSS_FLOAT32_COPIES = 2         # The float32 logits the loss reads, and their gradient.
+# With model.loss_block (model/head.py) only one block's logits exist at a time: float32 logits,
+# probabilities and their gradient, and that gradient in the head dtype; beside them the head
+# input's gradient for every token, which the blocked loss keeps for the backward pass.
+BLOCK_FLOAT32_COPIES = 3
 # L and D layers also keep their float32 chunk-boundary states (heads × d_k × d_v per chunk) and
 # their gates and short-convolution inputs (about this many head-sized tensors per query head).
 RECURRENT_EXTRA_HEAD_SIZED = 3
@@ -45,7 +49,8 @@ def per_device_bytes(tree) -> int:
 
 def activation_bytes(config, mesh_shape: dict[str, int]) -> dict[str, float]:
   """Estimated peak bytes per device of what the backward pass keeps: {"layers", "logits",
-  "tokens"} for one microbatch. Attention is assumed to run as a kernel (no T × T scores kept);
+  "tokens"} for one microbatch ("logits": the whole microbatch's, or one block's under
+  model.loss_block). Attention is assumed to run as a kernel (no T × T scores kept);
   with model.remat only each pattern repeat's input is kept, plus one repeat recomputed. Under
   mesh.sequence a device holds seq_len / sequence tokens of each row, and each global layer
   also keeps the whole row's keys and values it gathered (kernels/context_parallel.py)."""
@@ -72,7 +77,12 @@ def activation_bytes(config, mesh_shape: dict[str, int]) -> dict[str, float]:
   else:
     kept = sum(kept_by_layer)
   logits_itemsize = 4 if m.logits_dtype == "float32" else itemsize
-  logits = tokens * m.vocab_size / tensor * (logits_itemsize + 4 * LOSS_FLOAT32_COPIES)
+  if m.loss_block:
+    block_tokens = tokens * min(m.loss_block, d.seq_len) / d.seq_len
+    logits = (block_tokens * m.vocab_size / tensor * (4 * BLOCK_FLOAT32_COPIES + logits_itemsize)
+              + tokens * m.d_model * logits_itemsize)
+  else:
+    logits = tokens * m.vocab_size / tensor * (logits_itemsize + 4 * LOSS_FLOAT32_COPIES)
   return {"layers": tokens * kept * itemsize, "logits": logits, "tokens": tokens}
 
 
@@ -129,7 +139,7 @@ def report_text(config) -> str:
       f"memory per device: parameters {gib('params')}, optimizer state {gib('opt_state')}, "
       f"gradients {gib('grads')} (exact); activations {gib('activations')} + logits "
       f"{gib('logits')} (estimate: {r['microbatch_tokens']:,.0f} tokens per microbatch, "
-      f"{r['compute_dtype']}, remat {m.remat}); total {r['memory_total_bytes'] / GIB:.2f} GiB",
+      f"{r['compute_dtype']}, remat {m.remat}, loss_block {m.loss_block}); total {r['memory_total_bytes'] / GIB:.2f} GiB",
   ]
   if r["platform"] == "cpu" and m.dtype == "auto":
     lines.append("(model.dtype auto is float32 on CPU; --config.model.dtype=bfloat16 estimates "

@@ -1,13 +1,15 @@
 """Jittable train and eval steps."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
 
 import numpy as np
 
-from hybrid_nope.model.loss import OBJECTIVE_SUMS, cross_entropy_by_bucket, objective_sums
+from hybrid_nope.model.loss import OBJECTIVE_SUMS, sums_by_bucket
 from hybrid_nope.model.definition import ModelDef
 from hybrid_nope.train.optimizer import learning_rate_schedule
 from hybrid_nope.train.state import TrainState
@@ -42,13 +44,10 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, sched
   whatever model.param_dtype stores the parameters in.
 
   `z_loss` > 0 adds train.z_loss's term to the objective (model/loss.py), logged as `z_loss`;
-  `loss` stays the cross-entropy, comparable across runs."""
-  def loss_sums(params, batch):
-    logits_BTV = model_def.apply(params, batch)
-    sums = objective_sums(logits_BTV, batch["targets"], batch["weights"], z_loss)
-    return sums["loss"] + sums["z_loss"], sums
-
-  sums_and_grads = jax.grad(loss_sums, has_aux=True)
+  `loss` stays the cross-entropy, comparable across runs. The head and loss run in blocks of
+  model.loss_block positions where the model says so (ModelDef.objective_sums)."""
+  sums_and_grads = jax.grad(functools.partial(model_def.objective_sums, z_loss=z_loss),
+                            has_aux=True)
   as_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
 
   def accumulated(params, batch):
@@ -92,11 +91,11 @@ def train_step_for(config, model_def: ModelDef, tx: optax.GradientTransformation
 
 
 def make_eval_step(model_def: ModelDef, bucket_T: np.ndarray):
-  """Eval returns per-position-bucket sums (loss, weight); `bucket_T` maps index -> bucket."""
+  """Eval returns per-position-bucket sums (loss, weight); `bucket_T` maps index -> bucket.
+  In blocks where model.loss_block says so, as training (model/head.py)."""
   num_buckets = int(bucket_T.max()) + 1
 
   def eval_step(params, batch):
-    logits_BTV = model_def.apply(params, batch)
-    return cross_entropy_by_bucket(logits_BTV, batch["targets"], batch["weights"],
-                                   jnp.asarray(bucket_T), num_buckets)
+    return sums_by_bucket(*model_def.token_losses(params, batch), jnp.asarray(bucket_T),
+                          num_buckets)
   return eval_step
