@@ -138,7 +138,7 @@ def test_dispatch_lowers_the_triton_kernels_for_cuda(impl, per_channel):
     exported = export.export(grad, platforms=["cuda"], disabled_checks=[
         export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(q, k, v, g, beta)
   text = exported.mlir_module()
-  for name in ("delta_fwd", "delta_dstate"):
+  for name in ("delta_chunk_fwd", "delta_chunk_dstate"):
     assert (f'name = "{name}"' in text) == (impl == "pallas"), name
   assert ("custom_call @__gpu$xla.gpu.triton" in text) == (impl == "pallas")
 

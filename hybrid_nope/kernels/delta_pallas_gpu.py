@@ -11,9 +11,9 @@ Each program recomputes its chunk's state-independent terms (decayed q·kᵀ and
 unit-lower-triangular inverse by forward substitution): redundant across value blocks, but
 nothing chunk-sized goes through memory.
 
-  forward   `delta_fwd`: the output and the state entering each chunk (kept for the backward,
+  forward   `delta_chunk_fwd`: the output and the state entering each chunk (kept for the backward,
             as delta_xla keeps them: [Hk, Hv] per chunk and kv head).
-  backward  `delta_dstate`: the reverse pass, the cotangent of the state leaving each chunk,
+  backward  `delta_chunk_dstate`: the reverse pass, the cotangent of the state leaving each chunk,
             dh = diag(Γ_C) dh' + Σ_g (Γ ⊙ Q_g)ᵀ dO_g − Wᵀ dU with dU = Σ_g QK_gᵀ dO_g + K_w dh'.
             With every chunk's entering state and leaving cotangent known, the chunks are
             independent: XLA autodiff of delta_xla.chunk_rows over all chunks at once gives
@@ -250,12 +250,12 @@ def _unrows(x, B, K, n, C):
 # v [B, T, K, J], g [B, T, K, X] floored at LOG_ZERO, beta [B, T, K], float32, T a multiple of C.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _chunked(q, k, v, g, beta, C, interpret):
-  return _pass(_forward_kernel, "delta_fwd", q, k, v, g, beta, C, interpret)[0][
+  return _pass(_forward_kernel, "delta_chunk_fwd", q, k, v, g, beta, C, interpret)[0][
       ..., :v.shape[-1]]
 
 
 def _chunked_fwd(q, k, v, g, beta, C, interpret):
-  out, states = _pass(_forward_kernel, "delta_fwd", q, k, v, g, beta, C, interpret)
+  out, states = _pass(_forward_kernel, "delta_chunk_fwd", q, k, v, g, beta, C, interpret)
   return out[..., :v.shape[-1]], (q, k, v, g, beta, states)
 
 
@@ -263,7 +263,8 @@ def _chunked_bwd(C, interpret, residuals, dout):
   q, k, v, g, beta, states = residuals
   (B, T, N, H), (K, J) = q.shape, v.shape[2:]
   n = T // C
-  dstates = _pass(_dstate_kernel, "delta_dstate", q, k, v, g, beta, C, interpret, dout=dout)
+  dstates = _pass(_dstate_kernel, "delta_chunk_dstate", q, k, v, g, beta, C, interpret,
+                  dout=dout)
   # Every chunk's entering state and leaving cotangent known, the chunks' gradients are
   # independent: one autodiff of delta_xla's chunk over all of them.
   rows = lambda x: _rows(x, B, K, n, C)

@@ -54,11 +54,13 @@ def lower_train_step(config, platform: str) -> export.Exported:
 
 def kernels_in(module_text: str) -> dict[str, int]:
   """{custom-call target: count} and {kernel name: count} of a StableHLO module's text; the
-  kernel names are those Pallas gives its calls (splash_mha_fwd…, swa_flash_dq…, gla_chunk_fwd). Layers that
-  trace to the same function share it, so counts are of distinct call sites in the text."""
+  kernel names are those Pallas gives its calls (splash_mha_fwd…, swa_flash_dq…, gla_chunk_fwd,
+  delta_chunk_fwd…). Layers that trace to the same function share it, so counts are of distinct
+  call sites in the text."""
   calls = collections.Counter(re.findall(r"custom_call @([\w$.]+)\(", module_text))
   names = collections.Counter(re.findall(
-      r'(?:kernel_name|(?<!\w)name) = "((?:splash|swa_flash|gla_chunk)\w*)"', module_text))
+      r'(?:kernel_name|(?<!\w)name) = "((?:splash|swa_flash|gla_chunk|delta_chunk)\w*)"',
+      module_text))
   return {"custom_calls": dict(calls), "kernels": dict(names)}
 
 
