@@ -1,7 +1,7 @@
 # Tiers (pytest.ini): each case is one XLA:CPU compile of the four kernels in interpret mode
 # (~8-17 s on 2 cores), so the everyday tier keeps five of them (GQA 1, 2, 4; segments with
-# padding; 1, 2 and 4 sub-chunks per chunk; mixed, strong, near-one, -inf and 0 decays); the
-# gla config lowering for cuda is integration (make test-all only).
+# padding; 1, 2 and 4 sub-chunks per chunk; mixed, strong, near-one, -inf and 0 decays). A gla
+# config lowering for cuda with these kernels is test_train_lowering's (make test-all).
 """hybrid_nope.kernels.linear_pallas_gpu (the Triton GLA kernels) in interpret mode on CPU: output
 and dq, dk, dv, dlog_decay equal the XLA path (linear_xla) and the float64 recurrence
 (linear_reference.py) to float32 round-off; impl="pallas" dispatches to it on CUDA and the
@@ -11,8 +11,6 @@ Every test draws a new seed and names it in its failure message; LINEAR_TEST_SEE
 with that one.
 """
 import functools
-import json
-import subprocess
 import sys
 
 import jax
@@ -28,7 +26,6 @@ from hybrid_nope.train.lowering import kernels_in
 from linear_reference import (linear_reference, random_linear_inputs, random_runs, rel_err,
                               seeded_rng)
 from test_kernels_linear_attention import packed
-from tests.helpers import REPO
 
 dispatch = sys.modules["hybrid_nope.kernels.linear_attention"]
 fresh_rng = functools.partial(seeded_rng, "LINEAR_TEST_SEED")
@@ -132,15 +129,3 @@ def test_lowers_for_cuda_with_the_four_triton_kernels():
   assert set(found["custom_calls"]) == {"__gpu$xla.gpu.triton"}
   assert set(found["kernels"]) == set(GPU_KERNELS)
 
-
-@pytest.mark.integration
-def test_a_gla_config_lowers_for_cuda_with_the_triton_kernels():
-  args = ["--config=configs/gla_350m.py", "--config.model.num_layers=2",
-          "--config.data.seq_len=2048", "--config.metrics.far_lag=1024",
-          "--config.model.linear_impl=pallas"]
-  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=cuda", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  result = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0]
-  for name in GPU_KERNELS:
-    assert any(k.startswith(name) for k in result["kernels"]), (name, result["kernels"])

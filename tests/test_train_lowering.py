@@ -4,8 +4,9 @@
 # test-all only: the train step lowers for TPU and CUDA on one device and on fsdp 2 x tensor 4
 # with each platform's forward and backward attention kernels
 # (test_the_train_step_lowers_with_each_platforms_kernels); the CPU lowering has no custom calls
-# (test_the_cpu_lowering_has_no_custom_calls); a GLA hybrid lowers for TPU with the chosen
-# linear kernel (test_a_gla_hybrid_lowers_for_tpu_with_the_chosen_linear_kernel); a 64K-token
+# (test_the_cpu_lowering_has_no_custom_calls); a GLA hybrid lowers for TPU and CUDA with the chosen
+# linear kernels, Mosaic on TPU and Triton on CUDA
+# (test_a_gla_hybrid_lowers_for_tpu_and_cuda_with_the_chosen_linear_kernel); a 64K-token
 # swa256_350m step split over 8 chips by mesh.sequence lowers for both, with its halos and
 # gathers (test_a_64k_step_lowers_split_over_8_chips_for_tpu_and_cuda); configs/lag4096.py's
 # largest window at its paper shape (seq_len 8192, far lag 4096) lowers for both with the
@@ -126,19 +127,25 @@ def test_collectives_in_counts_each_explicit_collective():
   assert collectives_in(text) == {"collective_permute": 1, "all_gather": 2}
 
 
-@pytest.mark.parametrize("linear_impl, tpu_kernels", [
-    ("auto", ("splash_mha_fwd",)),  # auto keeps the L layers on XLA (no TPU timing yet).
-    ("pallas", ("splash_mha_fwd", "gla_chunk_fwd")),
-])
+# The L layers' Pallas kernels per platform: linear_pallas (TPU), linear_pallas_gpu (CUDA).
+GLA_KERNELS = {"tpu": ("gla_chunk_fwd",),
+               "cuda": ("gla_chunk_states", "gla_chunk_out", "gla_chunk_dstates", "gla_chunk_grads")}
+
+
+@pytest.mark.parametrize("linear_impl", ["auto", "pallas"])
 @pytest.mark.integration
-def test_a_gla_hybrid_lowers_for_tpu_with_the_chosen_linear_kernel(linear_impl, tpu_kernels):
-  args = ["--config=configs/gla_120m.py", "--config.model.num_layers=2",
+def test_a_gla_hybrid_lowers_for_tpu_and_cuda_with_the_chosen_linear_kernel(linear_impl):
+  args = ["--config=configs/gla_350m.py", "--config.model.num_layers=2",
           "--config.data.seq_len=2048", "--config.metrics.far_lag=1024",
           f"--config.model.linear_impl={linear_impl}"]
-  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=tpu", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=tpu,cuda", *args],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-4000:]
-  result = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0]
-  for name in tpu_kernels:
-    assert any(k.startswith(name) for k in result["kernels"]), (name, result["kernels"])
-  assert any(k.startswith("gla_chunk_fwd") for k in result["kernels"]) == (linear_impl == "pallas")
+  results = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert [r["platform"] for r in results] == ["tpu", "cuda"]
+  for result in results:
+    attention = EXPECTED[result["platform"]][1][0]  # the G layers' forward kernel
+    assert any(k.startswith(attention) for k in result["kernels"]), result["kernels"]
+    for name in GLA_KERNELS[result["platform"]]:  # "auto" keeps the L layers on XLA (untimed)
+      found = any(k.startswith(name) for k in result["kernels"])
+      assert found == (linear_impl == "pallas"), (name, result["kernels"])

@@ -11,18 +11,8 @@ the work (state passing sequential over chunks, everything else parallel over ch
 The later chunks' share of dlog_decay is one [H] vector per chunk, carried by an associative
 scan in XLA (_dlog_decay), as linear_xla's reverse scan carries it.
 
-Stable intra-chunk decays. A chunk is cut into sub-chunks of 16 rows (Triton's smallest dot
-edge). Every factor is e^{Σ g} over exactly the range it stands for, never a ratio e^{P_i}e^{-P_j}
-(which overflows) nor a difference of prefixes P_i − P_j (which loses its digits after one
-strong step): the sums are 0/1-matrix dots at HIGHEST precision (IEEE float32: a direct sum of
-the selected terms, all <= 0). A pair j < i in sub-chunks J < I is split at I's start:
-  e^{Σ_{j<t<=i} g} = e^{pre_I(i)} · e^{suf_J(j)} · Π_{J<M<I} e^{tot_M},
-pre the in-sub-chunk sum up to i, suf the one after j, tot a sub-chunk's sum; a pair inside one
-sub-chunk is split by linear_xla's halving hierarchy (levels h = 1, 2, 4, 8, each a masked
-16 x 16 dot). Every factor lies in [0, 1], so nothing overflows; each exponent is a sum of <= C
-same-signed terms, so a weight w carries a relative error ~C·eps·|log w|, at most ~C·eps/e
-absolute (the bound this relies on); a product that underflows is a weight below ~1e-38, where
-the true one is too. log_decay is clamped at -1e30 (same exp, 0) so -inf makes no 0·inf NaN.
+Stable intra-chunk decays: every factor is e^{Σ g} over exactly the range it stands for, a
+product of numbers in [0, 1] (linear_pallas_gpu_tiles.py says how and what bound it gives).
 
 Backward: dq, dk, dv by the chain rule through the same factors; dlog_decay as linear_xla's, the
 in-run reverse cumulative sum of dG = q ⊙ dq − k ⊙ dk (full gradients, the i = j terms left
@@ -49,6 +39,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from hybrid_nope.kernels import linear_xla
+from hybrid_nope.kernels.linear_pallas_gpu_tiles import (
+    NT, SUB, TN, chunk_factors, dot, eye, flags, intra, load, pairs)
 
 try:  # Pallas APIs move between jax releases: without them impl="pallas" is off on CUDA.
   from jax.experimental import pallas as pl
@@ -57,12 +49,8 @@ except ImportError:  # pragma: no cover - depends on the jax build
   pl = plgpu = None
 
 CHUNK = 64
-SUB = 16          # Sub-chunk rows: Triton's smallest dot edge.
 VALUE_BLOCK = 32  # Value columns per state program (more programs for the sequential passes).
 _SQUEEZED = getattr(pl, "squeezed", None)
-_NN = (((1,), (0,)), ((), ()))
-_NT = (((1,), (1,)), ((), ()))  # a @ b.T
-_TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 
 def available() -> bool:
@@ -70,133 +58,27 @@ def available() -> bool:
   return pl is not None and plgpu is not None
 
 
-def _dot(a, b, dims=_NN, precision=None):
-  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32, precision=precision)
-
-
-def _ranges(h):
-  """0/1 [SUB, SUB] matrices (rows i, columns t) of t in [start of i's h-block, i] and of t in
-  (i, end of i's h-block]: dotted with g, the direct range sums pre_h and suf_h."""
-  i = jnp.arange(SUB, dtype=jnp.int32)[:, None]
-  t = jnp.arange(SUB, dtype=jnp.int32)[None, :]
-  same = lax.div(i, jnp.int32(h)) == lax.div(t, jnp.int32(h))  # lax.div: Triton lowers it as is
-  return jnp.where(same & (t <= i), 1.0, 0.0), jnp.where(same & (t > i), 1.0, 0.0)
-
-
-def _level_mask(h):
-  """[SUB, SUB] pairs of level h: i in the second half, j in the first, of one 2h-block."""
-  i = jnp.arange(SUB, dtype=jnp.int32)[:, None]
-  j = jnp.arange(SUB, dtype=jnp.int32)[None, :]
-  two = jnp.int32(2 * h)
-  return ((lax.div(i, two) == lax.div(j, two)) & (lax.rem(i, two) >= h)
-          & (lax.rem(j, two) < h))
-
-
-class _Sub(NamedTuple):
-  """One sub-chunk's decay factors ([SUB, H] unless noted), all in [0, 1]."""
-  pre: jax.Array     # e^{Σ g from the sub-chunk's start to i}
-  suf: jax.Array     # e^{Σ g after j to the sub-chunk's end}
-  tot: jax.Array     # [H] e^{Σ g over the sub-chunk}
-  levels: tuple      # ((e^pre_h, e^suf_h, level mask) for h = 1, 2, 4, 8)
-
-
-def _sub_factors(g):
-  g = jnp.maximum(g.astype(jnp.float32), -1e30)  # -inf: 0·-inf in the dots would be NaN
-  exact = lax.Precision.HIGHEST
-  sums = lambda h: [jnp.exp(_dot(m, g, precision=exact)) for m in _ranges(h)]
-  levels = tuple((*sums(h), _level_mask(h)) for h in (1, 2, 4, 8) if h < SUB)
-  pre, suf = sums(SUB)
-  return _Sub(pre, suf, jnp.exp(jnp.sum(g, axis=0)), levels)
-
-
-class _Chunk(NamedTuple):
-  """A chunk's factors, per sub-chunk: e^P (chunk start to i), e^U (after j to chunk end), the
-  off-diagonal k factors fk[I][J] (J < I), the state decay [H], and the sub-chunks' _Sub."""
-  ep: list
-  eu: list
-  fk: list
-  decay: jax.Array
-  subs: list
-
-
-def _chunk_factors(g_ref, start, n_sub):
-  subs = [_sub_factors(g_ref[pl.ds(start + I * SUB, SUB), :]) for I in range(n_sub)]
-  prod = lambda Ms: functools.reduce(lambda a, M: a * subs[M].tot, Ms, jnp.ones_like(subs[0].tot))
-  ep = [subs[I].pre * prod(range(I))[None, :] for I in range(n_sub)]
-  eu = [subs[J].suf * prod(range(J + 1, n_sub))[None, :] for J in range(n_sub)]
-  fk = [[subs[J].suf * prod(range(J + 1, I))[None, :] for J in range(I)] for I in range(n_sub)]
-  return _Chunk(ep, eu, fk, prod(range(n_sub)), subs)
-
-
-class _Flags(NamedTuple):
-  """One sub-chunk's segment flags: run ids [SUB] and valid / read / write as [SUB, 1] 0/1."""
-  run: jax.Array
-  valid: jax.Array
-  read: jax.Array
-  write: jax.Array
-
-
-def _flags(refs, I):
-  run_ref, valid_ref, read_ref, write_ref = refs
-  sl = pl.ds(I * SUB, SUB)
-  return _Flags(run_ref[sl], valid_ref[sl][:, None], read_ref[sl][:, None],
-                write_ref[sl][:, None])
-
-
-def _pair(fi, fj, diagonal):
-  """[SUB, SUB] 0/1: j <= i in one run, i not padding (linear_xla's pair mask)."""
-  m = (fi.run[:, None] == fj.run[None, :]) & (fi.valid > 0)
-  if diagonal:
-    m &= (jnp.arange(SUB, dtype=jnp.int32)[None, :] <= jnp.arange(SUB, dtype=jnp.int32)[:, None])
-  return jnp.where(m, 1.0, 0.0)
-
-
-def _intra(q, k, ch, pairs, precision):
-  """A[I][J] (J <= I), masked: the intra-chunk weights of one query head."""
-  A = []
-  for I in range(len(q)):
-    qs = q[I] * ch.subs[I].pre
-    row = [_dot(qs, k[J] * ch.fk[I][J], _NT, precision) for J in range(I)]
-    diag = _dot(q[I], k[I], _NT, precision) * _level_mask_eye()
-    for fq, fk, mask in ch.subs[I].levels:
-      diag += jnp.where(mask, _dot(q[I] * fq, k[I] * fk, _NT, precision), 0.0)
-    A.append([a * pairs[I][J] for J, a in enumerate(row + [diag])])
-  return A
-
-
-def _level_mask_eye():
-  i = jnp.arange(SUB, dtype=jnp.int32)
-  return jnp.where(i[:, None] == i[None, :], 1.0, 0.0)
-
-
-def _pairs(flags):
-  return [[_pair(flags[I], flags[J], I == J) for J in range(I + 1)] for I in range(len(flags))]
-
-
-def _load(ref, start, n_sub, *index):
-  return [ref[(pl.ds(start + I * SUB, SUB), *index)].astype(jnp.float32) for I in range(n_sub)]
-
-
-def _states_kernel(k_ref, v_ref, g_ref, write_ref, carry_ref, states_ref, *, C):
+def _states_kernel(k_ref, v_ref, g_ref, write_ref, carry_ref, states_ref, *, C, precision):
   """The state entering each chunk (value columns of this program's block), in order."""
   n_sub, H = C // SUB, k_ref.shape[-1]
 
   def step(c, S):
     states_ref[c] = S
     start = c * C
-    ch = _chunk_factors(g_ref, start, n_sub)
-    k, v = _load(k_ref, start, n_sub, slice(None)), _load(v_ref, start, n_sub, slice(None))
+    ch = chunk_factors(g_ref, start, n_sub, levels=False)
+    k, v = load(k_ref, start, n_sub, slice(None)), load(v_ref, start, n_sub, slice(None))
     write = [write_ref[pl.ds(start + J * SUB, SUB)][:, None] for J in range(n_sub)]
     S = (ch.decay * carry_ref[c])[:, None] * S
     for J in range(n_sub):
-      S += _dot(k[J] * ch.eu[J] * write[J], v[J], _TN)
+      S += dot(k[J] * ch.eu[J] * write[J], v[J], TN, precision)
     return S
 
   lax.fori_loop(0, states_ref.shape[0], step,
                 jnp.zeros((H, states_ref.shape[-1]), jnp.float32))
 
 
-def _dstates_kernel(q_ref, do_ref, g_ref, read_ref, carry_ref, dstates_ref, *, C, G, scale):
+def _dstates_kernel(q_ref, do_ref, g_ref, read_ref, carry_ref, dstates_ref, *, C, G, scale,
+                    precision):
   """The gradient of the state leaving each chunk, in reverse order."""
   n_sub, H, n = C // SUB, q_ref.shape[-1], dstates_ref.shape[0]
 
@@ -204,13 +86,13 @@ def _dstates_kernel(q_ref, do_ref, g_ref, read_ref, carry_ref, dstates_ref, *, C
     c = n - 1 - t
     dstates_ref[c] = dS
     start = c * C
-    ch = _chunk_factors(g_ref, start, n_sub)
+    ch = chunk_factors(g_ref, start, n_sub, levels=False)
     read = [read_ref[pl.ds(start + I * SUB, SUB)][:, None] for I in range(n_sub)]
     dS = (ch.decay * carry_ref[c])[:, None] * dS
     for g in range(G):
-      q, do = _load(q_ref, start, n_sub, g, slice(None)), _load(do_ref, start, n_sub, g, slice(None))
+      q, do = load(q_ref, start, n_sub, g, slice(None)), load(do_ref, start, n_sub, g, slice(None))
       for I in range(n_sub):
-        dS += _dot(q[I] * ch.ep[I] * read[I], do[I] * scale, _TN)
+        dS += dot(q[I] * ch.ep[I] * read[I], do[I] * scale, TN, precision)
     return dS
 
   lax.fori_loop(0, n, step, jnp.zeros((H, dstates_ref.shape[-1]), jnp.float32))
@@ -219,18 +101,18 @@ def _dstates_kernel(q_ref, do_ref, g_ref, read_ref, carry_ref, dstates_ref, *, C
 def _out_kernel(q_ref, k_ref, v_ref, g_ref, S_ref, *rest, C, G, scale, precision):
   flag_refs, (out_ref,) = rest[:4], rest[4:]
   n_sub = C // SUB
-  ch = _chunk_factors(g_ref, 0, n_sub)
-  flags = [_flags(flag_refs, I) for I in range(n_sub)]
-  pairs = _pairs(flags)
-  k, v = _load(k_ref, 0, n_sub, slice(None)), _load(v_ref, 0, n_sub, slice(None))
+  ch = chunk_factors(g_ref, 0, n_sub)
+  fl = [flags(flag_refs, I) for I in range(n_sub)]
+  pair = pairs(fl)
+  k, v = load(k_ref, 0, n_sub, slice(None)), load(v_ref, 0, n_sub, slice(None))
   S = S_ref[...]
   for g in range(G):
-    q = _load(q_ref, 0, n_sub, g, slice(None))
-    A = _intra(q, k, ch, pairs, precision)
+    q = load(q_ref, 0, n_sub, g, slice(None))
+    A = intra(q, k, ch, pair, precision)
     for I in range(n_sub):
-      out = _dot(q[I] * ch.ep[I] * flags[I].read, S, precision=precision)
+      out = dot(q[I] * ch.ep[I] * fl[I].read, S, precision=precision)
       for J in range(I + 1):
-        out += _dot(A[I][J], v[J], precision=precision)
+        out += dot(A[I][J], v[J], precision=precision)
       out_ref[pl.ds(I * SUB, SUB), g, :] = (out * scale).astype(out_ref.dtype)
 
 
@@ -239,38 +121,38 @@ def _grads_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, S_ref, dS_ref, *rest, C, G
   """dq (per query head), dk, dv and dg_local (the in-chunk, in-run reverse sum of dG)."""
   flag_refs, (dq_ref, dk_ref, dv_ref, dgl_ref) = rest[:4], rest[4:]
   n_sub = C // SUB
-  ch = _chunk_factors(g_ref, 0, n_sub)
-  flags = [_flags(flag_refs, I) for I in range(n_sub)]
-  pairs = _pairs(flags)
-  k, v = _load(k_ref, 0, n_sub, slice(None)), _load(v_ref, 0, n_sub, slice(None))
+  ch = chunk_factors(g_ref, 0, n_sub)
+  fl = [flags(flag_refs, I) for I in range(n_sub)]
+  pair = pairs(fl)
+  k, v = load(k_ref, 0, n_sub, slice(None)), load(v_ref, 0, n_sub, slice(None))
   S, dS = S_ref[...], dS_ref[...]
-  eye = _level_mask_eye()
+  diag_mask = eye()
   # The state's part: S_out gets (k ⊙ e^U)ᵀ v on the chunk's last run.
-  kw = [k[J] * ch.eu[J] * flags[J].write for J in range(n_sub)]
-  dk = [_dot(v[J], dS, _NT, precision) * ch.eu[J] * flags[J].write for J in range(n_sub)]
-  dv = [_dot(kw[J], dS, precision=precision) for J in range(n_sub)]
+  kw = [k[J] * ch.eu[J] * fl[J].write for J in range(n_sub)]
+  dk = [dot(v[J], dS, NT, precision) * ch.eu[J] * fl[J].write for J in range(n_sub)]
+  dv = [dot(kw[J], dS, precision=precision) for J in range(n_sub)]
   dk_diag = [jnp.zeros_like(x) for x in dk]
   dG = [jnp.zeros_like(x) for x in dk]
   for g in range(G):
-    q = _load(q_ref, 0, n_sub, g, slice(None))
-    do = [x * scale for x in _load(do_ref, 0, n_sub, g, slice(None))]
-    A = _intra(q, k, ch, pairs, precision)
+    q = load(q_ref, 0, n_sub, g, slice(None))
+    do = [x * scale for x in load(do_ref, 0, n_sub, g, slice(None))]
+    A = intra(q, k, ch, pair, precision)
     for I in range(n_sub):
-      dq = _dot(do[I], S, _NT, precision) * ch.ep[I] * flags[I].read
+      dq = dot(do[I], S, NT, precision) * ch.ep[I] * fl[I].read
       qs = q[I] * ch.subs[I].pre
       for J in range(I + 1):
-        dA = _dot(do[I], v[J], _NT, precision) * pairs[I][J]
-        dv[J] += _dot(A[I][J], do[I], _TN, precision)
+        dA = dot(do[I], v[J], NT, precision) * pair[I][J]
+        dv[J] += dot(A[I][J], do[I], TN, precision)
         if J < I:
-          dq += _dot(dA, k[J] * ch.fk[I][J], precision=precision) * ch.subs[I].pre
-          dk[J] += _dot(dA, qs, _TN, precision) * ch.fk[I][J]
+          dq += dot(dA, k[J] * ch.fk[I][J], precision=precision) * ch.subs[I].pre
+          dk[J] += dot(dA, qs, TN, precision) * ch.fk[I][J]
           continue
         for fq, fk, mask in ch.subs[I].levels:
           dX = jnp.where(mask, dA, 0.0)
-          dq += _dot(dX, k[I] * fk, precision=precision) * fq
-          dk[I] += _dot(dX, q[I] * fq, _TN, precision) * fk
+          dq += dot(dX, k[I] * fk, precision=precision) * fq
+          dk[I] += dot(dX, q[I] * fq, TN, precision) * fk
         # The i = j terms cancel exactly in dG: they join dq, dk only after it.
-        diag = jnp.sum(dA * eye, axis=1)[:, None]
+        diag = jnp.sum(dA * diag_mask, axis=1)[:, None]
         dG[I] += q[I] * dq
         dq_ref[pl.ds(I * SUB, SUB), g, :] = (dq + diag * k[I]).astype(dq_ref.dtype)
         dk_diag[I] += diag * q[I]
@@ -280,9 +162,9 @@ def _grads_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, S_ref, dS_ref, *rest, C, G
     dk_ref[pl.ds(J * SUB, SUB), :] = (dk[J] + dk_diag[J]).astype(dk_ref.dtype)
     dv_ref[pl.ds(J * SUB, SUB), :] = dv[J].astype(dv_ref.dtype)
   for I in range(n_sub):  # dg_local_i = Σ_{t >= i in i's run} dG_t: pairs transposed
-    dg = _dot(pairs[I][I], dG[I], _TN, exact)
+    dg = dot(pair[I][I], dG[I], TN, exact)
     for T in range(I + 1, n_sub):
-      dg += _dot(pairs[T][I], dG[T], _TN, exact)
+      dg += dot(pair[T][I], dG[T], TN, exact)
     dgl_ref[pl.ds(I * SUB, SUB), :] = dg
 
 
@@ -344,7 +226,7 @@ def _forward(q, k, v, g, m, C, scale, precision, interpret):
   K = k.shape[2]
   G, n, BV = N // K, Tp // C, min(H, VALUE_BLOCK)
   kspec, vspec, gspec, wspec, cspec, sspec = _sequential_specs(Tp, n, H, BV, None)
-  states = _call(functools.partial(_states_kernel, C=C), (B, K, H // BV),
+  states = _call(functools.partial(_states_kernel, C=C, precision=precision), (B, K, H // BV),
                  [kspec, vspec, gspec, wspec, cspec], sspec,
                  jax.ShapeDtypeStruct((B, K, n, H, H), jnp.float32), interpret,
                  "gla_chunk_states")(k, v, g, m.write, m.carry)
@@ -383,7 +265,8 @@ def _backward(q, k, v, g, m, states, do, C, scale, precision, interpret):
   K = k.shape[2]
   G, n, BV = N // K, Tp // C, min(H, VALUE_BLOCK)
   qspec, dospec, gspec, rspec, cspec, sspec = _sequential_specs(Tp, n, H, BV, G)
-  dstates = _call(functools.partial(_dstates_kernel, C=C, G=G, scale=scale), (B, K, H // BV),
+  dstates = _call(functools.partial(_dstates_kernel, C=C, G=G, scale=scale, precision=precision),
+                  (B, K, H // BV),
                   [qspec, dospec, gspec, rspec, cspec], sspec,
                   jax.ShapeDtypeStruct((B, K, n, H, H), jnp.float32), interpret,
                   "gla_chunk_dstates")(q, do, g, m.read, m.carry)
