@@ -48,19 +48,29 @@ def out_and_grads(fn, args, seg, dout):
 # (T, gqa, segments, decay, chunk, H): T never a multiple of the chunk; chunk 16, 32 and 64 are
 # 1, 2 and 4 sub-chunks (the diagonal levels alone, then the off-diagonal splits); H = 8 pads
 # to Triton's 16. segments "packed": runs ending just off and on chunk edges, padding inside.
+# decay "strong_then_weak": -1e4 then log decays of 1e-5..1e-2, where a difference of prefix
+# sums would have lost every digit of the weak steps.
 CASES = [
     (40, 2, True, "mixed", 32, 16),
     (70, 1, False, "near_zero", 32, 8),
     (140, 4, "packed", "near_one", 16, 16),
-    (100, 1, True, "moderate", None, 16),
+    (100, 1, True, "strong_then_weak", None, 16),
 ]
+
+
+def strong_then_weak(rng, shape):
+  g = -np.exp(rng.uniform(-12.0, -4.0, shape))
+  g[:, 3::16], g[:, 21::16] = -1e4, -30.0  # inside sub-chunks, every 16 rows
+  return g
 
 
 @pytest.mark.parametrize("T, gqa, segments, decay, chunk, H", CASES)
 def test_matches_xla_and_reference(T, gqa, segments, decay, chunk, H):
   rng, seed = fresh_rng()
   B, N = 2, 4
-  q, k, v, g = random_linear_inputs(rng, B, T, N, N // gqa, H, decay)
+  strong = decay == "strong_then_weak"
+  q, k, v, g = random_linear_inputs(rng, B, T, N, N // gqa, H, "mixed" if strong else decay)
+  g = strong_then_weak(rng, g.shape) if strong else g
   seg = (packed(B, T) if segments == "packed" else random_runs(rng, B, T) if segments
          else None)
   args = [jnp.asarray(a, jnp.float32) for a in (q, k, v, g)]
