@@ -99,6 +99,7 @@ def _dstates_kernel(q_ref, do_ref, g_ref, read_ref, carry_ref, dstates_ref, *, C
 
 
 def _out_kernel(q_ref, k_ref, v_ref, g_ref, S_ref, *rest, C, G, scale, precision):
+  """One chunk's outputs for the G query heads of a kv head, from the state entering it."""
   flag_refs, (out_ref,) = rest[:4], rest[4:]
   n_sub = C // SUB
   ch = chunk_factors(g_ref, 0, n_sub)
