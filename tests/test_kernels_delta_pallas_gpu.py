@@ -125,8 +125,8 @@ def test_extreme_decays_stay_finite_and_match_xla(per_channel):
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
 def test_dispatch_lowers_the_triton_kernels_for_cuda(impl, per_channel):
   # The public function, values and gradients, exported for CUDA from this CPU: "pallas" puts
-  # the forward and the reverse state pass in as Triton calls; "auto" stays on XLA there
-  # (AUTO_PALLAS_PLATFORMS is empty until the kernel is measured on a GPU).
+  # the forward, the reverse state pass and the per-chunk gradients in as Triton calls; "auto"
+  # stays on XLA there (AUTO_PALLAS_PLATFORMS is empty until the kernel is measured on a GPU).
   from jax import export
   q, k = jnp.zeros((1, 256, 4, 64)), jnp.zeros((1, 256, 2, 64))
   v = jnp.zeros((1, 256, 2, 128))
@@ -138,7 +138,7 @@ def test_dispatch_lowers_the_triton_kernels_for_cuda(impl, per_channel):
     exported = export.export(grad, platforms=["cuda"], disabled_checks=[
         export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(q, k, v, g, beta)
   text = exported.mlir_module()
-  for name in ("delta_chunk_fwd", "delta_chunk_dstate"):
+  for name in ("delta_chunk_fwd", "delta_chunk_dstate", "delta_chunk_grads"):
     assert (f'name = "{name}"' in text) == (impl == "pallas"), name
   assert ("custom_call @__gpu$xla.gpu.triton" in text) == (impl == "pallas")
 

@@ -26,9 +26,8 @@ and gradients.
 
 Implementations (`impl=`):
   "xla"    the chunked form in pure jax.numpy (delta_xla.py); every backend, the CPU default.
-  "pallas" Triton kernels for CUDA GPUs (delta_pallas_gpu.py): the forward and the backward's
-           reverse state pass in Pallas, the per-chunk gradient by XLA autodiff. CUDA only
-           (tests run it with interpret=True on the module).
+  "pallas" Triton kernels for CUDA GPUs (delta_pallas_gpu.py): the chunked forward and a
+           hand-written backward. CUDA only (tests run it with interpret=True on the module).
   "auto"   decided when the function is lowered (jax.lax.platform_dependent), as
            linear_attention() does: XLA on every platform today. The Pallas kernel has never
            run on a GPU (checked in interpret mode and lowered with jax.export only), so

@@ -255,17 +255,6 @@ def _chunk_terms(q, k, v, g, beta, C):
   return qk, gamma[:, None] * q, w, u_tilde, jnp.exp(suffix) * k, gamma[:, -1]
 
 
-def chunk_rows(h, q, k, v, g, beta, C):
-  """One chunk on rows R (batch x kv heads, or any batch of chunks): (state leaving it
-  [R, Hk, Hv], out [R, G, C, Hv]) from the entering state h [R, Hk, Hv] and the normalised,
-  gated float32 inputs q [R, G, C, Hk], k [R, C, Hk], v [R, C, Hv], g [R, C, X], beta [R, C].
-  delta_pallas_gpu's backward differentiates it over all chunks at once."""
-  qk, q_state, w, u_tilde, k_write, decay = _chunk_terms(q, k, v, g, beta, C)
-  u = u_tilde - _mm("rcd,rde->rce", w, h)
-  out = _mm("rgcd,rde->rgce", q_state, h) + _mm("rgij,rjh->rgih", qk, u)
-  return decay[..., None] * h + _mm("rcd,rce->rde", k_write, u), out
-
-
 def _heads_major(x, B, K):
   """One chunk [B, C, K, (G,) X] -> [B·K, (G,) C, X]: a small in-cache transpose."""
   x = jnp.moveaxis(x, 2, 1)
@@ -283,7 +272,10 @@ def _chunk(h, xs, *, B, K, C):
     q, k, v, g, beta = _gate(q, k, v, g, beta, *(x[:, :, None, None] for x in runs))
   q = q.reshape(B, C, K, -1, q.shape[-1])
   q, k, v, g, beta = (_heads_major(x, B, K) for x in (q, k, v, g, beta))
-  h, out = chunk_rows(h, q, k, v, g, beta[..., 0], C)
+  qk, q_state, w, u_tilde, k_write, decay = _chunk_terms(q, k, v, g, beta[..., 0], C)
+  u = u_tilde - _mm("rcd,rde->rce", w, h)
+  out = _mm("rgcd,rde->rgce", q_state, h) + _mm("rgij,rjh->rgih", qk, u)
+  h = decay[..., None] * h + _mm("rcd,rce->rde", k_write, u)
   _, G, _, J = out.shape
   return h, jnp.moveaxis(out.reshape(B, K, G, C, J), 3, 1).reshape(B, C, K * G, J)
 
