@@ -52,6 +52,7 @@ def out_and_grads(fn, args, seg, dout):
 # sums would have lost every digit of the weak steps.
 CASES = [
     (40, 2, True, "mixed", 32, 16),
+    (20, 2, True, "mixed", 32, 16),  # one chunk: no later chunk to carry dlog_decay from
     (70, 1, False, "near_zero", 32, 8),
     (140, 4, "packed", "near_one", 16, 16),
     (100, 1, True, "strong_then_weak", None, 16),

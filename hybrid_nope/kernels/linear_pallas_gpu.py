@@ -21,8 +21,9 @@ out: they cancel exactly), chunk-locally a masked 0/1 dot at HIGHEST, across chu
 Layout stays [B, T, heads, H] (no transposes): a chunk's program owns one kv head and the G
 query heads that read it (so dk, dv need no atomics). T is padded to whole chunks, H to a power
 of two >= 16 (zero columns change nothing). Segments become per-position run ids and read /
-write flags (linear_xla's masks) computed once in XLA. Data dots run at the default precision
-(TF32 for float32 on GPU); accumulation and all gate maths are float32.
+write flags (linear_xla's masks) computed once in XLA. Data dots of float32 inputs run at
+HIGHEST (IEEE; Triton's default is TF32, which missed float32's 1e-4 in the attention kernel on
+the H200), of bfloat16 at the default; accumulation and all gate maths are float32.
 
 Status: checked in interpret mode on CPU (tests/test_kernels_linear_pallas_gpu.py) and lowered
 for CUDA with jax.export; not yet run or timed on a GPU, so linear_attention's "auto" does not
@@ -249,7 +250,9 @@ def _dlog_decay(dgl, m, C):
   r0, w0 = first(m.read), first(m.write)  # [B, n]
   a = (r0[..., None, None] * first(dgl))[:, 1:]
   b = (r0 * w0)[:, 1:, None, None]
-  pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)[:, ::-1]
+  # (zeros of explicit shape: with one chunk x is empty along axis 1, and so is x[:, :1])
+  pad = lambda x: jnp.concatenate([x, jnp.zeros((B, 1, *x.shape[2:]), x.dtype)],
+                                  axis=1)[:, ::-1]
   a, b = jnp.broadcast_arrays(pad(a), pad(b))  # chunk n - 1 first; the last has no later
 
   def compose(later, cur):  # x_cur = a_cur + b_cur·x_later
@@ -306,11 +309,13 @@ _gla.defvjp(_gla_fwd, _gla_bwd)
 def linear_attention(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, *, segment_ids=None,
                      chunk: int | None = None, precision=None, interpret: bool = False):
   """Gated linear attention; arguments as kernels.linear_attention. `chunk`: a power of two
-  >= 16 (default CHUNK); `precision`: of the data dots (None: TF32 for float32 on GPU);
-  `interpret=True` runs the kernels on any backend (tests)."""
+  >= 16 (default CHUNK); `precision`: of the data dots (None: HIGHEST for float32 inputs, the
+  default for bfloat16); `interpret=True` runs the kernels on any backend (tests)."""
   if pl is None or (not interpret and plgpu is None):
     raise ValueError("impl='pallas' on GPU needs jax.experimental.pallas (and its triton "
                      "module), which this jax build lacks")
+  if precision is None and q_BTNH.dtype == jnp.float32:
+    precision = lax.Precision.HIGHEST
   C = chunk or CHUNK
   if C < SUB or C & (C - 1):
     raise ValueError(f"chunk={C}: expected a power of two >= {SUB}")
