@@ -1,6 +1,7 @@
 """Building blocks: parameters with logical axis names, RMSNorm, SwiGLU MLP, RoPE, embedding."""
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -23,19 +24,34 @@ def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...],
   `in_axes` are the dimensions that count as fan-in for variance-scaling initialisers.
   """
   assert len(shape) == len(axes), (shape, axes)
-  fan_in = 1
-  for a in in_axes:
-    fan_in *= shape[a]
-  fan_out = 1
-  for a in range(len(shape)):
-    if a not in in_axes:
-      fan_out *= shape[a]
+  value = _initial_value(rngs.params(), init=init, shape=tuple(shape), in_axes=tuple(in_axes),
+                         spec=mesh_axes(axes))
+  return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+@functools.partial(jax.jit, static_argnames=("init", "shape", "in_axes", "spec"))
+def _initial_value(key: jax.Array, *, init, shape: tuple[int, ...], in_axes: tuple[int, ...],
+                   spec: tuple) -> jax.Array:
+  """One parameter's draw, compiled once per (init, shape, in_axes, mesh axes) and reused by
+  every layer: built outside a trace (sharded_train_state), a model compiles a program per
+  distinct parameter shape, not per parameter. Traced whole (jax.jit of init_model), it is the
+  same draw inlined, bit for bit.
+
+  A graph holding every parameter's draw compiled in 9 CPU-seconds at 120m (the whole train
+  step: 11), one threefry per parameter per layer, and in 3m15s on an H200. `spec` (the mesh
+  axes of the parameter's logical axes under the trainer's rules, all None outside them) places
+  the value in its shards as it is drawn.
+  """
+  fan_in = math.prod(shape[a] for a in in_axes)
+  fan_out = math.prod(shape) // fan_in
   # Initialise as a 2-D [fan_in, fan_out] matrix so fan-in is right for multi-axis weights.
-  value = init(rngs.params(), (fan_in, fan_out), jnp.float32)
+  value = init(key, (fan_in, fan_out), jnp.float32)
   order = list(in_axes) + [a for a in range(len(shape)) if a not in in_axes]
   value = value.reshape([shape[a] for a in order])
   value = jnp.transpose(value, [order.index(a) for a in range(len(shape))])
-  return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+  if any(axis is not None for axis in spec):
+    value = jax.lax.with_sharding_constraint(value, jax.sharding.PartitionSpec(*spec))
+  return value
 
 
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:

@@ -20,21 +20,29 @@ class TrainState:
 def init_train_state(model_cfg, tx: optax.GradientTransformation, seed: int):
   """Unsharded, on the default device: for tests and single-device tools."""
   model_def, params = init_model(model_cfg, seed)
-  return model_def, TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                               opt_state=tx.init(params))
+  return model_def, _fresh_state(params, tx)
+
+
+def _fresh_state(params: dict, tx: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
 def sharded_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, mesh):
   """(model_def, state, shardings): the state initialised directly in its shards, so no host
   or device ever holds the whole model; values equal init_train_state's."""
-  model_def, _, shardings, init = _abstract(model_cfg, tx, seed, mesh)
-  return model_def, jax.jit(init, out_shardings=shardings)(), shardings
+  model_def, _, shardings = _abstract(model_cfg, tx, seed, mesh)
+  # The model built eagerly, not as one jitted graph of every draw: model.layers.param
+  # compiles a draw per distinct parameter shape and places it in its shards.
+  with sharding.activation_rules(mesh):
+    params = init_model(model_cfg, seed)[1]
+  fresh = jax.jit(_fresh_state, static_argnums=1, out_shardings=shardings, donate_argnums=0)
+  return model_def, fresh(params, tx), shardings
 
 
 def abstract_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, mesh):
   """(model_def, state, shardings) with the state as ShapeDtypeStructs carrying their
   shardings: what jax.export lowers a train step for, without allocating anything."""
-  model_def, abstract_state, shardings, _ = _abstract(model_cfg, tx, seed, mesh)
+  model_def, abstract_state, shardings = _abstract(model_cfg, tx, seed, mesh)
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        abstract_state, shardings)
   return model_def, state, shardings
@@ -55,4 +63,4 @@ def _abstract(model_cfg, tx, seed, mesh):
       # Optimizer moments shard like their parameters; counters are replicated.
       opt_state=optax.tree_map_params(tx, lambda _, s: s, abstract_state.opt_state,
                                       param_shardings, transform_non_params=lambda _: replicated))
-  return model_def, abstract_state, shardings, init
+  return model_def, abstract_state, shardings
