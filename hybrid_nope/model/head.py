@@ -18,11 +18,12 @@ plain XLA. The math of one token, weight w, logits l, z-loss coefficient z, lse 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
-from hybrid_nope.model.layers import BTD, BTV, constrain, project
+from hybrid_nope.model.layers import BTD, BTV, constrain, mesh_axes, project
 
 
 def head_logits(x_BTD: jax.Array, w_DV: jax.Array, scale: float, dtype) -> jax.Array:
@@ -101,6 +102,36 @@ def _sums(loss_Bt, log_z_Bt, weights_Bt, z_loss):
   return loss, z_loss * jnp.sum(jnp.square(log_z_Bt) * weights_Bt)
 
 
+def _shard_groups(rows: int, block: int) -> tuple[int, int]:
+  """(row groups, position groups): how many devices split a block's rows (act_batch) and its
+  positions (act_length) under the trainer's mesh and rules; (1, 1) outside them, or where a
+  count does not divide."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1, 1
+  def size(logical):
+    names = [a for axes in mesh_axes((logical,)) if axes
+             for a in ((axes,) if isinstance(axes, str) else axes)]
+    return math.prod(mesh.shape.get(a, 1) for a in names)
+  groups = size("act_batch"), size("act_length")
+  return (groups[0] if rows % groups[0] == 0 else 1, groups[1] if block % groups[1] == 0 else 1)
+
+
+def _head_gradient(x_ND, dlogits_NV, rows: int, groups: tuple[int, int]):
+  """x^T · dlogits [G_b, G_s, D, V] in float32, one partial sum per group of rows and positions:
+  each device sums its own tokens, so the scan's carry needs no all-reduce per block (the
+  partitioner cannot carry a partial sum through a loop); one sum after the scan."""
+  g_b, g_s = groups
+  x_gbstD = x_ND.reshape(g_b, rows // g_b, g_s, -1, x_ND.shape[-1])
+  d_gbstV = dlogits_NV.reshape(g_b, rows // g_b, g_s, -1, dlogits_NV.shape[-1])
+  dw_GSDV = jnp.einsum("gbstd,gbstv->gsdv", x_gbstD, d_gbstV, preferred_element_type=jnp.float32)
+  return constrain(dw_GSDV, GROUPED_DV)
+
+
+# The partial head gradients' axes: split over the devices of the rows and positions they sum.
+GROUPED_DV = ("act_batch", "act_length", None, "act_vocab")
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _objective(x_KBtD, targets_KBt, weights_KBt, w_DV, z_loss, scale, dtype):
   """(objective, loss sum, z-loss sum) over the blocks; only the objective is differentiable
@@ -119,7 +150,7 @@ def _objective_fwd(x_KBtD, targets_KBt, weights_KBt, w_DV, z_loss, scale, dtype)
   w_h = w_DV.astype(dtype)
 
   def body(carry, blk):
-    sums, dw_DV = carry
+    sums, dw_GSDV = carry
     x_BtD, targets_Bt, weights_Bt = blk
     logits_BtV, log_z_Bt, loss_Bt = _block_terms(x_BtD, w_DV, targets_Bt, scale, dtype)
     coef_Bt = weights_Bt * (1.0 + 2.0 * z_loss * log_z_Bt) if z_loss else weights_Bt
@@ -131,15 +162,17 @@ def _objective_fwd(x_KBtD, targets_KBt, weights_KBt, w_DV, z_loss, scale, dtype)
     dlogits_h = constrain((dlogits_BtV * scale).astype(dtype), BTV)
     dx_BtD = project(dlogits_h, w_h.T).astype(x_KBtD.dtype)
     x_ND = x_BtD.astype(dtype).reshape(-1, x_BtD.shape[-1])
-    dw_DV = dw_DV + jnp.dot(x_ND.T, dlogits_h.reshape(x_ND.shape[0], -1),
-                            preferred_element_type=jnp.float32)
+    dw_GSDV = dw_GSDV + _head_gradient(x_ND, dlogits_h.reshape(x_ND.shape[0], -1), rows, groups)
     sums = jax.tree.map(jnp.add, sums, _sums(loss_Bt, log_z_Bt, weights_Bt, z_loss))
-    return (sums, dw_DV), dx_BtD
+    return (sums, dw_GSDV), dx_BtD
 
+  rows, block = x_KBtD.shape[1:3]
+  groups = _shard_groups(rows, block)
   zero = jnp.zeros((), jnp.float32)
-  ((loss, z), dw_DV), dx_KBtD = jax.lax.scan(
-      body, ((zero, zero), jnp.zeros(w_DV.shape, jnp.float32)),
+  ((loss, z), dw_GSDV), dx_KBtD = jax.lax.scan(
+      body, ((zero, zero), constrain(jnp.zeros((*groups, *w_DV.shape), jnp.float32), GROUPED_DV)),
       (x_KBtD, targets_KBt, weights_KBt))
+  dw_DV = jnp.sum(dw_GSDV, axis=(0, 1))
   return (loss + z, loss, z), (dx_KBtD, dw_DV.astype(w_DV.dtype))
 
 
