@@ -46,12 +46,11 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_nope.kernels import context_parallel as cp
-from hybrid_nope.kernels import delta_pallas_gpu, delta_xla, per_shard
+from hybrid_nope.kernels import delta_pallas_gpu, delta_xla, per_shard, recurrent_dispatch
 # q, k and segment_ids obey attention()'s rules, and the target platform is attention()'s.
 from hybrid_nope.kernels.attention import _check as _check_qkv
-from hybrid_nope.kernels.attention import _platform
 
-IMPLS = ("auto", "xla", "pallas")
+IMPLS = recurrent_dispatch.IMPLS
 # Platforms where "auto" runs the Pallas kernel (see the module docstring): none yet.
 AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
 
@@ -114,44 +113,11 @@ def _check(q_BTNH, k_BTKH, v_BTVJ, log_decay, beta_BTV, segment_ids, impl) -> in
   return V
 
 
-def _unavailable_reason(impl: str) -> str | None:
-  if impl in ("xla", "auto"):
-    return None
-  platform = _platform()  # the target_platform(...) context, else this backend
-  if platform != "cuda":
-    return (f"the Pallas delta rule kernel compiles for CUDA GPUs only; the platform is "
-            f"{platform!r} (tests run it with interpret=True on delta_pallas_gpu)")
-  return None if delta_pallas_gpu.available() else "jax.experimental.pallas.triton is missing"
-
-
-def available_impls() -> tuple[str, ...]:
-  """Concrete implementations that can run on the target platform."""
-  return tuple(i for i in IMPLS[1:] if _unavailable_reason(i) is None)
-
-
-def _per_platform(impl: str) -> dict:
-  """platform -> kernel for jax.lax.platform_dependent, as linear_attention._per_platform."""
-  if impl == "xla":
-    return {"default": delta_xla.delta_attention}
-  pallas = {"cuda": delta_pallas_gpu.delta_attention} if delta_pallas_gpu.available() else {}
-  if impl == "pallas":
-    return pallas
-  return {**{p: k for p, k in pallas.items() if p in AUTO_PALLAS_PLATFORMS},
-          "default": delta_xla.delta_attention}
-
-
-def resolve(impl: str) -> str:
-  """The concrete implementation `impl` means on the target platform; ValueError if
-  unavailable."""
-  if impl not in IMPLS:
-    raise ValueError(f"impl={impl!r}: expected one of {IMPLS}")
-  reason = _unavailable_reason(impl)
-  if reason is not None:
-    raise ValueError(f"impl={impl!r} is not available here: {reason}. Available: "
-                     f"{available_impls()}")
-  if impl == "auto":
-    return "pallas" if _platform() in _per_platform("auto") else "xla"
-  return impl
+_DISPATCH = recurrent_dispatch.Dispatch(
+    "delta rule", delta_xla.delta_attention, {"cuda": delta_pallas_gpu}, "delta_attention",
+    lambda: AUTO_PALLAS_PLATFORMS)
+available_impls, resolve = _DISPATCH.available_impls, _DISPATCH.resolve
+_per_platform = _DISPATCH.per_platform
 
 
 def _gqa_operands(q_BTNH, k_BTKH, log_decay, beta_BTV, V):

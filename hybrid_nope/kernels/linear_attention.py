@@ -30,12 +30,12 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_nope.kernels import context_parallel as cp
-from hybrid_nope.kernels import linear_pallas, linear_pallas_gpu, linear_xla, per_shard
+from hybrid_nope.kernels import (linear_pallas, linear_pallas_gpu, linear_xla, per_shard,
+                                 recurrent_dispatch)
 # q, k, v and segment_ids obey attention()'s rules, and the target platform is attention()'s.
 from hybrid_nope.kernels.attention import _check as _check_qkv
-from hybrid_nope.kernels.attention import _platform
 
-IMPLS = ("auto", "xla", "pallas")
+IMPLS = recurrent_dispatch.IMPLS
 # Platforms where "auto" runs the Pallas kernels ("tpu", "cuda"; see the module docstring):
 # none yet.
 AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
@@ -52,48 +52,12 @@ def _check(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids, impl):
     raise ValueError(f"log_decay dtype must be floating point; got {log_decay_BTKH.dtype}")
 
 
-def _unavailable_reason(impl: str) -> str | None:
-  platform = _platform()  # the target_platform(...) context, else this backend
-  if impl in ("xla", "auto"):
-    return None
-  if platform == "cuda":
-    return None if linear_pallas_gpu.available() else "jax.experimental.pallas.triton is missing"
-  if platform == "tpu":
-    return None if linear_pallas.available() else "jax.experimental.pallas.tpu is missing"
-  return (f"the Pallas linear attention kernels compile for TPU and CUDA GPUs only; the platform "
-          f"is {platform!r} (tests run them with interpret=True on linear_pallas and "
-          f"linear_pallas_gpu)")
-
-
-def available_impls() -> tuple[str, ...]:
-  """Concrete implementations that can run on the target platform."""
-  return tuple(i for i in IMPLS[1:] if _unavailable_reason(i) is None)
-
-
-def _per_platform(impl: str) -> dict:
-  """platform -> kernel for jax.lax.platform_dependent (only the lowered platform's branch is
-  kept), as attention._per_platform."""
-  if impl == "xla":
-    return {"default": linear_xla.linear_attention}
-  pallas = {**({"tpu": linear_pallas.linear_attention} if linear_pallas.available() else {}),
-            **({"cuda": linear_pallas_gpu.linear_attention} if linear_pallas_gpu.available()
-               else {})}
-  if impl == "pallas":
-    return pallas
-  return {**{p: k for p, k in pallas.items() if p in AUTO_PALLAS_PLATFORMS},
-          "default": linear_xla.linear_attention}
-
-
-def resolve(impl: str) -> str:
-  """The concrete implementation `impl` means on the target platform; ValueError if
-  unavailable."""
-  reason = _unavailable_reason(impl)
-  if reason is not None:
-    raise ValueError(f"impl={impl!r} is not available here: {reason}. Available: "
-                     f"{available_impls()}")
-  if impl == "auto":
-    return "pallas" if _platform() in _per_platform("auto") else "xla"
-  return impl
+_DISPATCH = recurrent_dispatch.Dispatch(
+    "linear attention", linear_xla.linear_attention,
+    {"tpu": linear_pallas, "cuda": linear_pallas_gpu}, "linear_attention",
+    lambda: AUTO_PALLAS_PLATFORMS)
+available_impls, resolve = _DISPATCH.available_impls, _DISPATCH.resolve
+_per_platform = _DISPATCH.per_platform
 
 
 def linear_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
