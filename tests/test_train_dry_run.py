@@ -52,8 +52,9 @@ def test_state_bytes_are_those_of_an_initialised_state():
 
 
 @pytest.mark.parametrize("overrides", [
-    {}, {"model__remat": True}, {"model__pattern": "LD", "train__grad_accum_steps": 2}],
-    ids=["SG", "SG_remat", "LD_accum2"])
+    {}, {"model__remat": True}, {"model__pattern": "LD", "train__grad_accum_steps": 2},
+    {"model__loss_block": 32, "model__vocab_size": 4096}],
+    ids=["SG", "SG_remat", "LD_accum2", "SG_loss_block"])
 def test_the_activation_estimate_is_near_xlas_memory_analysis(overrides):
   c = config(**overrides)
   r = dry_run.report(c)
