@@ -149,3 +149,21 @@ def test_a_gla_hybrid_lowers_for_tpu_and_cuda_with_the_chosen_linear_kernel(line
     for name in GLA_KERNELS[result["platform"]]:  # "auto" keeps the L layers on XLA (untimed)
       found = any(k.startswith(name) for k in result["kernels"])
       assert found == (linear_impl == "pallas"), (name, result["kernels"])
+
+
+DELTA_KERNELS = ("delta_chunk_fwd", "delta_chunk_dstate", "delta_chunk_grads")
+
+
+@pytest.mark.parametrize("delta_impl", ["auto", "pallas"])
+@pytest.mark.integration
+def test_a_gated_deltanet_hybrid_lowers_for_cuda_with_the_chosen_delta_kernel(delta_impl):
+  args = ["--config=configs/gdn_350m.py", "--config.model.num_layers=2",
+          "--config.data.seq_len=2048", "--config.metrics.far_lag=1024",
+          f"--config.model.delta_impl={delta_impl}"]
+  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=cuda", *args],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  [result] = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  for name in DELTA_KERNELS:  # "auto" keeps the D layers on XLA (untimed on a GPU)
+    found = any(k.startswith(name) for k in result["kernels"])
+    assert found == (delta_impl == "pallas"), (name, result["kernels"])
