@@ -132,16 +132,20 @@ GLA_KERNELS = {"tpu": ("gla_chunk_fwd",),
                "cuda": ("gla_chunk_states", "gla_chunk_out", "gla_chunk_dstates", "gla_chunk_grads")}
 
 
+def lower_small(config: str, platforms: str, **overrides) -> list[dict]:
+  """launch/lower.py's RESULT lines for a 2-layer `config` at seq_len 2048."""
+  args = [f"--config={config}", "--config.model.num_layers=2", "--config.data.seq_len=2048",
+          "--config.metrics.far_lag=1024", *(f"--config.{k}={v}" for k, v in overrides.items())]
+  proc = subprocess.run([sys.executable, "launch/lower.py", f"--platform={platforms}", *args],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+
+
 @pytest.mark.parametrize("linear_impl", ["auto", "pallas"])
 @pytest.mark.integration
 def test_a_gla_hybrid_lowers_for_tpu_and_cuda_with_the_chosen_linear_kernel(linear_impl):
-  args = ["--config=configs/gla_350m.py", "--config.model.num_layers=2",
-          "--config.data.seq_len=2048", "--config.metrics.far_lag=1024",
-          f"--config.model.linear_impl={linear_impl}"]
-  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=tpu,cuda", *args],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  results = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  results = lower_small("configs/gla_350m.py", "tpu,cuda", **{"model.linear_impl": linear_impl})
   assert [r["platform"] for r in results] == ["tpu", "cuda"]
   for result in results:
     attention = EXPECTED[result["platform"]][1][0]  # the G layers' forward kernel
@@ -157,13 +161,7 @@ DELTA_KERNELS = ("delta_chunk_fwd", "delta_chunk_dstate", "delta_chunk_grads")
 @pytest.mark.parametrize("delta_impl", ["auto", "pallas"])
 @pytest.mark.integration
 def test_a_gated_deltanet_hybrid_lowers_for_cuda_with_the_chosen_delta_kernel(delta_impl):
-  args = ["--config=configs/gdn_350m.py", "--config.model.num_layers=2",
-          "--config.data.seq_len=2048", "--config.metrics.far_lag=1024",
-          f"--config.model.delta_impl={delta_impl}"]
-  proc = subprocess.run([sys.executable, "launch/lower.py", "--platform=cuda", *args],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  [result] = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  [result] = lower_small("configs/gdn_350m.py", "cuda", **{"model.delta_impl": delta_impl})
   for name in DELTA_KERNELS:  # "auto" keeps the D layers on XLA (untimed on a GPU)
     found = any(k.startswith(name) for k in result["kernels"])
     assert found == (delta_impl == "pallas"), (name, result["kernels"])
