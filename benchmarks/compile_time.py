@@ -21,11 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
-from benchmarks.train_step import config_for, synthetic_batch  # noqa: E402
+from benchmarks.train_step import config_for, step_and_batch  # noqa: E402
 from hybrid_nope.train import sharding  # noqa: E402
 from hybrid_nope.train.optimizer import make_optimizer  # noqa: E402
-from hybrid_nope.train.state import abstract_train_state, sharded_train_state  # noqa: E402
-from hybrid_nope.train.step import train_step_for  # noqa: E402
+from hybrid_nope.train.state import sharded_train_state  # noqa: E402
 
 
 def seconds(fn) -> tuple[float, float]:
@@ -44,28 +43,14 @@ def init_compile_seconds(config) -> tuple[float, float]:
   return calls[0][0] - calls[1][0], calls[0][1] - calls[1][1]
 
 
-def lowered_step(config):
-  """The trainer's jitted train step, lowered on the abstract state (nothing allocated)."""
-  tx = make_optimizer(config.train)
-  mesh = sharding.make_mesh(config)
-  with sharding.activation_rules(mesh):
-    model_def, state, shardings = abstract_train_state(config.model, tx, config.train.seed,
-                                                       mesh)
-    batch = sharding.global_batch(synthetic_batch(config.data.batch_size, config.data.seq_len,
-                                                  config.model.vocab_size), mesh)
-    step = jax.jit(train_step_for(config, model_def, tx),
-                   in_shardings=(shardings, {k: sharding.batch_sharding(mesh) for k in batch}),
-                   out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
-    return step.lower(state, batch)
-
-
 def main():
   p = argparse.ArgumentParser()
-  p.add_argument("--sizes", default="120m,350m")
-  p.add_argument("--patterns", default="SG", help="model.pattern, comma-separated")
+  for flag, default, help_ in (("sizes", "120m,350m", "named sizes (configs/base.py)"),
+                               ("patterns", "SG", "model.pattern values"),
+                               ("dtype", "float32", "model.dtype (auto: bfloat16 off CPU)")):
+    p.add_argument(f"--{flag}", default=default, help=help_)
   p.add_argument("--seq_len", type=int, default=2048)
   p.add_argument("--vocab", type=int, default=32000)
-  p.add_argument("--dtype", default="float32", help="model.dtype (auto: bfloat16 off CPU)")
   args = p.parse_args()
   print(f"jax {jax.__version__} on {jax.device_count()} x {jax.devices()[0].device_kind}, "
         f"seq_len {args.seq_len}, vocab {args.vocab}, {args.dtype}\n")
@@ -76,8 +61,9 @@ def main():
       config = config_for(size, pattern, args.seq_len, args.vocab, remat=False, tensor=1,
                           dtype=args.dtype)
       init_cpu, init_wall = init_compile_seconds(config)
-      step = lowered_step(config)
-      step_cpu, step_wall = seconds(step.compile)
+      step, state, batch, mesh = step_and_batch(config, config.data.batch_size)
+      with sharding.activation_rules(mesh):
+        step_cpu, step_wall = seconds(step.lower(state, batch).compile)
       print(f"| {size} | {pattern} | {init_cpu:.2f} | {init_wall:.2f} | {step_cpu:.2f} | "
             f"{step_wall:.2f} | {init_cpu / step_cpu:.2f} |", flush=True)
 
