@@ -15,6 +15,7 @@ BTD = ("act_batch", "act_length", "act_embed")
 BTF = ("act_batch", "act_length", "act_mlp")
 BTV = ("act_batch", "act_length", "act_vocab")
 default_init = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+EMBEDDING_INIT = nnx.initializers.normal(stddev=1.0)  # unit-variance rows (see unembedding)
 
 
 def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...],
@@ -145,8 +146,8 @@ class Embed(nnx.Module):
   def __init__(self, vocab_size: int, d_model: int, *, dtype, rngs: nnx.Rngs):
     self.dtype = dtype
     self.vocab_size = vocab_size
-    table = nnx.initializers.normal(stddev=1.0)(rngs.params(), (vocab_size, d_model), jnp.float32)
-    self.embedding_VD = nnx.Param(table, out_sharding=("vocab", "embed"), eager_sharding=False)
+    # Through param(): one compiled draw, placed in its shards (not drawn whole, then moved).
+    self.embedding_VD = param(rngs, EMBEDDING_INIT, (vocab_size, d_model), ("vocab", "embed"))
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     return constrain(jnp.take(self.embedding_VD[...], tokens_BT, axis=0).astype(self.dtype), BTD)
