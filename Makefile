@@ -55,7 +55,8 @@ UNIT := -m "not slow and not integration"
 test: install
 	$(PY) -m pytest -q -n 2 $(UNIT)
 
-# The everyday tier on Python 3.12 with jax 0.11 (requirements-next.lock), in .venv-next.
+# The everyday tier on Python 3.12 with jax 0.11 (requirements-next.lock), in .venv-next. CI runs
+# it after test-all (.ci/run): 9m21s from no .venv-next on loaded cores fits the 90-minute budget.
 # PYTHON_NEXT: python3.12 where it runs, else pyenv's (whose shim runs it only when 3.12 is among
 # `pyenv global`'s versions).
 PYTHON_NEXT ?= $(firstword $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null) \
