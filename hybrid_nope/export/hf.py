@@ -83,9 +83,10 @@ MAPPED_KEYS = {"pattern", "num_layers", "d_model", "num_heads", "num_kv_heads", 
                "mlp_dim", "window", "swa_pos", "global_pos", "rope_theta", "vocab_size",
                "tie_embeddings", "norm_eps", "delta_gate"}
 # logits_dtype: the head's matmul precision (transformers runs it in its own dtype);
-# param_dtype: the arrays are written as stored (BF16 in safetensors) and read back as such.
+# param_dtype: the arrays are written as stored (BF16 in safetensors) and read back as such;
+# loss_block: how training computes the loss (in blocks of positions), not what the model is.
 COMPUTE_KEYS = {"dtype", "remat", "attention_impl", "linear_impl", "delta_impl", "logits_dtype",
-                "param_dtype"}
+                "param_dtype", "loss_block"}
 # The D layer's options at the values of its first form, the only one modeling_hybrid_nope.py
 # writes (the published forms are tests/hf/check_delta_hf.py's parity, not an export yet).
 DELTA_FIRST_FORM = {"delta_gate_form": "gla", "delta_expand_v": 1, "delta_v_heads": 0,
