@@ -101,12 +101,13 @@ def _stamp(when: float | None) -> str:
 
 
 def comparable(path: str) -> str:
-  """`path` as a prefix can be compared: a local one absolute with "/", a URL without a
-  trailing "/"."""
+  """`path` as a prefix can be compared: a local one resolved as the file system sees it
+  (realpath: a workdir reached through a symbolic link is the same run's) with "/", a URL
+  without a trailing "/"."""
   local = storage.local_path(path)
   if local is None:
     return path.rstrip("/")
-  return os.path.abspath(local).replace(os.sep, "/")
+  return os.path.realpath(local).replace(os.sep, "/")
 
 
 @dataclasses.dataclass(frozen=True)

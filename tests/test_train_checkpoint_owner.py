@@ -83,6 +83,27 @@ def test_a_moved_workdir_on_a_shared_directory_follows_the_advice_to_delete_the_
   assert claim(str(tmp_path / "moved"), shared).workdir == str(tmp_path / "moved")
 
 
+def test_a_workdir_reached_through_a_symbolic_link_is_the_same_run(tmp_path):
+  """Paths are compared as the file system sees them: a link to the workdir, with its
+  checkpoint directory outside it, is the run itself both ways round; another workdir is not."""
+  shared, real = str(tmp_path / "shared"), tmp_path / "real"
+  real.mkdir()
+  os.symlink(real, tmp_path / "link")
+  owner = claim(str(tmp_path / "link"), shared)
+  fake_steps(shared, 4)
+  assert claim(str(real), shared).run_id == owner.run_id
+  assert claim(str(tmp_path / "link"), shared).run_id == owner.run_id
+  with pytest.raises(CheckpointOwnedError, match="belongs to the run in"):
+    claim(str(tmp_path / "other"), shared)
+  # A marker written before paths were resolved names the link: it is still this run's.
+  marker = RunDir(str(real), shared).checkpoint_owner
+  with open(marker) as f:
+    old = json.load(f)
+  with open(marker, "w") as f:
+    json.dump({**old, "workdir": str(tmp_path / "link")}, f)
+  assert claim(str(real), shared).run_id == owner.run_id
+
+
 def test_unowned_steps_are_refused_to_a_workdir_with_no_run(tmp_path):
   shared = str(tmp_path / "shared")
   fake_steps(shared, 4, 8)

@@ -38,7 +38,7 @@ class CheckpointOwnedError(UserError):
 
 @dataclasses.dataclass(frozen=True)
 class Owner:
-  workdir: str    # As `run_dir` compares paths: absolute local, or the URL.
+  workdir: str    # As `run_dir.comparable` gives it: a resolved local path, or the URL.
   directory: str  # The checkpoint directory where the marker was written, compared alike.
   run_id: str
 
@@ -119,8 +119,11 @@ def _claim_on_this_process(workdir: str, checkpoint_directory: str) -> Owner:
   directory = run_dir.comparable(rd.checkpoints)
   inside = rd.relative(rd.checkpoints) is not None
   found = _read(path)
-  if found is not None and found.workdir != here:
-    if found.directory == directory or not inside:
+  # A marker's paths resolved again: one written before paths were resolved may name a link.
+  found_at = None if found is None else (run_dir.comparable(found.workdir),
+                                         run_dir.comparable(found.directory))
+  if found is not None and found_at[0] != here:
+    if found_at[1] == directory or not inside:
       raise CheckpointOwnedError(
           f"checkpoint directory {rd.checkpoints} belongs to the run in {found.workdir} (run "
           f"{found.run_id}, {path}), not to this workdir {here}: two workdirs on one checkpoint "
@@ -130,7 +133,7 @@ def _claim_on_this_process(workdir: str, checkpoint_directory: str) -> Owner:
     logging.warning("%s: this checkpoint directory was moved or copied here with its workdir "
                     "from %s; this workdir takes it over (run %s)", path, found.workdir,
                     found.run_id)
-  if found is not None and (found.workdir, found.directory) == (here, directory):
+  if found is not None and found_at == (here, directory):
     return found
   if found is None:
     steps = _unowned_steps(rd.checkpoints)
