@@ -256,6 +256,32 @@ def test_tensors_we_cannot_express_fail_naming_them(tmp_path, change, message):
   assert message in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_a_weight_that_is_not_finite_fails_naming_it_and_its_count(tmp_path, dtype):
+  _, sd = smollm3_3b_like(str(tmp_path), dtype=dtype)
+  assert hf_import.read(str(tmp_path), BASE_MODEL).params  # Finite: imported as before.
+  path = os.path.join(tmp_path, hf.WEIGHTS_FILE)
+  q = sd["model.layers.2.self_attn.q_proj.weight"].copy()
+  q[0, :3] = [np.nan, np.inf, -np.inf]
+  hf.write_safetensors(path, {**sd, "model.layers.2.self_attn.q_proj.weight": q})
+  with pytest.raises(hf_import.HFImportError) as e:
+    hf_import.read(str(tmp_path), BASE_MODEL)
+  assert str(e.value) == (
+      f"tensor model.layers.2.self_attn.q_proj.weight (our params/blocks/2/attn/wq_DNH) of "
+      f"{path} holds 3 non-finite values (NaN or inf) of 1024: the weights are broken, and a "
+      f"model of them computes NaN")
+  norm = sd["model.norm.weight"].copy()  # Tied: the folded final norm is read its own way.
+  norm[5] = np.nan
+  hf.write_safetensors(path, {**sd, "model.layers.2.self_attn.q_proj.weight": q,
+                              "model.norm.weight": norm})
+  with pytest.raises(hf_import.HFImportError) as e:
+    hf_import.read(str(tmp_path), BASE_MODEL)
+  assert str(e.value).startswith(
+      f"tensor model.norm.weight (our params/final_norm/scale_D) of {path} holds 1 non-finite "
+      f"values (NaN or inf) of 32; 1 more tensors hold some, e.g. "
+      f"['model.layers.2.self_attn.q_proj.weight']:"), str(e.value)
+
+
 def test_a_tied_lm_head_equal_to_the_embedding_and_an_old_rope_buffer_are_accepted(tmp_path):
   _, sd = smollm3_3b_like(str(tmp_path))
   sd = {**sd, "lm_head.weight": sd["model.embed_tokens.weight"],

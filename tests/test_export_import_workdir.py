@@ -116,6 +116,30 @@ def _run(script, *args):
                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO))
 
 
+def test_a_checkpoint_with_non_finite_params_is_refused_by_its_readers(tiny_hf, tmp_path):
+  """The import refuses such weights; a checkpoint written otherwise is refused on restore,
+  which score, generate, analyze and export share, naming the parameter."""
+  hf_dir, config, params = tiny_hf
+  workdir = str(tmp_path / "wd")
+  import_workdir.import_hf(hf_dir, workdir, joined_config(), list(ANALYSIS))
+  loaded = checkpoints.load_config(workdir)
+  broken = str(tmp_path / "broken")
+  wq = params["blocks"][1]["attn"]["wq_DNH"].copy()
+  wq[0, 0, :2] = np.nan
+  nan_params = {**params, "blocks": {**params["blocks"], 1: {
+      **params["blocks"][1], "attn": {**params["blocks"][1]["attn"], "wq_DNH": wq}}}}
+  import_workdir._save(broken, loaded, nan_params, hf_dir)  # pylint: disable=protected-access
+  with open(RunDir(broken).config, "w") as f:
+    f.write(open(RunDir(workdir).config).read())
+  with pytest.raises(checkpoints.NonFiniteParamsError) as e:
+    checkpoints.restore_params(broken, loaded)
+  assert str(e.value) == (
+      f"checkpoint step 1 ({broken}/checkpoints/1): parameter params/blocks/1/attn/wq_DNH "
+      f"holds 2 non-finite values (NaN or inf) of {wq.size}; a model of them computes NaN; "
+      f"no other step has a checkpoint")
+  assert checkpoints.restore_params(workdir, loaded)[0] == import_workdir.IMPORTED_STEP
+
+
 @pytest.mark.integration
 def test_launch_scripts_on_an_imported_workdir(tiny_hf, tmp_path):
   """import_hf, analyze with the causal ablation, score, generate and export_hf end to end;

@@ -26,7 +26,8 @@ own export also writes its model config and the unfolded gains into the safetens
 holds, so an export then an import is bit for bit.
 
 What we cannot express fails before a weight is read, as an HFImportError naming the config.json
-key (or the tensor) and what was expected.
+key (or the tensor) and what was expected; a weight holding NaN or inf fails once all are read,
+naming the tensor, our parameter and the count.
 """
 from __future__ import annotations
 
@@ -316,6 +317,20 @@ def _check_shapes(weights: Weights, wanted: dict, flat: dict) -> None:
                           f"{list(hf_shape(flat[leaf], inputs))}")
 
 
+def _check_finite(weights: Weights, wanted: dict, leaves: dict[str, np.ndarray]) -> None:
+  """Every weight is finite: a NaN or inf imports as a model whose every loss and logit is NaN
+  (score prints nan, generate token 0). Names the first such tensor and how many others."""
+  bad = [(leaf, int(np.count_nonzero(~np.isfinite(x))), x.size) for leaf, x in leaves.items()]
+  bad = [b for b in bad if b[1]]
+  if bad:
+    (leaf, count, size), name = bad[0], wanted[bad[0][0]][0]
+    more = (f"; {len(bad) - 1} more tensors hold some, e.g. "
+            f"{[wanted[b[0]][0] for b in bad[1:4]]}" if len(bad) > 1 else "")
+    raise HFImportError(f"tensor {name} (our params/{leaf}) of {weights.file_of[name]} holds "
+                        f"{count} non-finite values (NaN or inf) of {size}{more}: the weights "
+                        f"are broken, and a model of them computes NaN")
+
+
 def read(hf_dir: str, base_model: dict) -> Imported:
   """The model in `hf_dir`. `base_model`: model.* of the config it joins (keys config.json
   cannot fix keep their values)."""
@@ -340,6 +355,7 @@ def read(hf_dir: str, base_model: dict) -> Imported:
       else:  # Transposed and viewed: the copy is made contiguous one tensor at a time.
         w = weights.get(name)
         leaves[leaf] = np.ascontiguousarray(w if not inputs else w.T.reshape(flat[leaf]))
+    _check_finite(weights, wanted, leaves)
     if tied and "lm_head.weight" in weights.file_of and not np.array_equal(
         weights.get("lm_head.weight"), leaves["embed/embedding_VD"]):
       _fail("tie_word_embeddings", True, "false, or lm_head.weight equal to "

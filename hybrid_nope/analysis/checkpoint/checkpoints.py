@@ -15,6 +15,7 @@ import json
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
@@ -54,6 +55,11 @@ class DataPathError(AnalysisError):
 class CorruptCheckpointError(AnalysisError):
   """A checkpoint step whose state is missing or unreadable, or whose params differ from the
   checksums saved with them."""
+
+
+class NonFiniteParamsError(AnalysisError):
+  """A checkpoint step whose params hold NaN or inf: the trainer never saves one (it stops
+  first), so it was written otherwise, e.g. imported, and every loss and logit of it is NaN."""
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -204,10 +210,10 @@ def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, 
   """(step, model_def, params) of checkpoint `step` (None = the newest finished one), on the
   default device, each leaf verified against the checksum saved with it. Raises
   CorruptCheckpointError for a state that is missing, unreadable or differs from its
-  checksums. A live trainer is tolerated: a step it is still writing is not read (one warning
-  says which is read instead), and the newest step, when it fails while the trainer's
-  checkpoint.keep deletes it or a newer one is committed meanwhile, gives way to the newest
-  finished one."""
+  checksums, NonFiniteParamsError for params that hold NaN or inf. A live trainer is
+  tolerated: a step it is still writing is not read (one warning says which is read instead),
+  and the newest step, when it fails while the trainer's checkpoint.keep deletes it or a newer
+  one is committed meanwhile, gives way to the newest finished one."""
   listing = _listing(workdir, config)
   if step is not None:
     if step in listing.unfinished and step not in listing.finished:
@@ -289,6 +295,22 @@ def _restore_step(workdir: str, config, step: int, others: str) -> tuple[int, Mo
     differing = differing_leaves(saved, computed)
     if differing:
       raise CorruptCheckpointError(f"{corrupt_message(step, step_dir, differing)}; {others}")
+  _check_finite(params, step, step_dir, others)
   params = jax.tree.map(lambda x, w: x if x.dtype == w.dtype else x.astype(w.dtype), params,
                         wanted)
   return step, model_definition(config.model), params
+
+
+def _check_finite(params, step: int, step_dir: str, others: str) -> None:
+  """NonFiniteParamsError naming the first parameter holding NaN or inf (one small program
+  counts them all), so score, generate, analyze and export stop instead of printing NaN."""
+  counts = _flat(jax.device_get(jax.jit(lambda p: jax.tree.map(
+      lambda x: jnp.sum(~jnp.isfinite(x), dtype=jnp.int32), p))(params)))
+  bad = [name for name, count in counts.items() if count]
+  if bad:
+    size = _flat(params)[bad[0]].size
+    more = f" ({len(bad) - 1} more parameters hold some)" if len(bad) > 1 else ""
+    raise NonFiniteParamsError(
+        f"checkpoint step {step} ({step_dir}): parameter params/{bad[0]} holds "
+        f"{int(counts[bad[0]])} non-finite values (NaN or inf) of {size}{more}; a model of "
+        f"them computes NaN; {others}")
