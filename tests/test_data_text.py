@@ -188,7 +188,7 @@ def test_an_empty_text_without_special_tokens_is_named_in_a_warning_and_adds_not
   path = text_sources.write("jsonl", tmp_path / "data", records, files=1)
   with caplog.at_level("WARNING"):
     c = text_rows.TextCorpus("jsonl", path, "text", str(tmp_path / "tokenizer.json"),
-                             str(tmp_path / "cache"), 0.2)
+                             str(tmp_path / "cache"), 0.2, True)
   assert "1 documents give no tokens with data.tokenizer (the first: " in caplog.text
   assert "part-0.jsonl line 8)" in caplog.text and c.index.lengths[7] == 0
   rows = c.rows("train", T, True)
@@ -211,7 +211,8 @@ def test_the_index_is_cached_and_rebuilt_when_a_file_changes(tmp_path, monkeypat
   def no_build(*args):
     raise AssertionError("the cached index was not used")
   monkeypatch.setattr(text_index, "_build", no_build)
-  again = text_rows.TextCorpus("jsonl", path, "text", "byte", str(tmp_path / "cache"), 0.2)
+  again = text_rows.TextCorpus("jsonl", path, "text", "byte", str(tmp_path / "cache"), 0.2,
+                               True)
   np.testing.assert_array_equal(again.index.lengths, first.index.lengths)
   np.testing.assert_array_equal(again.readers[1].offsets, first.readers[1].offsets)
   assert again.rows("train", T, True)[3]["inputs"].tolist() == first.rows(
@@ -226,7 +227,8 @@ def test_the_index_is_cached_and_rebuilt_when_a_file_changes(tmp_path, monkeypat
 
 def test_a_document_changed_in_place_since_its_index_fails_naming_it(tmp_path):
   path = text_sources.write("jsonl", tmp_path / "data", [{"text": "abcdef"}] * 40, files=1)
-  c = text_rows.TextCorpus("jsonl", path, "text", "byte", str(tmp_path / "cache"), 0.2)
+  c = text_rows.TextCorpus("jsonl", path, "text", "byte", str(tmp_path / "cache"), 0.2,
+                               True)
   file = os.path.join(path, "part-0.jsonl")
   lines = open(file, encoding="utf-8").read().splitlines(keepends=True)
   lines[5] = json.dumps({"text": "é"}) + "\n"  # "\u00e9": the same bytes, 2 tokens fewer

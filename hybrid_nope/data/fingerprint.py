@@ -4,7 +4,8 @@ The fingerprint is a flat {name: value} of JSON scalars. A resume compares it en
 (`train.checkpoint.changed_data`): a different stdlib (another interpreter), a changed
 data.path, data.domains, data.exclude_samples, seq_len, vocabulary, shuffle seed, a rewritten
 shard or another eval set each change an entry, and the message names it; a text source
-(jsonl, parquet, hf) adds its field, tokenizer and the sha1 of its documents' token counts.
+(jsonl, parquet, hf) adds its field, tokenizer, the sha1 of its documents' token counts and
+each file's sha256 (text_rows.TextCorpus.fingerprint), so an edited file is named at resume.
 """
 from __future__ import annotations
 

@@ -4,9 +4,20 @@ line offsets), so row k of the packed stream is found without reading what prece
 Built by one read of every file (text_files' `scan`), tokenising each document with the
 configured tokenizer, and kept in the cache directory (data.cache_dir, else the MDS cache's,
 under text-index/) as one .npz named by a hash of the files' identities (fsspec's ukey: path,
-size, modification time or object generation), the text field and the tokenizer's identity:
-a changed file, field or tokenizer builds a new index; a start on the same data reads it back
-in milliseconds. Measured figures: benchmarks/data.py.
+size, modification time or object generation; locally ctime too), the text field and the
+tokenizer's identity: a changed file, field or tokenizer builds a new index; a start on the
+same data reads it back in milliseconds. Measured figures: benchmarks/data.py.
+
+The index also holds each file's sha256, hashed (streamed) when it is built: the content the
+run's data fingerprint names, so a file edited under the same token counts is seen at resume.
+Why hash once per build and not at every start: the index is found again only under the same
+stamps (`_stamp`: locally size, mtime, inode and ctime; an in-place write changes ctime even
+where mtime and size are put back, and a copy made with a preserved mtime has a new ctime; on
+object stores the generation or etag), so a found index's hashes are those of the file as it
+is, as MDS shards' stamps vouch for their hashes (mds/dataset.py), while a multi-GB corpus
+costs no re-read per start (sha256 streams at about 1 GB/s on one core).
+data.verify_hashes="always" re-hashes every file at every start all the same (bit rot that
+kept every stamp), and a difference fails naming the file and both hashes.
 """
 from __future__ import annotations
 
@@ -20,8 +31,13 @@ import uuid
 
 import numpy as np
 
-VERSION = 1  # Of the .npz layout and of what the index means; a change builds anew.
+from hybrid_nope.config_values import VERIFY_ALWAYS
+from hybrid_nope.data.text_files import TextDataError
+
+VERSION = 2  # Of the .npz layout and of what the index means; a change builds anew.
 SUBDIR = "text-index"
+HASH = "sha256"  # Of each file's bytes; named in the data fingerprint's keys.
+_HASH_CHUNK = 1 << 22  # Bytes read at a time: a multi-GB file is hashed in bounded memory.
 _log = logging.getLogger(__name__)
 
 
@@ -29,16 +45,47 @@ _log = logging.getLogger(__name__)
 class TextIndex:
   counts: np.ndarray   # int64 [F]: documents per file
   lengths: np.ndarray  # int64 [N]: tokens per document, files in order (N = counts.sum())
+  hashes: tuple[str, ...]  # [F]: each file's sha256 (hex) when the index was built
 
   @property
   def file_starts(self) -> np.ndarray:  # int64 [F + 1]: each file's first document
     return np.concatenate([[0], np.cumsum(self.counts)])
 
 
+def _stamp(reader) -> list:
+  """What tells a file's versions apart without reading it: fsspec's ukey (local: size, mtime,
+  inode, and a birth time where the OS keeps one; object stores: generation or etag) and,
+  locally, ctime, which no tool sets back: an edit or a copy that restores size and mtime
+  still gets a new ctime, so it builds a new index and new hashes."""
+  stamp = [reader.fs.ukey(reader.path)]
+  if "file" in reader.fs.protocol:
+    stamp.append(os.stat(reader.path).st_ctime_ns)
+  return stamp
+
+
 def _key(readers, tokenizer, field: str) -> str:
   identity = {"version": VERSION, "field": field, "tokenizer": tokenizer.identity,
-              "files": [[type(r).__name__, r.name, r.fs.ukey(r.path)] for r in readers]}
+              "files": [[type(r).__name__, r.name, *_stamp(r)] for r in readers]}
   return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def file_hash(reader) -> str:
+  """The sha256 (hex) of the bytes of `reader`'s file, read in chunks."""
+  h = hashlib.new(HASH)
+  with reader.fs.open(reader.path, "rb") as f:
+    while chunk := f.read(_HASH_CHUNK):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def _check_hashes(built: TextIndex, readers, path: str) -> None:
+  """data.verify_hashes="always": each file hashed again against what its index recorded."""
+  for r, expected in zip(readers, built.hashes):
+    found = file_hash(r)
+    if found != expected:
+      raise TextDataError(f"{r.name} has {HASH} {found}, but its text index {path} was built "
+                          f"from {HASH} {expected}: the file changed under the same size and "
+                          "times; restore it, or delete the index to build it anew")
 
 
 def _load(path: str, readers) -> TextIndex | None:
@@ -47,13 +94,15 @@ def _load(path: str, readers) -> TextIndex | None:
   try:
     with np.load(path) as z:
       counts, lengths, offsets = z["counts"], z["lengths"], z["offsets"]
+      hashes = tuple(str(h) for h in z["hashes"])
   except FileNotFoundError:
     return None
   except (OSError, ValueError, KeyError) as e:
     _log.warning("text index %s is unreadable (%s): building it again", path, e)
     return None
   jsonl = [r for r in readers if hasattr(r, "offsets")]
-  if (counts.shape != (len(readers),) or lengths.shape != (int(counts.sum()),)
+  if (counts.shape != (len(readers),) or len(hashes) != len(readers)
+      or lengths.shape != (int(counts.sum()),)
       or offsets.shape != (sum(int(c) + 1 for r, c in zip(readers, counts)
                                if hasattr(r, "offsets")),)):
     _log.warning("text index %s does not fit its %d files: building it again", path,
@@ -63,7 +112,7 @@ def _load(path: str, readers) -> TextIndex | None:
   for r, count in zip(readers, counts):
     if r in jsonl:
       r.offsets, at = offsets[at:at + count + 1], at + count + 1
-  return TextIndex(counts, lengths)
+  return TextIndex(counts, lengths, hashes)
 
 
 def _build(readers, tokenizer) -> tuple[TextIndex, np.ndarray]:
@@ -82,16 +131,21 @@ def _build(readers, tokenizer) -> tuple[TextIndex, np.ndarray]:
     _log.warning("%d documents give no tokens with data.tokenizer (the first: %s); they add "
                  "nothing to the stream", empty, first_empty)
   offsets = [r.offsets for r in readers if hasattr(r, "offsets")]
-  return (TextIndex(np.array(counts, np.int64), np.concatenate(lengths)),
+  hashes = tuple(file_hash(r) for r in readers)
+  return (TextIndex(np.array(counts, np.int64), np.concatenate(lengths), hashes),
           np.concatenate(offsets) if offsets else np.zeros(0, np.int64))
 
 
-def index(readers, tokenizer, field: str, cache_dir: str) -> TextIndex:
+def index(readers, tokenizer, field: str, cache_dir: str, *,
+          verify_hashes: bool | str) -> TextIndex:
   """The length index of `readers` (text_files.readers) under `tokenizer`: from the cache in
-  `cache_dir`, else built and cached."""
+  `cache_dir` (its files hashed again where `verify_hashes` is "always"), else built and
+  cached."""
   path = os.path.join(cache_dir, SUBDIR, _key(readers, tokenizer, field) + ".npz")
   found = _load(path, readers)
   if found is not None:
+    if verify_hashes == VERIFY_ALWAYS:
+      _check_hashes(found, readers, path)
     return found
   start = time.time()
   built, offsets = _build(readers, tokenizer)
@@ -100,7 +154,8 @@ def index(readers, tokenizer, field: str, cache_dir: str) -> TextIndex:
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     staging = f"{path}.tmp-{uuid.uuid4().hex[:8]}.npz"
-    np.savez(staging, counts=built.counts, lengths=built.lengths, offsets=offsets)
+    np.savez(staging, counts=built.counts, lengths=built.lengths, offsets=offsets,
+             hashes=np.array(built.hashes, dtype=f"U{2 * hashlib.new(HASH).digest_size}"))
     os.replace(staging, path)  # Atomic: a racing process renames an identical index.
   except OSError as e:  # A read-only cache only costs the scan at the next start.
     _log.warning("cannot cache the text index at %s (%s): it is built again next start", path, e)

@@ -12,7 +12,9 @@ consumed) resumes it exactly, and process p of n reads only rows p, p + n, ...
 (pipeline.train_dataset). Where a row starts is known from the length index (text_index).
 
 A document whose tokens no longer match the index (its file rewritten in place under an
-unchanged size and time) fails naming the file and record.
+unchanged size and time) fails naming the file and record. The fingerprint names each file's
+sha256 (recorded with the index), so a file edited, truncated or replaced since a checkpoint,
+even under the same token counts, is refused at resume naming the file and both hashes.
 """
 from __future__ import annotations
 
@@ -38,11 +40,12 @@ class TextCorpus:
   """The documents of one text source, their index and their split."""
 
   def __init__(self, source: str, path: str, field: str, tokenizer: str, cache_dir: str,
-               eval_fraction: float):
+               eval_fraction: float, verify_hashes: bool | str):
     self.source, self.path, self.field = source, path, field
     self.readers = text_files.readers(source, path, field)
     self.tokenizer = text_tokenizer(tokenizer)
-    self.index = text_index.index(self.readers, self.tokenizer, field, cache_dir)
+    self.index = text_index.index(self.readers, self.tokenizer, field, cache_dir,
+                                  verify_hashes=verify_hashes)
     names = [f"{posixpath.basename(r.name)}:{i}"
              for r, count in zip(self.readers, self.index.counts) for i in range(count)]
     is_eval = np.array([is_eval_path(n, eval_fraction) for n in names], bool)
@@ -72,20 +75,25 @@ class TextCorpus:
                               seq_len=seq_len, document_masking=document_masking)
 
   def fingerprint(self) -> dict:
-    """What identifies the data: the documents' token counts, file names and field."""
+    """What identifies the data: the documents' token counts, file names and field, and one
+    entry per file, "text.sha256.<file>", its content's hash: a resume's message names the
+    edited file (and an added or removed one) with the hash saved and the hash found."""
     h = hashlib.sha1()
     for r in self.readers:
       h.update(r.name.encode() + b"\0")
     h.update(self.index.counts.tobytes() + self.index.lengths.tobytes())
     return {"data.text_field": self.field, "data.tokenizer": self.tokenizer.identity,
             "text.files": len(self.readers), "text.documents": int(self.index.lengths.size),
-            "text.tokens": int(self.index.lengths.sum()), "text.index_sha1": h.hexdigest()}
+            "text.tokens": int(self.index.lengths.sum()), "text.index_sha1": h.hexdigest(),
+            **{f"text.{text_index.HASH}.{r.name}": digest
+               for r, digest in zip(self.readers, self.index.hashes)}}
 
 
 @functools.lru_cache(maxsize=2)  # The trainer asks for train, eval and probe rows: one index.
-def _cached_corpus(source, path, field, tokenizer, cache_dir, eval_fraction, identities):
+def _cached_corpus(source, path, field, tokenizer, cache_dir, eval_fraction, verify_hashes,
+                   identities):
   del identities  # In the key only: a file changed since builds a new corpus.
-  return TextCorpus(source, path, field, tokenizer, cache_dir, eval_fraction)
+  return TextCorpus(source, path, field, tokenizer, cache_dir, eval_fraction, verify_hashes)
 
 
 def corpus(config) -> TextCorpus:
@@ -99,7 +107,8 @@ def corpus(config) -> TextCorpus:
   cache_dir = config_values.string(config, "data.cache_dir", "a path or '' (the default cache)")
   identities = tuple((p, fs.ukey(p)) for fs, p in text_files.files(source, path))
   return _cached_corpus(source, path, field, tokenizer, cache_dir or default_cache_dir(),
-                        config_values.eval_fraction(config), identities)
+                        config_values.eval_fraction(config),
+                        config_values.verify_hashes(config), identities)
 
 
 def text_rows(config, split: str, num_rows_key: str | None = None):
