@@ -127,8 +127,9 @@ def _cuda_choice(q_BTNH, segment_ids, window) -> gpu_choice.Choice:
 def _cuda_auto(q_BTNH, k_BTKH, v_BTKH, *, window=None, segment_ids=None):
   """"auto" on CUDA: the kernel gpu_choice picks for this call's (per-shard) shapes."""
   choice = _cuda_choice(q_BTNH, segment_ids, window)
-  logging.info("attention on cuda, T=%d, window=%s: %s (%s)", q_BTNH.shape[1], window,
-               choice.impl, choice.why)
+  if _platform() == "cuda":  # platform_dependent traces this branch on every platform
+    logging.info("attention on cuda, T=%d, window=%s: %s (%s)", q_BTNH.shape[1], window,
+                 choice.impl, choice.why)
   kernel = cudnn.attention if choice.impl == gpu_choice.CUDNN else pallas_gpu.attention
   return kernel(q_BTNH, k_BTKH, v_BTKH, window=window, segment_ids=segment_ids)
 
