@@ -100,13 +100,17 @@ def _stamp(when: float | None) -> str:
   return time.strftime("%Y%m%dT%H%M%S", time.gmtime(when))
 
 
-def comparable(path: str) -> str:
+def comparable(path: str, resolve_leaf: bool = True) -> str:
   """`path` as a prefix can be compared: a local one resolved as the file system sees it
   (realpath: a workdir reached through a symbolic link is the same run's) with "/", a URL
-  without a trailing "/"."""
+  without a trailing "/". `resolve_leaf=False` resolves only the folders above it: where an
+  entry lies, not where a link there points (wandb links its logs to files elsewhere)."""
   local = storage.local_path(path)
   if local is None:
     return path.rstrip("/")
+  if not resolve_leaf:
+    head, leaf = os.path.split(os.path.abspath(local))
+    return os.path.join(os.path.realpath(head), leaf).replace(os.sep, "/")
   return os.path.realpath(local).replace(os.sep, "/")
 
 
@@ -244,10 +248,11 @@ class RunDir:
 
   def relative(self, path: str) -> str | None:
     """`path` relative to the root, with "/" ("" for the root); None when it is outside."""
-    root, path = comparable(self.root), comparable(path)
-    if path == root:
+    root = comparable(self.root)
+    if comparable(path) == root:
       return ""
-    return path[len(root) + 1:] if path.startswith(root + "/") else None
+    located = comparable(path, resolve_leaf=False)
+    return located[len(root) + 1:] if located.startswith(root + "/") else None
 
   def entries(self) -> tuple[tuple[str, str], ...]:
     """(entry, pattern of its paths relative to the root), in the docstring's order; a

@@ -100,6 +100,21 @@ def test_describe_reads_urls_and_knows_where_the_checkpoints_went(tmp_path):
   assert RunDir(str(tmp_path), "/elsewhere").describe("checkpoints/8") is None
 
 
+def test_a_link_inside_the_root_is_named_where_it_lies_and_a_linked_root_is_the_root(tmp_path):
+  # wandb links its logs to files outside the run; the run's own folder may be reached by a link.
+  outside = tmp_path / "outside.log"
+  outside.write_text("x")
+  root = tmp_path / "run"
+  (root / "wandb" / "offline-run" / "logs").mkdir(parents=True)
+  link = root / "wandb" / "offline-run" / "logs" / "debug-core.log"
+  link.symlink_to(outside)
+  assert RunDir(str(root)).describe(str(link)) == "wandb"
+  (tmp_path / "run_link").symlink_to(root)
+  assert RunDir(str(tmp_path / "run_link")).describe(str(link)) == "wandb"
+  assert RunDir(str(root)).relative(str(tmp_path / "run_link")) == ""
+  assert RunDir(str(root)).relative(str(outside)) is None
+
+
 def _tree(text: str) -> str:
   """The layout tree: from the line starting WORKDIR/ to its last └── line."""
   lines = text.splitlines()
