@@ -30,11 +30,11 @@ from hybrid_nope.train.optimizer import make_optimizer  # noqa: E402
 from hybrid_nope.train.state import sharded_train_state  # noqa: E402
 
 
-def seconds(fn) -> tuple[float, float]:
-  """(CPU-seconds, wall seconds) of fn(), its results ready."""
-  cpu, wall = time.process_time(), time.perf_counter()
+def cpu_seconds(fn) -> float:
+  """CPU-seconds of fn(), its results ready."""
+  start = time.process_time()
   jax.block_until_ready(fn())
-  return time.process_time() - cpu, time.perf_counter() - wall
+  return time.process_time() - start
 
 
 # jax.monitoring's durations of the three stages of every compile: trace, lower, XLA compile.
@@ -49,7 +49,7 @@ jax.monitoring.register_event_duration_secs_listener(
 def measured(fn) -> tuple[float, float]:
   """(CPU-seconds of fn(), seconds jax reports tracing, lowering and compiling during it)."""
   start = len(_events)
-  cpu, _ = seconds(fn)
+  cpu = cpu_seconds(fn)
   return cpu, sum(d for name, d in _events[start:] if name in COMPILE_EVENTS)
 
 
@@ -61,7 +61,7 @@ def init_compile_seconds(config, calls: int = 4) -> tuple[float, float]:
   mesh = sharding.make_mesh(config)
   init = lambda: sharded_train_state(config.model, tx, config.train.seed, mesh)[1]
   first_cpu, compiling = measured(init)
-  return first_cpu - min(seconds(init)[0] for _ in range(calls - 1)), compiling
+  return first_cpu - min(cpu_seconds(init) for _ in range(calls - 1)), compiling
 
 
 def main():

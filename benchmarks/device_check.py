@@ -144,9 +144,9 @@ def numerics(table: Table, shapes: Shapes, interpret: bool):
   for family, window in cases:
     args, seg = _inputs(rng, family, 1, shapes.check_T, shapes.heads, shapes.head_dim)
     kernel, reference = _kernel_pair(family, window, interpret)
-    case = family if window is None or family != "attention" else f"attention w={window}"
-    if family == "attention" and window is None:
-      case = "attention global"
+    case = family
+    if family == "attention":
+      case = f"attention {'global' if window is None else f'w={window}'}"
     with jax.default_matmul_precision("highest"):
       want = _out_and_grads(reference, args, seg, jnp.float32)
     for dtype in ("float32", "bfloat16"):

@@ -33,13 +33,12 @@ def sharded_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, 
   model_def, _, shardings = _abstract(model_cfg, tx, seed, mesh)
   # The model built eagerly, not as one jitted graph of every draw: model.layers.param
   # compiles a draw per distinct parameter shape and places it in its shards.
-  with sharding.activation_rules(mesh):
-    params = init_model(model_cfg, seed)[1]
-  # The few values not drawn in their shards (norm scales, gate constants) moved there. The
+  # The few values not drawn in their shards (norm scales, gate constants) are moved there. The
   # optimizer's state is built eagerly too: a program per distinct moment shape compiles in
   # ~10 ms, one jitted program of every moment in 0.5 s (120m); the final device_put places
   # what eager ops did not (the step counter), and moves nothing already in its shards.
   with sharding.activation_rules(mesh):
+    params = init_model(model_cfg, seed)[1]
     state = _fresh_state(jax.device_put(params, shardings.params), tx)
   return model_def, jax.device_put(state, shardings), shardings
 
