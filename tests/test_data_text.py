@@ -240,6 +240,25 @@ def test_a_document_changed_in_place_since_its_index_fails_naming_it(tmp_path):
       c.tokens(d)
 
 
+
+def test_blank_lines_at_the_end_and_in_the_middle_of_a_jsonl_file_are_skipped(tmp_path):
+  """As pyarrow's JSON reader (`datasets`') and pandas skip them; the documents around them,
+  the index and the lines named in messages are those of the file without them."""
+  docs = [json.dumps({"text": t}) + "\n" for t in ("alpha", "beta", "gamma", "delta")]
+  (tmp_path / "data").mkdir()
+  (tmp_path / "data" / "a.jsonl").write_text(
+      "\n" + docs[0] + docs[1] + "  \n\n" + docs[2] + docs[3] + "\n \t\n")
+  reader, = text_files.readers("jsonl", str(tmp_path / "data"), "text")
+  assert [t for batch in reader.scan() for t in batch] == ["alpha", "beta", "gamma", "delta"]
+  assert [reader.text(i) for i in range(4)] == ["alpha", "beta", "gamma", "delta"]
+  assert [reader.where(i).rsplit(" ", 1)[1] for i in range(4)] == ["2", "3", "6", "7"]
+  c = text_rows.TextCorpus("jsonl", str(tmp_path / "data"), "text", "byte",
+                           str(tmp_path / "cache"), 0.25, True)
+  assert c.index.lengths.size == 4  # Byte tokens of each text, with its <eos>.
+  (tmp_path / "data" / "a.jsonl").write_text(docs[0] + "\n" + '{"text": \n')
+  with pytest.raises(text_files.TextDataError, match=r"a.jsonl line 3 is not JSON"):
+    list(text_files.readers("jsonl", str(tmp_path / "data"), "text")[0].scan())
+
 def write_bad(kind, tmp_path):
   """(source, data.path) of a corpus with one fault of `kind`."""
   d = tmp_path / "bad"

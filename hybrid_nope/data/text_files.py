@@ -6,7 +6,8 @@ file://, memory://); `files` lists what it names, sorted. One document is one re
 reads only the rows of its shard (pipeline.train_dataset):
 
   jsonl    one JSON object per line (.jsonl, .json); documents by byte offset (recorded by
-           `scan`), each line read by a ranged read;
+           `scan`), each line read by a ranged read; whitespace-only lines are skipped anywhere,
+           as pyarrow's reader (hence `datasets`') and pandas' skip them;
   parquet  (.parquet) documents by row group, the text column of the last few row groups kept;
   hf       a directory written by `datasets`' save_to_disk: state.json lists its arrow files
            (Arrow IPC streams) in order; a DatasetDict's directory reads its "train" split.
@@ -130,6 +131,10 @@ class JsonlFile:
     with self.fs.open(self.path, "rb") as f:
       for number, line in enumerate(f, 1):
         position += len(line)
+        if not line.strip():  # Folded into the document before it (JSON allows the whitespace).
+          if len(offsets) > 1:
+            offsets[-1] = position
+          continue
         offsets.append(position)
         batch.append(self._document(line, number))
         if len(batch) == SCAN_BATCH:
@@ -140,16 +145,30 @@ class JsonlFile:
     yield batch
 
   def where(self, i: int) -> str:
-    return f"{self.name} line {i + 1}"
+    return f"{self.name} line {self._line_number(i)}"
 
-  def text(self, i: int) -> str:
-    start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+  def _read(self, start: int, end: int) -> bytes:
     with self._lock:  # One open file per reader, read by ranges.
       if self._file is None:
         self._file = self.fs.open(self.path, "rb")
       self._file.seek(start)
-      line = self._file.read(end - start)
-    return self._document(line, i + 1)
+      return self._file.read(end - start)
+
+  def _line_number(self, i: int) -> int:
+    """The line document i is on. Skipped blank lines shift it from i + 1, so the newlines
+    before it are counted: a read of the file up to it, on the error and warning paths only."""
+    start, end, lines = int(self.offsets[i]), int(self.offsets[i + 1]), 1
+    for at in range(0, start, 1 << 20):
+      lines += self._read(at, min(at + (1 << 20), start)).count(b"\n")
+    own = self._read(start, end).split(b"\n")  # Blank lines before document 0 are its own.
+    return lines + next((k for k, line in enumerate(own) if line.strip()), 0)
+
+  def text(self, i: int) -> str:
+    line = self._read(int(self.offsets[i]), int(self.offsets[i + 1]))
+    try:
+      return self._document(line, i + 1)
+    except TextDataError:  # Raised again naming its true line (blank lines shift it).
+      return self._document(line, self._line_number(i))
 
 
 class _ColumnFile:
