@@ -113,15 +113,22 @@ def test_unowned_steps_are_refused_to_a_workdir_with_no_run(tmp_path):
   assert claim(str(tmp_path / "new"), str(tmp_path / "own")).run_id  # The advice.
 
 
-@pytest.mark.parametrize("content", ["", "[1, 2]", '{"workdir": "x"}'])
-def test_an_unreadable_marker_is_one_line_and_the_advice_works(tmp_path, content):
+@pytest.mark.parametrize("content, why", [
+    ("", "JSONDecodeError"), ("[1, 2]", "TypeError"), ('{"workdir": "x"}', "KeyError"),
+    ('{"workdir": "/w", "directory": "/w/checkpoints", "run_id": []}', "its run_id is \\[\\]"),
+    ('{"workdir": 3, "directory": "/w/checkpoints", "run_id": "abc"}', "its workdir is 3"),
+    ('{"workdir": "/w", "directory": null, "run_id": "abc"}', "its directory is None")])
+def test_an_unreadable_marker_is_one_line_and_the_advice_works(tmp_path, content, why):
+  """A value of the wrong type is refused too (it was written back as `run_id: "[]"`)."""
   workdir = str(tmp_path / "run")
   path = RunDir(workdir).checkpoint_owner
   os.makedirs(os.path.dirname(path))
   with open(path, "w") as f:
     f.write(content)
-  with pytest.raises(CheckpointOwnedError, match="owner.json is unreadable.*delete it and rerun"):
+  with pytest.raises(CheckpointOwnedError,
+                     match=f"owner.json is unreadable \\({why}.*delete it and rerun") as e:
     claim(workdir)
+  assert "\n" not in str(e.value)
   os.remove(path)
   assert claim(workdir).workdir == workdir
 

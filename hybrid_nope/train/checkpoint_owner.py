@@ -47,17 +47,25 @@ def new_run_id() -> str:
   return uuid.uuid4().hex[:12]
 
 
+def _unreadable(path: str, why: str) -> CheckpointOwnedError:
+  return CheckpointOwnedError(
+      f"{path} is unreadable ({why}): it should name the workdir that owns this checkpoint "
+      "directory. If this workdir's run is the only one writing there, delete it and rerun (it "
+      "is written again)")
+
+
 def _read(path: str) -> Owner | None:
   try:
     found = json.loads(storage.read_text(path))
-    return Owner(str(found["workdir"]), str(found["directory"]), str(found["run_id"]))
+    fields = [found[f.name] for f in dataclasses.fields(Owner)]
   except FileNotFoundError:
     return None
   except (ValueError, KeyError, TypeError, IsADirectoryError) as e:
-    raise CheckpointOwnedError(
-        f"{path} is unreadable ({type(e).__name__}): it should name the workdir that owns this "
-        "checkpoint directory. If this workdir's run is the only one writing there, delete it "
-        "and rerun (it is written again)") from None
+    raise _unreadable(path, type(e).__name__) from None
+  for field, value in zip(dataclasses.fields(Owner), fields):
+    if not isinstance(value, str) or not value:  # Else str() would write `run_id: "[]"` back.
+      raise _unreadable(path, f"its {field.name} is {value!r}, expected a non-empty string")
+  return Owner(*fields)
 
 
 def _text(owner: Owner) -> str:
