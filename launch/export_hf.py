@@ -22,7 +22,8 @@ flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py."
 flags.DEFINE_integer("step", None, "Checkpoint step to export; default the latest.")
 flags.DEFINE_string("out", None, "New or empty local directory for the Hugging Face files.")
 flags.DEFINE_string("tokenizer", None, "tokenizer.json (or its directory) for runs on "
-                    "pre-tokenised data (data.source=mds); the byte tokenizer needs none.")
+                    "pre-tokenised data (data.source=mds); a run whose config names its "
+                    "tokenizer (the byte one, or data.tokenizer) exports that one.")
 flags.DEFINE_integer("max_position_embeddings", hf.UNCAPPED_POSITIONS,
                      "config.json's max_position_embeddings: by default no limit an evaluation "
                      "hits (the layers have none); the training length would make "

@@ -1,15 +1,20 @@
-"""The tokenizer files that go with an exported model, chosen by the run's `data.source`.
+"""The tokenizer files that go with an exported model, chosen from the run's own config by `plan`.
 
+- byte-tokenised runs (config_values.byte_tokenised: data.source=stdlib, or a text source with
+  data.tokenizer="byte"): our byte tokenizer (data/tokenizer.py: ids 0..255 = bytes, BOS 256,
+  EOS 257) has an exact Hugging Face form: a byte-level BPE with no merges whose vocabulary
+  lists the 256 byte symbols in byte order, BOS/EOS as special tokens, and a post-processor
+  that starts each text with BOS as our documents start. It is built here.
+- text sources with data.tokenizer a tokenizer.json (local or a URL): that file, copied byte for
+  byte, with the tokenizer_config.json and special_tokens_map.json beside it where there are
+  any (else a tokenizer_config.json naming the fast tokenizer class, and no BOS/EOS guessed).
 - documents (a prepared corpus such as the English prose one): the tokenizer.json it holds
   (hybrid_nope.data.bpe), copied, with a tokenizer_config.json naming its BOS and EOS.
-- stdlib (config_values.BYTE_SOURCES: the embedded demo corpus): our byte tokenizer (data/tokenizer.py: ids 0..255 =
-  bytes, BOS 256, EOS 257) has an exact Hugging Face form: a byte-level BPE with no merges whose
-  vocabulary lists the 256 byte symbols in byte order, BOS/EOS as special tokens, and a
-  post-processor that starts each text with BOS as our documents start. It is built here.
 - mds (ProLong): the data came tokenised and the run's config names no tokenizer, so none is
   guessed: --tokenizer=PATH (a tokenizer.json, or a directory holding one and optionally
   tokenizer_config.json / special_tokens_map.json) copies it, checked against model.vocab_size;
-  without it the export says it has no tokenizer.
+  without it the export says it has no tokenizer. An imported run's carried tokenizer is passed
+  the same way.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import os
 import shutil
 from typing import Callable
 
-from hybrid_nope import config_values
+from hybrid_nope import config_values, storage
 from hybrid_nope.data import tokenizer as byte_tokenizer
 from hybrid_nope.errors import UserError
 
@@ -74,15 +79,21 @@ def byte_level_tokenizer():
   return tok
 
 
+def _fast_tokenizer_config(out: str, special: dict) -> str:
+  """A tokenizer_config.json for a tokenizer.json in OUT: the fast class, and `special`."""
+  path = os.path.join(out, "tokenizer_config.json")
+  with open(path, "w") as f:
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **special,
+               "clean_up_tokenization_spaces": False, "model_max_length": int(1e30)}, f,
+              indent=2)
+  return path
+
+
 def _write_byte_tokenizer(out: str) -> list[str]:
   json_path = os.path.join(out, "tokenizer.json")
   byte_level_tokenizer().save(json_path)
-  config_path = os.path.join(out, "tokenizer_config.json")
-  with open(config_path, "w") as f:
-    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TOKEN,
-               "eos_token": EOS_TOKEN, "clean_up_tokenization_spaces": False,
-               "model_max_length": int(1e30)}, f, indent=2)
-  return [json_path, config_path]
+  return [json_path, _fast_tokenizer_config(out, {"bos_token": BOS_TOKEN,
+                                                   "eos_token": EOS_TOKEN})]
 
 
 def _given_files(path: str) -> tuple[str, list[str]]:
@@ -105,8 +116,7 @@ def _special_ids(extras: list[str], tok) -> tuple[int | None, int | None]:
   config = [f for f in extras if f.endswith("tokenizer_config.json")]
   if not config:
     return None, None
-  with open(config[0]) as f:
-    values = json.load(f)
+  values = json.loads(storage.read_text(config[0]))
   ids = []
   for key in ("bos_token", "eos_token"):
     token = values.get(key)
@@ -146,20 +156,58 @@ def _documents_plan(config) -> Plan:
   json_file = os.path.join(config.data.path, documents.TOKENIZER)
 
   def write(out):
-    config_path = os.path.join(out, "tokenizer_config.json")
-    with open(config_path, "w") as f:
-      json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bpe.BOS_TOKEN,
-                 "eos_token": bpe.EOS_TOKEN, "clean_up_tokenization_spaces": False,
-                 "model_max_length": int(1e30)}, f, indent=2)
-    return [shutil.copyfile(json_file, os.path.join(out, "tokenizer.json")), config_path]
+    return [shutil.copyfile(json_file, os.path.join(out, "tokenizer.json")),
+            _fast_tokenizer_config(out, {"bos_token": bpe.BOS_TOKEN, "eos_token": bpe.EOS_TOKEN})]
   return Plan(f"tokenizer copied from {json_file} ({tok.vocab_size} tokens, data.source="
               f"documents)", write, tok.bos_id, tok.eos_id)
 
 
+def _data_tokenizer_plan(config, path: str | None) -> Plan:
+  """A text source's data.tokenizer (a tokenizer.json path or URL), copied byte for byte."""
+  source, name = config.data.source, config_values.text_tokenizer(config)
+  if path:
+    raise TokenizerError(f"--tokenizer={path}: the run tokenised data.source={source} with "
+                         f"config.data.tokenizer={name}, which the export copies itself; drop "
+                         f"--tokenizer")
+  if not storage.exists(name):
+    raise TokenizerError(f"config.data.tokenizer={name} does not exist: the run's tokenizer is "
+                         f"needed beside the export; restore the file, or pass "
+                         f"--config.data.tokenizer= to where it is now")
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  data = storage.read_bytes(name)
+  try:
+    tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+  except Exception as e:  # tokenizers raises its own exception types for a bad file.
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise TokenizerError(f"config.data.tokenizer={name} is not a tokenizers JSON file: "
+                         f"{reason}") from None
+  size = tok.get_vocab_size(with_added_tokens=True)
+  if size > config.model.vocab_size:
+    raise TokenizerError(f"config.model.vocab_size={config.model.vocab_size} is below the "
+                         f"{size} ids of config.data.tokenizer={name}")
+  base = name[:-len(os.path.basename(name))]  # Its directory, local or a URL, with the "/".
+  beside = {n: base + n for n in COPIED_FILES[1:] if base + n != name and storage.exists(base + n)}
+  bos, eos = _special_ids([p for n, p in beside.items() if n == "tokenizer_config.json"], tok)
+
+  def write(out):
+    written = [os.path.join(out, "tokenizer.json")]
+    storage.write_bytes(written[0], data)
+    for n, src in beside.items():
+      written.append(os.path.join(out, n))
+      storage.write_bytes(written[-1], storage.read_bytes(src))
+    if "tokenizer_config.json" not in beside:
+      written.append(_fast_tokenizer_config(out, {}))
+    return written
+  return Plan(f"tokenizer copied from {name} (config.data.tokenizer, {size} tokens)", write,
+              bos, eos)
+
+
 def plan(config, path: str | None) -> Plan:
-  """The tokenizer for the run's data.source, or the one at `path`; checked before writing."""
+  """What the run's tokenizer is, decided from its config (module docstring) and checked before
+  anything is written; `path` (--tokenizer, or an imported run's carried tokenizer) names one
+  for a run whose config names none."""
   source = config.data.source
-  if source in config_values.BYTE_SOURCES:
+  if config_values.byte_tokenised(config):
     if path:
       raise TokenizerError(f"--tokenizer={path}: the run trained on data.source={source} with "
                            f"the byte tokenizer, which the export writes itself; drop "
@@ -167,8 +215,11 @@ def plan(config, path: str | None) -> Plan:
     if config.model.vocab_size < byte_tokenizer.VOCAB_SIZE:
       raise TokenizerError(f"config.model.vocab_size={config.model.vocab_size} is below the "
                            f"byte tokenizer's {byte_tokenizer.VOCAB_SIZE} ids")
-    return Plan(f"byte tokenizer (data.source={source}) written as a byte-level tokenizer.json",
-                _write_byte_tokenizer, byte_tokenizer.BOS_ID, byte_tokenizer.EOS_ID)
+    named = "" if source in config_values.BYTE_SOURCES else ", data.tokenizer=byte"
+    return Plan(f"byte tokenizer (data.source={source}{named}) written as a byte-level "
+                f"tokenizer.json", _write_byte_tokenizer, byte_tokenizer.BOS_ID, byte_tokenizer.EOS_ID)
+  if source in config_values.TEXT_SOURCES:
+    return _data_tokenizer_plan(config, path)
   if source == "documents" and not path:
     return _documents_plan(config)
   if path:
