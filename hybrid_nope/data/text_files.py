@@ -17,7 +17,9 @@ reads only the rows of its shard (pipeline.train_dataset):
 
 `scan` reads a file once, in order, checking every document (a string; none missing), for the
 length index (text_index.py). A bad path, an empty file, a missing or non-string field fails as
-one TextDataError naming the file, the record and the key.
+one TextDataError naming the file, the record and the key; so does a damaged file: an arrow file
+state.json lists that is gone, a stream cut short, a page that does not decompress, fails its
+checksum or is not UTF-8.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ STATE, DATASET_DICT = "state.json", "dataset_dict.json"  # What save_to_disk wri
 HF_SPLIT = "train"  # The split a DatasetDict's directory is read for.
 SCAN_BATCH = 1024  # Documents per list `scan` yields (tokenised together).
 _CACHED_GROUPS = 4  # Parquet row groups (or arrow files) whose text a reader keeps decoded.
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # How an Arrow IPC stream ends, closed.
 
 
 class TextDataError(UserError):
@@ -92,6 +95,12 @@ def _saved_dataset_files(fs, root: str, path: str) -> list[str]:
                         f"of {{'filename': ...}}): {e!r}") from None
   if not names:
     raise TextDataError(f"{_url(fs, state)} lists no data files: the dataset is empty")
+  present = set(fs.ls(root, detail=False))  # One listing; a name not in it is asked once more.
+  missing = [n for n in names if f"{root}/{n}" not in present and not fs.exists(f"{root}/{n}")]
+  if missing:
+    raise TextDataError(f"{_url(fs, state)} lists {len(missing)} arrow file(s) that do not "
+                        f"exist, the first {_url(fs, f'{root}/{missing[0]}')}: the saved "
+                        f"dataset is incomplete; save it again (config.data.path)")
   return [f"{root}/{n}" for n in names]
 
 
@@ -176,6 +185,7 @@ class _ColumnFile:
   groups' columns kept. Subclasses give `group_rows` (int [G]) and `_read_group(g)`."""
 
   group_rows: np.ndarray
+  group_name = "row group {g}"  # What a message calls group g.
 
   def __init__(self, fs, path: str, field: str):
     self.fs, self.path, self.field, self.name = fs, path, field, _url(fs, path)
@@ -195,11 +205,26 @@ class _ColumnFile:
     with self._lock:
       column = self._cache.get(g)
       if column is None:
-        column = self._cache[g] = self._read_group(g)
+        column = self._cache[g] = self._read_group_or_fail(g)
         while len(self._cache) > _CACHED_GROUPS:
           self._cache.popitem(last=False)
       self._cache.move_to_end(g)
       return column
+
+  def _read_group_or_fail(self, g: int):
+    """`_read_group(g)`, a file truncated or corrupt after its header (pyarrow's OSError or
+    ArrowInvalid: a short message body, a page that does not decompress, fails its checksum or
+    is not UTF-8) failing as one line naming it."""
+    import pyarrow as pa  # pylint: disable=g-import-not-at-top
+    try:
+      column = self._read_group(g)
+      column.validate(full=True)  # A string column's offsets and UTF-8, so no page is garbage.
+      return column
+    except (pa.ArrowException, OSError) as e:
+      what = " ".join(str(e).split())
+      raise TextDataError(f"{self.name} is truncated or corrupt: reading "
+                          f"{self.group_name.format(g=g)} failed ({what}); replace the file "
+                          f"(config.data.path)") from None
 
   def scan(self) -> Iterator[list[str]]:
     _require(int(np.sum(self.group_rows)) > 0, self.name, "data.path",
@@ -230,7 +255,8 @@ class ParquetFile(_ColumnFile):
     super().__init__(fs, path, field)
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     try:
-      self._parquet = pq.ParquetFile(fs.open(path, "rb"))
+      # Pages written with checksums (write_page_checksum) are verified as they are read.
+      self._parquet = pq.ParquetFile(fs.open(path, "rb"), page_checksum_verification=True)
     except Exception as e:  # pyarrow's ArrowInvalid and friends for a file that is not parquet.
       raise TextDataError(f"{self.name} is not a parquet file ({e}) (config.data.path)") from None
     self._check_schema(self._parquet.schema_arrow)
@@ -245,6 +271,8 @@ class ParquetFile(_ColumnFile):
 class ArrowFile(_ColumnFile):
   """One arrow file of a saved dataset, the whole file one group: memory-mapped where local,
   else read whole at its first document (save_to_disk writes files of up to 500 MB)."""
+
+  group_name = "its record batches"
 
   def __init__(self, fs, path: str, field: str):
     super().__init__(fs, path, field)
@@ -271,7 +299,12 @@ class ArrowFile(_ColumnFile):
     del g
     local = "file" in self.fs.protocol
     source = pa.memory_map(self.path) if local else pa.BufferReader(self.fs.cat_file(self.path))
-    column = self._open(source).read_all().column(self.field)
+    reader = self._open(source)
+    column = reader.read_all().column(self.field)
+    if isinstance(reader, pa.ipc.RecordBatchStreamReader):  # Cut at a batch's end reads whole.
+      source.seek(source.size() - len(_END_OF_STREAM))
+      if source.read() != _END_OF_STREAM:
+        raise OSError("the stream stops without its end-of-stream marker")
     self.group_rows = np.array([len(column)], np.int64)
     return column
 
