@@ -385,6 +385,37 @@ def test_the_newest_step_removed_while_read_gives_way_to_the_newest_finished(liv
       caplog.text
 
 
+
+@pytest.mark.parametrize("asked", [None, 2])
+def test_a_step_deleted_under_the_read_is_not_said_to_predate_checksums(live, tmp_path,
+                                                                        monkeypatch, caplog,
+                                                                        asked):
+  """The trainer commits step 3 and deletes step 2 file by file, meta/ and the commit marker
+  first, while step 2's state is read: no "predates checksums"; the newest step is read
+  instead, or step 2, asked for by number, is said to have been deleted."""
+  workdir = _reader_copy(live, tmp_path)
+  checkpoints_dir = os.path.join(workdir, "checkpoints")
+  real = checkpoints._saved_checksums
+
+  def trainer_meanwhile(step, step_dir, where, others):
+    if step == 2 and not os.path.exists(os.path.join(checkpoints_dir, "3")):
+      shutil.copytree(os.path.join(checkpoints_dir, "2"), os.path.join(checkpoints_dir, "3"))
+      shutil.rmtree(os.path.join(checkpoints_dir, "2", "meta"))
+      os.remove(os.path.join(checkpoints_dir, "2", integrity.COMMIT_MARKER))
+    return real(step, step_dir, where, others)
+
+  monkeypatch.setattr(checkpoints, "_saved_checksums", trainer_meanwhile)
+  config = checkpoints.load_config(workdir)
+  if asked is None:
+    assert checkpoints.restore_params(workdir, config)[0] == 3
+    assert "step 2 was removed or replaced by the trainer while being read; reading step 3" in \
+        caplog.text
+  else:
+    with pytest.raises(checkpoints.CorruptCheckpointError,
+                       match=r"^checkpoint step 2 was deleted while being read \("):
+      checkpoints.restore_params(workdir, config, step=asked)
+  assert "predates checksums" not in caplog.text, caplog.text
+
 def test_a_bad_newest_step_nothing_changed_under_is_refused(live, tmp_path):
   """No trainer is live: the newest step's own fault is reported, not read around."""
   workdir = _reader_copy(live, tmp_path)

@@ -186,11 +186,10 @@ def _other_steps(steps: list[int], step: int) -> str:
 
 
 def _saved_checksums(step: int, step_dir: str, where: str, others: str) -> dict | None:
-  """meta's {leaf key: checksum} (meta in `where`); None (with a warning) for a checkpoint
-  from before meta. `others`: what to say about the other steps when meta cannot be used."""
+  """meta's {leaf key: checksum} (meta in `where`); None where there is no meta (judged after
+  the read, `_without_meta`). `others`: what to say about the other steps when meta cannot be
+  used."""
   if not storage.exists(where):
-    logging.warning("checkpoint step %d predates checksums (%s has no %s/): its params are "
-                    "restored without being verified", step, step_dir, CHECKPOINT_META)
     return None
   try:
     with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
@@ -290,7 +289,9 @@ def _restore_step(workdir: str, config, step: int, others: str) -> tuple[int, Mo
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
         partial_restore=True))
   params = restored["params"]
-  if saved is not None:
+  if saved is None:
+    _without_meta(rd, step, others)
+  else:
     computed = jax.device_get(jax.jit(params_checksums)(params))
     differing = differing_leaves(saved, computed)
     if differing:
@@ -299,6 +300,19 @@ def _restore_step(workdir: str, config, step: int, others: str) -> tuple[int, Mo
   params = jax.tree.map(lambda x, w: x if x.dtype == w.dtype else x.astype(w.dtype), params,
                         wanted)
   return step, model_definition(config.model), params
+
+
+def _without_meta(rd: RunDir, step: int, others: str) -> None:
+  """A step read without meta/ predates checksums (a warning) only if it is still a finished
+  step with its state after the read: the trainer's checkpoint.keep deletes a step file by file,
+  meta/ among them, under a reader (which then reads the newest step, `restore_params`)."""
+  if step in list_steps(rd.checkpoints).finished and storage.exists(rd.checkpoint_state(step)):
+    logging.warning("checkpoint step %d predates checksums (%s has no %s/): its params are "
+                    "restored without being verified", step, rd.checkpoint(step), CHECKPOINT_META)
+    return
+  raise CorruptCheckpointError(
+      f"checkpoint step {step} was deleted while being read ({rd.checkpoint(step)} is no longer a "
+      f"finished step: a trainer's checkpoint.keep removes old steps); {others}")
 
 
 def _check_finite(params, step: int, step_dir: str, others: str) -> None:
