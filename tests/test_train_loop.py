@@ -32,7 +32,9 @@
 import glob
 import json
 import logging
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +57,7 @@ from hybrid_nope.train import evaluation, loop
 from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
 from hybrid_nope.train.step import train_step_for
 from hybrid_nope.errors import ConfigError
+from tests.analysis_runs import trained_run
 from tests.helpers import tiny_config, tiny_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,6 +154,15 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   with open(tmp_path / "recency.jsonl") as f:
     assert [l for l in f.readlines() if json.loads(l)["step"] == 8] == step8
   assert "already holds a run trained to step 8" in caplog.text
+
+
+def test_a_rerun_of_a_finished_run_reports_no_nan(tmp_path_factory, tmp_path):
+  """launch/train.py's `done:` line printed tokens_per_second: nan when nothing was trained."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(trained_run(tmp_path_factory), workdir)
+  again = loop.train(tiny_config(), workdir)
+  assert again["step"] == 8 and "tokens_per_second" not in again, again
+  assert not [k for k, v in again.items() if isinstance(v, float) and math.isnan(v)], again
 
 
 STEPS, EVERY = 60, 5

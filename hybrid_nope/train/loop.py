@@ -260,10 +260,10 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
   c = run.config
   start = int(state.step)
   t_start = time.perf_counter()
-  # A run with nothing left to train reports what it ended with, from its records.
+  # A run with nothing left to train reports what it ended with, from its records; a
+  # throughput only once steps are timed (`_log`).
   summary = {"step": start, "loss": run.writer.latest("loss"),
-             "eval_loss": run.writer.latest("eval_loss"),
-             "tokens_per_second": float("nan"), "preempted": False}
+             "eval_loss": run.writer.latest("eval_loss"), "preempted": False}
   profiler = StepProfiler(workdir, c.train.profile_start_step, c.train.profile_steps)
   run.writer.critical = watcher.deferred  # A signal in a hook never cuts a write in half.
   pending = []
