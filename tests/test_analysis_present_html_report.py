@@ -13,6 +13,7 @@ import html.parser
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from PIL import Image
 from hybrid_nope.analysis.present import html_report, html_tables
 from hybrid_nope.analysis.measure.hook import DATA_LAYER
 from hybrid_nope.errors import UserError
+from hybrid_nope.run_dir import RunDir
 from tests.analysis_runs import trained_run
 from tests.test_analysis_evidence_compare import fake_run
 
@@ -105,7 +107,10 @@ def _rewrite(workdir, name, records):
 
 @pytest.mark.integration
 def test_a_trained_run_gets_every_section(tmp_path_factory):
-  workdir = trained_run(tmp_path_factory)
+  # Without the analysis another module's analyzed_run may have added to the shared run.
+  workdir = str(tmp_path_factory.mktemp("page") / "run")
+  shutil.copytree(trained_run(tmp_path_factory), workdir,
+                  ignore=shutil.ignore_patterns("analysis"))
   page = Page(html_report.page([workdir]))
   _assert_self_contained(page)
   # Loss, eval by position, profiles, floor/gap over steps and by module, three read-out figures.
@@ -192,6 +197,27 @@ def test_length_multiples_and_linear_layers_are_shown(tmp_path):
   # Loss, eval by position, the multiples' extrapolation figure, then the recency figures.
   assert len(page.images) == 9
 
+
+
+def test_length_multiples_analyze_computed_are_shown(tmp_path):
+  """launch/analyze.py --lengths=1,2 wrote extrapolation.json; training recorded no multiple.
+  The page said "not recorded" for them."""
+  workdir = fake_run(str(tmp_path), "swa", window=4)
+  rows = [{"factor": k, "seq_len": 64 * k, "loss": 2.5 + k / 10, "loss_near": 2.4,
+           "loss_beyond": None if k == 1 else 2.9, "ratio": None if k == 1 else 1.2,
+           "gap": 0.1 / k, "logit_gap": 0.02, "bucket_size": 16,
+           "loss_by_position": [3.0, 2.5, 2.4, 2.3] * k} for k in (1, 2)]
+  analysis = RunDir(workdir).analysis_dir(8)
+  os.makedirs(analysis)
+  with open(os.path.join(analysis, "extrapolation.json"), "w") as f:
+    json.dump({"workdir": workdir, "step": 8, "train_seq_len": 64, "lengths": rows}, f)
+  page = Page(html_report.page([workdir]))
+  _assert_self_contained(page)
+  assert "not recorded: eval_loss@" not in page.text
+  (lengths,) = page.table("length")
+  assert [(r["length"], r["seq_len"], r["eval loss"], r["ratio"]) for r in lengths] == [
+      ("1×", "64", "2.6000", "—"), ("2×", "128", "2.7000", "1.2000")]
+  assert "checkpoint analysis of step 8" in page.text
 
 def test_a_live_run_shows_its_last_complete_step(tmp_path):
   workdir = fake_run(str(tmp_path), "live", window=4)

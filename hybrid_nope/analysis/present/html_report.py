@@ -22,7 +22,7 @@ from typing import Sequence
 
 import ml_collections
 
-from hybrid_nope import storage
+from hybrid_nope import run_dir, storage
 from hybrid_nope.analysis.checkpoint import checkpoints, init_null
 from hybrid_nope.analysis.evidence import compare
 from hybrid_nope.analysis.present import html_tables, html_throughput
@@ -200,12 +200,36 @@ def _overview(run: Run) -> str:
   return "\n".join(parts)
 
 
+def _analysed_multiples(run: Run, fig: Figures) -> list[str]:
+  """The newest checkpoint analysis's lengths (`launch/analyze.py --lengths`), if one ran."""
+  ext = run_files.latest_extrapolation(run.workdir)
+  if not ext or not ext.get("lengths"):
+    return []
+  keys = ("loss", "loss_near", "loss_beyond", "ratio", "gap")
+  rows = [[f"{r['factor']}×", r["seq_len"], *(plots.fmt(r.get(k), ".4f") for k in keys),
+           plots.fmt(r.get("logit_gap"), "+.4f")] for r in ext["lengths"]]
+  return [f"<p>checkpoint analysis of step {ext['step']} (<code>launch/analyze.py</code>, "
+          f"{run_dir.EXTRAPOLATION_FILE}):</p>",
+          _table(["length", "seq_len", "eval loss", "loss [T/2, T)", "loss ≥ T", "ratio", "gap",
+                  "logit gap"], rows),
+          fig(plots.extrapolation, ext, alt="length extrapolation of the checkpoint analysis")]
+
+
 def _multiples_section(run: Run, fig: Figures) -> list[str]:
+  """Training's eval records at eval.length_multiples, then the checkpoint analysis's; "not
+  recorded" only where neither has any."""
+  analysed = _analysed_multiples(run, fig)
+  if analysed and not training_plots.multiples(run.evals):
+    return analysed
+  return _training_multiples(run, fig) + analysed
+
+
+def _training_multiples(run: Run, fig: Figures) -> list[str]:
   evals, T = run.evals, run.seq_len
   ks = training_plots.multiples(evals)
   if not ks:
     return [_missing("eval_loss@{k}x (eval loss at k × the training length; set "
-                     "eval.length_multiples)")]
+                     "eval.length_multiples, or run launch/analyze.py --lengths=1,2,4)")]
   parts = [_table(["step", "eval loss (1×)", *(f"eval loss @{k}×" for k in ks)],
                   [[r["step"], plots.fmt(r["eval_loss"], ".4f"),
                     *(plots.fmt(r.get(f"eval_loss@{k}x"), ".4f") for k in ks)] for r in evals])]
