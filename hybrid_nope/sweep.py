@@ -135,6 +135,14 @@ def unpack_records(pack_path: str, workdir: str) -> str:
   return workdir
 
 
+RECORDS = "records"  # The default records dir, ROOT/records: a sweep writes no tracked file.
+
+
+def default_records_dir(root: str) -> str:
+  """Where packs go unless --records_dir names a place (docs/results/<name>, to commit them)."""
+  return os.path.join(root, RECORDS)
+
+
 def pack_path(records_dir: str, run: Run) -> str:
   return os.path.join(records_dir, run.experiment, f"seed{run.seed}.tar.gz")
 

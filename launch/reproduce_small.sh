@@ -9,11 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-workdirs/sweep}
 PY=.venv/bin/python
-$PY launch/sweep.py --experiments=swa16,nope --seeds=0,1,2,3,4 --root="$RUNS"
+STDLIB=(--root="$RUNS" --records_dir=docs/results/runs)
+$PY launch/sweep.py --experiments=swa16,nope --seeds=0,1,2,3,4 "${STDLIB[@]}"
 $PY launch/sweep.py --experiments=swa64,swa256,nopeswa256,nopeswa64,gla --seeds=0,1,2,3,4 \
-    --root="$RUNS"
-$PY launch/sweep.py --experiments=gdn,gdn3 --seeds=0,1,2,3,4 --root="$RUNS"
-$PY launch/sweep.py --experiments=swa16_flops256 --seeds=0,1,2,3,4 --init_seeds=0 --root="$RUNS"
+    "${STDLIB[@]}"
+$PY launch/sweep.py --experiments=gdn,gdn3 --seeds=0,1,2,3,4 "${STDLIB[@]}"
+$PY launch/sweep.py --experiments=swa16_flops256 --seeds=0,1,2,3,4 --init_seeds=0 "${STDLIB[@]}"
 # stdlib swa16 again, with the causal test and lengths to 16x (docs/results/runs_v2).
 $PY launch/sweep.py --experiments=swa16 --seeds=0,1,2 --init_seeds=0 --ablate \
     --analyze_args=--lengths=1,2,4,8,16 --root="$RUNS"_v2 --records_dir=docs/results/runs_v2

@@ -1,10 +1,11 @@
 """Train and analyse configs x seeds, resumably: python launch/sweep.py --experiments=swa16,nope
     --seeds=0,1,2,3,4 [--config_file=configs/small.py] [--root=workdirs/sweep]
-    [--records_dir=docs/results/runs] [--commit] [--parallel=2 --threads=1] [--init_seeds=10]
+    [--records_dir=docs/results/runs --commit] [--parallel=2 --threads=1] [--init_seeds=10]
     [--ablate [--ablate_experiments=swa64,...]]
 
 Finished runs are skipped, partial ones resumed (hybrid_nope/sweep.py); each finished run's
-records are packed under --records_dir (and committed by themselves with --commit).
+records are packed under --records_dir (ROOT/records unless given; a directory of the
+repository, e.g. docs/results/runs, to commit each pack by itself with --commit).
 """
 import os
 import sys
@@ -19,8 +20,10 @@ flags.DEFINE_string("config_file", "configs/small.py", "Config file taking an ex
 flags.DEFINE_list("experiments", None, "Experiment names the config file takes.")
 flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "train.seed of each run.")
 flags.DEFINE_string("root", "workdirs/sweep", "Run directories go to ROOT/<experiment>/seed<k>.")
-flags.DEFINE_string("records_dir", "docs/results/runs", "Where packed records go; '' = none.")
-flags.DEFINE_bool("commit", False, "git-commit each pack as its run finishes.")
+flags.DEFINE_string("records_dir", None, "Where packed records go (default ROOT/records); "
+                    "'' = none.")
+flags.DEFINE_bool("commit", False, "git-commit each pack as its run finishes (with "
+                  "--records_dir inside the repository).")
 flags.DEFINE_integer("parallel", 2, "Runs at a time.")
 flags.DEFINE_integer("threads", 1, "Cores pinned to each run.")
 flags.DEFINE_integer("init_seeds", 10, "Fresh inits for the init null (first seed's runs only).")
@@ -34,6 +37,10 @@ flags.DEFINE_multi_string("analyze_args", ["--lengths=1,2"],
 flags.DEFINE_multi_string("train_args", [], "An extra argument of launch/train.py, e.g. an "
                           "override (repeat the flag for more).")
 flags.mark_flags_as_required(["experiments"])
+flags.register_multi_flags_validator(
+    ["commit", "records_dir"], lambda f: not f["commit"] or bool(f["records_dir"]),
+    message="--commit commits each pack to the repository: give --records_dir, a directory "
+            "inside it (e.g. docs/results/runs)")
 
 
 def main(argv):
@@ -41,7 +48,8 @@ def main(argv):
   f = flags.FLAGS
   runs = sweep.plan(f.config_file, f.experiments, [int(s) for s in f.seeds], f.root)
   status = sweep.sweep(runs, parallel=f.parallel, threads=f.threads,
-                       records_dir=f.records_dir or None,
+                       records_dir=(sweep.default_records_dir(f.root) if f.records_dir is None
+                                    else f.records_dir or None),
                        on_packed=sweep.git_commit if f.commit else None, log=logging.info,
                        analyze_args=f.analyze_args, train_args=f.train_args, init_seeds=f.init_seeds,
                        init_seed_of=int(f.seeds[0]), ablate=f.ablate,

@@ -12,6 +12,8 @@ import pytest
 from hybrid_nope import sweep
 from tests.helpers import kill_before_first_save, tiny_flags
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def fake_run_dir(workdir, steps=(0, 32, 64)):
   os.makedirs(os.path.join(workdir, "recency_sums"), exist_ok=True)
@@ -257,3 +259,29 @@ def test_a_pack_is_committed_by_itself_naming_its_records_dir(tmp_path, monkeypa
                        capture_output=True, text=True, check=True).stdout.split()
   assert " ".join(log) == "docs/primary/prose: records of swa64/seed0 " \
       "docs/primary/prose/swa64/seed0.tar.gz"
+
+
+def _launch_sweep(*flags_, root):
+  """launch/sweep.py's command line with the sweep itself replaced: prints its records_dir."""
+  code = ("import runpy, sys\n"
+          "from hybrid_nope import sweep\n"
+          "sweep.sweep = lambda runs, **kw: print('records_dir', kw['records_dir']) or {}\n"
+          "sys.argv = ['launch/sweep.py', *sys.argv[1:]]\n"
+          "runpy.run_path('launch/sweep.py', run_name='__main__')\n")
+  return subprocess.run([sys.executable, "-c", code, "--experiments=swa16", "--seeds=0",
+                         f"--root={root}", *flags_], cwd=REPO, capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def test_the_sweeps_records_go_under_its_root_unless_given(tmp_path):
+  """The default was docs/results/runs: a sweep wrote into the repository's tracked files."""
+  root = str(tmp_path / "sweep")
+  for flags_, expected in [((), os.path.join(root, "records")),
+                           (("--records_dir=docs/results/runs",), "docs/results/runs"),
+                           (("--records_dir=",), "None")]:
+    done = _launch_sweep(*flags_, root=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == f"records_dir {expected}", done.stdout
+  refused = _launch_sweep("--commit", root=root)
+  assert refused.returncode != 0 and "records_dir" not in refused.stdout
+  assert "--commit commits each pack to the repository: give --records_dir" in refused.stderr
