@@ -25,6 +25,7 @@ from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.analysis.measure.records import COMPARED_WITH
 from hybrid_nope.data import pipeline
+from hybrid_nope.errors import ConfigError
 from hybrid_nope.model.delta import DeltaAttention
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.train.hooks import RunContext
@@ -271,6 +272,21 @@ def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):
   (tmp_path / RECENCY_PROBE).write_text("kept")
   RecencyHook.for_run(run)
   assert (tmp_path / RECENCY_PROBE).read_text() == "kept"
+
+
+def test_a_runs_probe_of_one_document_is_refused_before_anything_is_written(tmp_path):
+  """Issue 50, item 5: a probe too small for its standard errors (one document: NaN) is refused
+  for a run, naming its rows and documents; the pool's size is no longer the rule."""
+  config = tiny_config()
+  model_def, _ = init_model(config.model, seed=0)
+  one_document = pipeline.eval_batches(config)  # 4 rows of 64 bytes of the first eval file.
+  writer = MetricsWriter(str(tmp_path))
+  run = RunContext(config=config, model_def=model_def, eval_batches=one_document,
+                   probe_rows=one_document, writer=writer, replicate=lambda tree: tree)
+  with pytest.raises(ConfigError, match="the recency probe's 2 eval rows .* hold 1 document"):
+    RecencyHook.for_run(run)
+  writer.close()
+  assert not (tmp_path / RECENCY_PROBE).exists()
 
 
 def test_probe_larger_than_the_eval_set_fails_naming_the_key():

@@ -1,10 +1,16 @@
 """Probe rows: global document ids across packed rows, and greedy document coverage."""
+import glob
+import json
+import os
+import tarfile
+
 import numpy as np
 import pytest
 
+from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope.analysis.measure import probe
 from hybrid_nope.data import packing, pipeline
-from tests.helpers import tiny_config
+from tests.helpers import REPO, tiny_config
 
 
 def test_document_ids_follow_documents_across_rows_and_skip_padding():
@@ -80,3 +86,42 @@ def test_shuffled_control_permutes_within_each_document_only():
       else:
         assert sorted(shuffled[b, where]) == sorted(tokens[b, where])
   np.testing.assert_array_equal(shuffled, probe.shuffled_within_documents(tokens, doc_ids, 3))
+
+
+def test_a_probe_without_two_documents_is_refused_naming_both_numbers():
+  from hybrid_nope.errors import ConfigError
+  with pytest.raises(ConfigError) as caught:
+    probe.check_documents(1, 4)
+  assert str(caught.value).startswith("the recency probe's 4 eval rows (metrics.probe_batch_size) "
+                                      "hold 1 document(s), but its standard errors over "
+                                      "documents need at least 2")
+  probe.check_documents(2, 4)
+
+
+COMMITTED = os.path.join(REPO, "docs", "results", "primary", "stdlib")
+
+
+@pytest.mark.parametrize("run", sorted(glob.glob(os.path.join(COMMITTED, "*", "seed0.tar.gz"))))
+def test_committed_runs_probe_select_what_they_recorded(run, tmp_path):
+  """Eval sets larger than the pool (the demo's stdlib eval split, pool 1024) give the probe the
+  committed runs measured, bit for bit: the same rows, documents, tokens and pairs per lag as
+  their recency_probe.json (issue 50, item 5 left the pool a maximum, not the rule)."""
+  with tarfile.open(run) as tar:
+    recorded = json.load(tar.extractfile("recency_probe.json"))
+    (tmp_path / "config.json").write_bytes(tar.extractfile("config.json").read())
+  config = checkpoints.load_config(str(tmp_path))
+  assert config.data.source == "stdlib" and recorded["query_positions"] is None
+  pool = pipeline.probe_pool(config)
+  eval_rows = pipeline.packed_rows(config, "eval")
+  assert len(eval_rows["inputs"]) > config.metrics.probe_pool_rows == len(pool["inputs"])
+  for k in pipeline.BATCH_KEYS:
+    np.testing.assert_array_equal(pool[k], eval_rows[k][:config.metrics.probe_pool_rows])
+  doc_ids = probe.document_ids(pool["segment_ids"], pool["positions"])
+  rows = probe.choose_rows(doc_ids, config.metrics.probe_batch_size)
+  assert rows.tolist() == recorded["rows"]
+  chosen = doc_ids[rows]
+  assert len(np.unique(chosen[chosen >= 0])) == recorded["documents"]
+  assert int(np.sum(chosen >= 0)) == recorded["tokens"]
+  seg = pool["segment_ids"][rows]
+  pairs = [int(np.sum((seg[:, d:] == seg[:, :-d]) & (seg[:, d:] != 0))) for d in recorded["lags"]]
+  assert pairs == recorded["pairs"]

@@ -130,8 +130,11 @@ def test_pipeline_reads_the_documents_source(corpus):
   assert pipeline.check_vocabulary(config) == 258
   with pytest.raises(ConfigError, match="model.vocab_size=200 .*tokenizer.json's 258"):
     pipeline.check_vocabulary(_config(corpus, model__vocab_size=200))
-  with pytest.raises(ConfigError, match="probe_pool_rows=999 but the eval split has only"):
-    pipeline.probe_pool(_config(corpus, metrics__probe_pool_rows=999))
+  everything = pipeline.probe_pool(_config(corpus, metrics__probe_pool_rows=999))
+  assert len(everything["inputs"]) == config.metrics.probe_pool_rows  # All the eval documents.
+  with pytest.raises(ConfigError, match="probe_batch_size=999: .* the eval split has only"):
+    pipeline.probe_pool(_config(corpus, metrics__probe_pool_rows=999,
+                                metrics__probe_batch_size=999))
 
 
 def test_validate_refuses_a_path_without_a_prepared_corpus_naming_data_path(tmp_path):

@@ -13,27 +13,34 @@ import sys
 import numpy as np
 import pytest
 
+from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.data import pipeline, textbook_chapters
 from hybrid_nope.errors import UserError
 from hybrid_nope.train import loop
-from tests.helpers import tiny_config
+from configs import swa256_350m
+from tests.helpers import TINY, tiny_config
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 PROLONG = os.path.join(TESTDATA, "mds", "prolong")
 DOMAINS = ("book-65536@0.5", "thestackv1_concat_by_repo-65536@0.3", "fineweb-edu@0.2")
 
 
-@pytest.fixture(scope="module")
-def eval_path(tmp_path_factory):
-  """TextbookChapters prepared from the committed jsonl, byte-tokenised like the fixtures."""
+def prepared_chapters(tmp_path_factory, num: int = 12) -> str:
+  """TextbookChapters of `num` fixture chapters, byte-tokenised like the MDS fixtures."""
   sys.path.insert(0, TESTDATA)
   import fixture_samples  # pylint: disable=g-import-not-at-top
   from hybrid_nope.data.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
   source = tmp_path_factory.mktemp("chapters") / "chapters.jsonl"
   source.write_text("".join(
       json.dumps({"input_ids": ByteTokenizer().encode(c["text"]).tolist()}) + "\n"
-      for c in fixture_samples.chapters()))
+      for c in fixture_samples.chapters(num)))
   return textbook_chapters.prepare(str(source), str(tmp_path_factory.mktemp("tfds")))
+
+
+@pytest.fixture(scope="module")
+def eval_path(tmp_path_factory):
+  """TextbookChapters prepared from the committed chapters."""
+  return prepared_chapters(tmp_path_factory)
 
 
 def config(eval_path, **overrides):
@@ -115,3 +122,44 @@ def test_the_bad_token_refusals_advised_rerun_trains(eval_path, tmp_path, monkey
   workdir, message = refused_bad_token(eval_path, tmp_path, monkeypatch)
   summary = loop.train(advised_config(eval_path, workdir, message), str(workdir))
   assert summary["step"] == 1 and np.isfinite(summary["loss"])
+
+
+def paper_config_shrunk(eval_path, **overrides):
+  """configs/swa256_350m.py as a newcomer shrinks it to a tiny model on the MDS fixtures: the
+  model, lengths, batch and eval sizes and the probe's rows (TINY), metrics.probe_pool_rows
+  left at the paper's 256."""
+  config = swa256_350m.get_config()
+  values = {**TINY, "data.source": "mds", "data.path": PROLONG, "data.domains": DOMAINS,
+            "eval.path": eval_path, "model.vocab_size": 258, "metrics.probe_batch_size": 16,
+            **overrides}
+  for key, value in values.items():
+    section, name = key.split(".")
+    config[section][name] = value
+  return config
+
+
+@pytest.mark.integration
+def test_a_paper_config_trains_on_24_chapters_with_the_paper_probe_pool(tmp_path_factory,
+                                                                        tmp_path, monkeypatch,
+                                                                        caplog):
+  """Issue 50, item 5: the held-out newcomer run (a paper config on official-writer MDS data,
+  24 TextbookChapters rows) was refused for metrics.probe_pool_rows=256 > 24 rows. The pool is
+  the most rows to choose from: it trains and records, saying it chose from all 24."""
+  monkeypatch.setenv("HYBRID_NOPE_MDS_CACHE", str(tmp_path / "cache"))
+  config = paper_config_shrunk(prepared_chapters(tmp_path_factory, 24),
+                               **{"train.steps": 4, "checkpoint.every_steps": 4,
+                                  "eval.every_steps": 2})
+  assert config.metrics.probe_pool_rows == 256
+  with caplog.at_level("INFO", logger="hybrid_nope.data.pipeline"):
+    summary = loop.train(config, str(tmp_path / "run"), hooks=[RecencyHook.for_run])
+  assert summary["step"] == 4 and np.isfinite(summary["loss"])
+  assert "recency probe: chosen from all 24 eval rows (metrics.probe_pool_rows=256 is the most " \
+         "it chooses from)" in caplog.messages
+  probe = json.loads((tmp_path / "run" / "recency_probe.json").read_text())
+  assert len(probe["rows"]) == 16 and probe["documents"] == 16  # One chapter per row.
+  with open(tmp_path / "run" / "recency.jsonl") as f:
+    steps = {json.loads(line)["step"] for line in f}
+  assert steps == {0, 4}
+  with pytest.raises(UserError, match="probe_batch_size=32: the recency probe measures 32 eval "
+                     "rows but the eval split has only 24"):
+    pipeline.probe_pool(paper_config_shrunk(config.eval.path, **{"metrics.probe_batch_size": 32}))

@@ -192,7 +192,7 @@ def test_batch_size_not_divisible_by_process_count():
 
 def test_probe_pool_is_the_first_eval_rows_whatever_the_seed():
   config = make_config()
-  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 20})
+  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 20, "probe_batch_size": 4})
   pool = pipeline.probe_pool(config)
   rows = pipeline.packed_rows(config, "eval")
   for k in pipeline.BATCH_KEYS:
@@ -200,9 +200,29 @@ def test_probe_pool_is_the_first_eval_rows_whatever_the_seed():
   config.data.seed = 7  # The data order's seed moves the training stream, not the probe.
   for k in pipeline.BATCH_KEYS:
     np.testing.assert_array_equal(pipeline.probe_pool(config)[k], pool[k])
-  config.metrics.probe_pool_rows = len(rows["inputs"]) + 1
-  with pytest.raises(errors.ConfigError, match="metrics.probe_pool_rows"):
+
+
+def test_probe_pool_rows_is_the_most_rows_to_choose_from(caplog):
+  """A pool larger than the eval split is all of it, said in one line (issue 50, item 5: it
+  was refused); fewer eval rows than the probe measures is refused, naming both numbers."""
+  config = make_config()
+  rows = pipeline.packed_rows(config, "eval")
+  found = len(rows["inputs"])
+  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": found + 100,
+                                              "probe_batch_size": 4})
+  with caplog.at_level("INFO", logger="hybrid_nope.data.pipeline"):
+    pool = pipeline.probe_pool(config)
+  for k in pipeline.BATCH_KEYS:
+    np.testing.assert_array_equal(pool[k], rows[k])
+  said = [r.getMessage() for r in caplog.records if "recency probe" in r.getMessage()]
+  assert said == [f"recency probe: chosen from all {found} eval rows "
+                  f"(metrics.probe_pool_rows={found + 100} is the most it chooses from)"]
+  config.metrics.probe_batch_size = found + 1
+  with pytest.raises(errors.ConfigError) as caught:
     pipeline.probe_pool(config)
+  assert str(caught.value).startswith(
+      f"config.metrics.probe_batch_size={found + 1}: the recency probe measures {found + 1} "
+      f"eval rows but the eval split has only {found}")
 
 
 @pytest.mark.parametrize("vocab_size", [100, 257])

@@ -191,9 +191,25 @@ def test_more_eval_batches_than_chapters_is_a_one_line_error_naming_num_batches(
   assert message == (f"config.eval.num_batches asks for 15 eval rows but {prepared} "
                      f"(config.eval.path) has only 12 chapters")
   config = mds_eval_config(prepared)
-  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 13})
+  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 13, "probe_batch_size": 13})
   message = one_line_user_error(lambda: pipeline.probe_pool(config))
-  assert message.startswith("config.metrics.probe_pool_rows asks for 13 eval rows")
+  assert message.startswith("config.metrics.probe_batch_size=13: the recency probe measures 13 "
+                            "eval rows but the eval split has only 12")
+
+
+def test_a_probe_pool_larger_than_the_chapters_takes_them_all(prepared):
+  """probe_pool_rows is the most rows to choose from (issue 50, item 5: it was refused); a
+  smaller pool reads the same first rows of the fixed order as before."""
+  config = mds_eval_config(prepared)
+  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 256, "probe_batch_size": 4})
+  pool = pipeline.probe_pool(config)
+  every = tc.eval_rows(prepared, seq_len=32, num_rows=12, vocab_size=1000)
+  assert len(pool["inputs"]) == 12
+  for k in pipeline.BATCH_KEYS:
+    np.testing.assert_array_equal(pool[k], every[k])
+  config.metrics.probe_pool_rows = 5
+  for k in pipeline.BATCH_KEYS:
+    np.testing.assert_array_equal(pipeline.probe_pool(config)[k], every[k][:5])
 
 
 def test_prepare_keeps_the_tokenizer_and_the_vocabulary_is_checked_against_it(

@@ -17,6 +17,7 @@ the item name "data":
 """
 
 import functools
+import logging
 from typing import Callable, Union
 
 import grain
@@ -32,6 +33,7 @@ BATCH_KEYS, BATCH_DTYPES = packing.ROW_KEYS, packing.ROW_DTYPES  # A batch is ro
 # Config values are read through hybrid_nope.config_values, the one place a key is checked: a part
 # config (tests, tools) fails on its first bad or missing key exactly as the trainer's would.
 _positive_int = config_values.positive_int
+_log = logging.getLogger(__name__)
 
 
 # ---- row sources: name -> fn(config, split) -> packed rows (dict of [S, T] arrays) ----------
@@ -72,7 +74,7 @@ def _documents_rows(config, split: str,
 def _mds_rows(config, split: str, num_rows_key: str | None = None):
   """Train split: the ProLong mixture, an infinite grain MapDataset of rows (element k is the
   k-th row of the global stream). Eval split: TextbookChapters rows, in memory (the first rows
-  of a fixed order: as many as the eval batches need, or the int at `num_rows_key`)."""
+  of a fixed order: as many as the eval batches need, or at most the int at `num_rows_key`)."""
   seq_len = _positive_int(config, "data.seq_len")
   vocab_size = _positive_int(config, "model.vocab_size")
   if split == "eval":
@@ -82,11 +84,11 @@ def _mds_rows(config, split: str, num_rows_key: str | None = None):
     if num_rows_key is None:
       num_rows = _positive_int(config, "eval.batch_size") * _positive_int(config,
                                                                           "eval.num_batches")
-    else:
-      num_rows = _positive_int(config, num_rows_key)
-    return textbook_chapters.eval_rows(path, seq_len=seq_len, num_rows=num_rows,
-                                       vocab_size=vocab_size,
-                                       num_rows_key=num_rows_key or "eval.num_batches")
+      return textbook_chapters.eval_rows(path, seq_len=seq_len, num_rows=num_rows,
+                                         vocab_size=vocab_size)
+    return textbook_chapters.eval_rows(path, seq_len=seq_len,
+                                       num_rows=_positive_int(config, num_rows_key),
+                                       vocab_size=vocab_size, at_most=True)
   if split != "train":
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
   return grain.MapDataset.source(train_mixture(config))
@@ -123,8 +125,8 @@ assert tuple(ROW_SOURCES) == config_values.DATA_SOURCES, "one reader per config_
 
 def packed_rows(config, split: str, num_rows_key: str | None = None) -> Rows:
   """Rows of `split` ("train" or "eval") from the source named by config.data.source; a source
-  that reads eval rows one by one reads the int at `num_rows_key` of them (default: the eval
-  batches' rows)."""
+  that reads eval rows one by one reads at most the int at `num_rows_key` of them (fewer where
+  the split has fewer), or by default the eval batches' rows."""
   source = ROW_SOURCES[config_values.one_of(config, "data.source", config_values.DATA_SOURCES)]
   return source(config, split, num_rows_key)
 
@@ -206,12 +208,23 @@ def eval_batches(config) -> list[dict[str, np.ndarray]]:
 def probe_pool(config) -> dict[str, np.ndarray]:
   """The first metrics.probe_pool_rows rows of the eval split, in order: the pool the recency
   probe is chosen from (hybrid_nope.analysis.measure.probe). It depends on the eval data and these keys
-  only, never on a seed, so every run of a sweep is measured on the same documents."""
+  only, never on a seed, so every run of a sweep is measured on the same documents.
+
+  probe_pool_rows is the most rows to choose from: an eval split with fewer gives all of them,
+  said in one line. Fewer rows than the probe measures (metrics.probe_batch_size) is refused,
+  naming both numbers; the probe's documents are checked where they are chosen
+  (analysis.measure.probe.check_documents)."""
   count = _positive_int(config, "metrics.probe_pool_rows")
+  measured = _positive_int(config, "metrics.probe_batch_size")
   rows = packed_rows(config, "eval", "metrics.probe_pool_rows")
-  if count > len(rows["inputs"]):
-    raise ConfigError(f"config.metrics.probe_pool_rows={count} but the eval split has "
-                               f"only {len(rows['inputs'])} rows")
+  found = len(rows["inputs"])
+  if found < measured:
+    raise ConfigError(f"config.metrics.probe_batch_size={measured}: the recency probe measures "
+                      f"{measured} eval rows but the eval split has only {found}; lower "
+                      f"metrics.probe_batch_size to {found} or fewer, or use a larger eval set")
+  if found < count:
+    _log.info("recency probe: chosen from all %d eval rows (metrics.probe_pool_rows=%d is the "
+              "most it chooses from)", found, count)
   return {k: np.array(rows[k][:count]) for k in BATCH_KEYS}
 
 

@@ -214,8 +214,11 @@ def chapter_row(input_ids: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
 
 
 def eval_rows(path: str, *, seq_len: int, num_rows: int, vocab_size: int,
-              num_rows_key: str = "eval.num_batches") -> dict[str, np.ndarray]:
-  """num_rows eval rows ([num_rows, seq_len] per key) from the prepared dataset at `path`."""
+              num_rows_key: str = "eval.num_batches", at_most: bool = False
+              ) -> dict[str, np.ndarray]:
+  """num_rows eval rows ([num_rows, seq_len] per key) from the prepared dataset at `path`;
+  `at_most`: num_rows is the most to read (every chapter where there are fewer), else a set
+  with fewer chapters is refused naming `num_rows_key`."""
   directory = dataset_dir(path)
   try:
     source = tfds.builder_from_directory(directory).as_data_source(SPLIT)
@@ -224,7 +227,9 @@ def eval_rows(path: str, *, seq_len: int, num_rows: int, vocab_size: int,
                         f"TextbookChapters set ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); prepare it again "
                         f"with python -m hybrid_nope.data.textbook_chapters") from None
-  if num_rows > len(source):
+  if at_most:
+    num_rows = min(num_rows, len(source))
+  elif num_rows > len(source):
     raise EvalDataError(f"config.{num_rows_key} asks for {num_rows} eval rows but {directory} "
                         f"(config.eval.path) has only {len(source)} chapters")
 

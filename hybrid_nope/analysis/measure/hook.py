@@ -107,8 +107,10 @@ class RecencyHook:
   @classmethod
   def for_run(cls, run):
     """The loop's hook factory (`train.hooks.RunContext` -> hook(step, params)); writes
-    recency_probe.json once."""
+    recency_probe.json once. A run's probe without the documents a standard error needs is
+    refused (`probe.check_documents`); a hook built by hand on any rows only warns."""
     hook = cls(run.config, run.model_def, run.probe_rows, run.writer, place=run.replicate)
+    probe_lib.check_documents(hook.num_docs, len(hook.rows))
     if run.writer is not None and run.writer.active:
       path = RunDir(run.writer.workdir).recency_probe
       if not storage.exists(path):

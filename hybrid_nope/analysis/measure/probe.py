@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hybrid_nope.data.packing import PADDING_SEGMENT
+from hybrid_nope.errors import ConfigError
 
 NOT_A_DOCUMENT = -1  # document id of padding tokens
 
@@ -57,6 +58,18 @@ def choose_rows(doc_ids_RT: np.ndarray, count: int) -> np.ndarray:
 
 
 MIN_CLUSTERS = 20  # Fewer documents than this: a cluster-robust standard error is unreliable.
+# Fewer than this: no standard error over documents at all (recency.mean_and_stderr: NaN).
+MIN_DOCUMENTS = 2
+
+
+def check_documents(num_documents: int, num_rows: int) -> None:
+  """Refuses a probe whose documents cannot give a standard error, naming both numbers."""
+  if num_documents < MIN_DOCUMENTS:
+    raise ConfigError(
+        f"the recency probe's {num_rows} eval rows (metrics.probe_batch_size) hold "
+        f"{num_documents} document(s), but its standard errors over documents need at least "
+        f"{MIN_DOCUMENTS}: use an eval set with more documents, or raise "
+        f"metrics.probe_batch_size")
 
 
 def clusters(doc_ids_BT: np.ndarray) -> tuple[np.ndarray, int]:
