@@ -217,7 +217,8 @@ def plan(config, path: str | None) -> Plan:
                            f"byte tokenizer's {byte_tokenizer.VOCAB_SIZE} ids")
     named = "" if source in config_values.BYTE_SOURCES else ", data.tokenizer=byte"
     return Plan(f"byte tokenizer (data.source={source}{named}) written as a byte-level "
-                f"tokenizer.json", _write_byte_tokenizer, byte_tokenizer.BOS_ID, byte_tokenizer.EOS_ID)
+                f"tokenizer.json", _write_byte_tokenizer, byte_tokenizer.BOS_ID,
+                byte_tokenizer.EOS_ID)
   if source in config_values.TEXT_SOURCES:
     return _data_tokenizer_plan(config, path)
   if source == "documents" and not path:
