@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_nope.model.gla import GATE_RANK, gate_log_decay
-from hybrid_nope.model.layers import default_init, param, project
+from hybrid_nope.model.layers import constant_param, default_init, param, project
 
 FORMS = ("gla", "mamba2", "kda")
 GATES = ("head", "channel")  # model.delta_gate: log α per value head [B,T,V] or per key channel
@@ -58,12 +58,10 @@ def init_forget(layer: nnx.Module, rngs: nnx.Rngs, form: str, gate: str, D: int,
     layer.w_gate_down_DR = param(rngs, default_init, (D, GATE_RANK), ("embed", None))
     if gate == "head":
       layer.w_gate_up_RK = param(rngs, default_init, (GATE_RANK, V), (None, "kv_heads"))
-      layer.gate_bias_K = nnx.Param(jnp.zeros((V,), jnp.float32), out_sharding=("kv_heads",),
-                                    eager_sharding=False)
+      layer.gate_bias_K = constant_param(0.0, (V,), ("kv_heads",))
     else:
       layer.w_gate_up_RKH = param(rngs, default_init, (GATE_RANK, V, H), (None, "kv_heads", "kv"))
-      layer.gate_bias_KH = nnx.Param(jnp.zeros((V, H), jnp.float32),
-                                     out_sharding=("kv_heads", "kv"), eager_sharding=False)
+      layer.gate_bias_KH = constant_param(0.0, (V, H), ("kv_heads", "kv"))
   elif form == "mamba2":
     layer.w_decay_DK = param(rngs, default_init, (D, V), ("embed", "kv_heads"))
     layer.dt_bias_K = _dt_bias(rngs, (V,), ("kv_heads",))
@@ -101,8 +99,7 @@ def init_output_gate(layer: nnx.Module, rngs: nnx.Rngs, form: str, D: int, O: in
   if form == "kda":
     layer.w_out_gate_down_DR = param(rngs, default_init, (D, J), ("embed", None))
     layer.w_out_gate_up_RNH = param(rngs, default_init, (J, O, J), (None, "heads", "kv"))
-    layer.out_gate_bias_NH = nnx.Param(jnp.zeros((O, J), jnp.float32),
-                                       out_sharding=("heads", "kv"), eager_sharding=False)
+    layer.out_gate_bias_NH = constant_param(0.0, (O, J), ("heads", "kv"))
   else:
     layer.w_out_gate_DNH = param(rngs, default_init, (D, O, J), ("embed", "heads", "kv"))
 

@@ -19,7 +19,8 @@ from flax import nnx
 
 from hybrid_nope import kernels
 from hybrid_nope.model.attention import BTKH, BTNH
-from hybrid_nope.model.layers import constrain, default_init, mesh_axes, param, project
+from hybrid_nope.model.layers import (constant_param, constrain, default_init, mesh_axes, param,
+                                      project)
 
 GATE_RANK = 16
 GATE_TEMPERATURE = 16.0
@@ -40,8 +41,7 @@ def init_output(layer: nnx.Module, rngs: nnx.Rngs, D: int, N: int, H: int,
   gate's W_G, on `layer`: the D layer shares that output by its parameter names."""
   if gate:
     layer.w_out_gate_DNH = param(rngs, default_init, (D, N, H), ("embed", "heads", "kv"))
-  layer.out_norm_scale_H = nnx.Param(jnp.ones((H,), jnp.float32), out_sharding=("kv",),
-                                     eager_sharding=False)
+  layer.out_norm_scale_H = constant_param(1.0, (H,), ("kv",))
   layer.wo_NHD = param(rngs, default_init, (N, H, D), ("heads", "kv", "embed"), in_axes=(0, 1))
 
 
@@ -56,8 +56,7 @@ class GatedLinearAttention(nnx.Module):
     self.wv_DKH = param(rngs, default_init, (D, K, H), ("embed", "kv_heads", "kv"))
     self.w_gate_down_DR = param(rngs, default_init, (D, R), ("embed", None))
     self.w_gate_up_RKH = param(rngs, default_init, (R, K, H), (None, "kv_heads", "kv"))
-    self.gate_bias_KH = nnx.Param(jnp.zeros((K, H), jnp.float32),
-                                  out_sharding=("kv_heads", "kv"), eager_sharding=False)
+    self.gate_bias_KH = constant_param(0.0, (K, H), ("kv_heads", "kv"))
     init_output(self, rngs, D, N, H)
 
   def log_decay(self, x_BTD: jax.Array) -> jax.Array:

@@ -7,52 +7,63 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from hybrid_nope.model.param_draw import Init, blockable, drawn_matrix, placed
 
 # Logical axis names used on every parameter; the sharding rules map them to mesh axes.
 #   vocab, embed (d_model), heads (query heads), kv_heads, kv (head_dim), mlp (hidden).
 BTD = ("act_batch", "act_length", "act_embed")
 BTF = ("act_batch", "act_length", "act_mlp")
 BTV = ("act_batch", "act_length", "act_vocab")
-default_init = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
-EMBEDDING_INIT = nnx.initializers.normal(stddev=1.0)  # unit-variance rows (see unembedding)
+default_init = Init("truncated_normal", fan_in_scaled=True)
+EMBEDDING_INIT = Init("normal", fan_in_scaled=False)  # unit-variance rows (see unembedding)
 
 
-def param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...],
+def param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, ...],
           in_axes: tuple[int, ...] = (0,)) -> nnx.Param:
-  """A float32 parameter annotated with logical axis names (not sharded at creation).
+  """A float32 parameter annotated with logical axis names, drawn in its shards.
 
-  `in_axes` are the dimensions that count as fan-in for variance-scaling initialisers.
+  `in_axes` are the dimensions that count as fan-in: the draw is a [fan_in, fan_out] matrix
+  laid out as `shape`. Built eagerly (sharded_train_state), it is drawn in blocks by a program
+  per distribution (model.param_draw); inside a trace, whole and inline, bit for bit the same.
   """
   assert len(shape) == len(axes), (shape, axes)
-  value = _initial_value(rngs.params(), init=init, shape=tuple(shape), in_axes=tuple(in_axes),
-                         spec=mesh_axes(axes))
+  key, shape, in_axes, spec = rngs.params(), tuple(shape), tuple(in_axes), mesh_axes(axes)
+  fan_in = math.prod(shape[a] for a in in_axes)
+  if blockable(key, math.prod(shape)):
+    matrix = drawn_matrix(key, init, fan_in, math.prod(shape) // fan_in)
+    value = placed(_laid_out(matrix, shape, in_axes), spec)
+  else:
+    value = _initial_value(key, init=init, shape=shape, in_axes=in_axes, spec=spec)
   return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
-@functools.partial(jax.jit, static_argnames=("init", "shape", "in_axes", "spec"))
-def _initial_value(key: jax.Array, *, init, shape: tuple[int, ...], in_axes: tuple[int, ...],
-                   spec: tuple) -> jax.Array:
-  """One parameter's draw, compiled once per (init, shape, in_axes, mesh axes) and reused by
-  every layer: built outside a trace (sharded_train_state), a model compiles a program per
-  distinct parameter shape, not per parameter. Traced whole (jax.jit of init_model), it is the
-  same draw inlined, bit for bit.
+def constant_param(value: float, shape: tuple[int, ...], axes: tuple[str | None, ...]) -> nnx.Param:
+  """A float32 parameter filled with `value`, made on the host: built eagerly, jnp.full would
+  compile a program per shape."""
+  return nnx.Param(jnp.asarray(np.full(shape, value, np.float32)), out_sharding=axes,
+                   eager_sharding=False)
 
-  A graph holding every parameter's draw compiled in 9 CPU-seconds at 120m (the whole train
-  step: 11), one threefry per parameter per layer, and in 3m15s on an H200. `spec` (the mesh
-  axes of the parameter's logical axes under the trainer's rules, all None outside them) places
-  the value in its shards as it is drawn.
-  """
+
+@functools.partial(jax.jit, static_argnames=("init", "shape", "in_axes", "spec"))
+def _initial_value(key: jax.Array, *, init: Init, shape: tuple[int, ...],
+                   in_axes: tuple[int, ...], spec: tuple) -> jax.Array:
+  """One parameter's draw whole, in its shards (`spec`: the mesh axes of its logical axes
+  under the trainer's rules, all None outside them)."""
   fan_in = math.prod(shape[a] for a in in_axes)
-  fan_out = math.prod(shape) // fan_in
-  # Initialise as a 2-D [fan_in, fan_out] matrix so fan-in is right for multi-axis weights.
-  value = init(key, (fan_in, fan_out), jnp.float32)
-  order = list(in_axes) + [a for a in range(len(shape)) if a not in in_axes]
-  value = value.reshape([shape[a] for a in order])
-  value = jnp.transpose(value, [order.index(a) for a in range(len(shape))])
+  value = _laid_out(init(key, (fan_in, math.prod(shape) // fan_in)), shape, in_axes)
   if any(axis is not None for axis in spec):
     value = jax.lax.with_sharding_constraint(value, jax.sharding.PartitionSpec(*spec))
   return value
+
+
+def _laid_out(matrix_IO, shape: tuple[int, ...], in_axes: tuple[int, ...]):
+  """A [fan_in, fan_out] draw (numpy or jax) as a parameter of `shape`, fan-in on `in_axes`."""
+  order = list(in_axes) + [a for a in range(len(shape)) if a not in in_axes]
+  value = matrix_IO.reshape([shape[a] for a in order])
+  return value.transpose([order.index(a) for a in range(len(shape))])
 
 
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
@@ -97,8 +108,7 @@ class RMSNorm(nnx.Module):
   def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
     del rngs  # Deterministic init (ones); kept for a uniform constructor signature.
     self.eps = eps
-    self.scale_D = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=("embed",),
-                             eager_sharding=False)
+    self.scale_D = constant_param(1.0, (dim,), ("embed",))
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     x32 = x_BTD.astype(jnp.float32)

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx, struct
 
 from hybrid_nope.model.definition import ModelDef, abstract_model, init_model
 from hybrid_nope.train import sharding
+from hybrid_nope.train.fresh_opt_state import fresh_opt_state
 
 
 @struct.dataclass
@@ -32,15 +34,15 @@ def sharded_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, 
   or device ever holds the whole model; values equal init_train_state's."""
   model_def, _, shardings = _abstract(model_cfg, tx, seed, mesh)
   # The model built eagerly, not as one jitted graph of every draw: model.layers.param
-  # compiles a draw per distinct parameter shape and places it in its shards.
-  # The few values not drawn in their shards (norm scales, gate constants) are moved there. The
-  # optimizer's state is built eagerly too: a program per distinct moment shape compiles in
-  # ~10 ms, one jitted program of every moment in 0.5 s (120m); the final device_put places
-  # what eager ops did not (the step counter), and moves nothing already in its shards.
+  # compiles a draw per distinct parameter shape and places it in its shards. The few values
+  # not drawn in their shards (norm scales, gate constants) are moved there; the optimizer's
+  # state is made in its shards on the host (fresh_opt_state), with no program per shape.
   with sharding.activation_rules(mesh):
-    params = init_model(model_cfg, seed)[1]
-    state = _fresh_state(jax.device_put(params, shardings.params), tx)
-  return model_def, jax.device_put(state, shardings), shardings
+    params = jax.device_put(init_model(model_cfg, seed)[1], shardings.params)
+    state = TrainState(step=jax.device_put(np.zeros((), np.int32), shardings.step),
+                       params=params,
+                       opt_state=fresh_opt_state(tx, params, shardings.opt_state))
+  return model_def, state, shardings
 
 
 def abstract_train_state(model_cfg, tx: optax.GradientTransformation, seed: int, mesh):
