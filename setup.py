@@ -1,4 +1,18 @@
+import importlib.util
+import os
+
 from setuptools import find_packages, setup
+
+
+def _commands():
+  """hybrid_nope/commands.py, read by path (the package's dependencies are not installed yet):
+  it names the console commands, hybrid-nope-train and one per launch/*.py."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hybrid_nope", "commands.py")
+  spec = importlib.util.spec_from_file_location("hybrid_nope_commands", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
 
 setup(
     name="hybrid_nope",
@@ -13,6 +27,7 @@ setup(
         "tensorflow-datasets", "tensorboardX", "numpy", "zstandard", "tokenizers", "pyarrow",
         "matplotlib", "safetensors",
     ],
+    entry_points={"console_scripts": _commands().console_scripts()},
     # The accelerator builds of jax (make install-gpu / install-tpu pin them to the lock's jax).
     extras_require={"test": ["pytest", "pytest-xdist"], "cuda": ["jax[cuda13]"],
                     "cuda12": ["jax[cuda12]"], "tpu": ["jax[tpu]"], "wandb": ["wandb"]},
