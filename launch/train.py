@@ -2,7 +2,8 @@
 
 Without training: --help_config lists every key with its value and meaning, --print_config
 prints the resolved config, --dry_run validates it and prints parameters, FLOPs per token,
-memory per device and the mesh.
+memory per device against the device's (and the keys that would make it fit) and the mesh,
+after launch/check_data.py's checks of the data where its paths exist.
 """
 import os
 import sys
@@ -23,8 +24,9 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and Ten
 flags.DEFINE_bool("help_config", False, "Print every config key with its value and meaning "
                   "(from configs/base.py's comments), then exit.")
 flags.DEFINE_bool("print_config", False, "Print the resolved config, then exit.")
-flags.DEFINE_bool("dry_run", False, "Validate the config, build the model abstractly, print "
-                  "parameters, FLOPs per token, memory per device and the mesh, then exit.")
+flags.DEFINE_bool("dry_run", False, "Validate the config and check its data (as "
+                  "launch/check_data.py), build the model abstractly, print parameters, FLOPs "
+                  "per token, memory per device against the device's and the mesh, then exit.")
 flags.mark_flags_as_required(["config"])
 
 

@@ -1,6 +1,10 @@
 """dry_run: the state's bytes are exact, the activation estimate lands near XLA's own memory
 analysis of the compiled step, the FLOPs are flops.py's, and launch/train.py's --dry_run,
---help_config and --print_config work on the paper config without training."""
+--help_config and --print_config work on the paper config without training. The dry run says
+where the estimate does not fit the device and which keys would make it fit (the paper config
+on one CPU device), and fails in one line on data launch/check_data.py refuses (issue 50,
+item 7: both said "config valid: ready to train")."""
+import os
 import subprocess
 import sys
 
@@ -8,13 +12,16 @@ import jax
 import numpy as np
 import pytest
 
+from configs import swa256_350m
+from hybrid_nope import errors
 from hybrid_nope.data import pipeline
-from hybrid_nope.train import dry_run, sharding
+from hybrid_nope.train import dry_run, memory_fit, sharding
 from hybrid_nope.train.flops import flops_per_token
 from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import abstract_train_state, init_train_state
 from hybrid_nope.train.step import train_step_for
-from tests.helpers import REPO, tiny_config
+from tests import text_sources
+from tests.helpers import REPO, tiny_config, tiny_flags
 
 ONE_DEVICE = {"data": 1, "fsdp": 1, "sequence": 1, "tensor": 1}
 
@@ -91,6 +98,93 @@ def test_a_split_sequence_divides_the_tokens_and_adds_the_gathered_keys_of_globa
     itemsize = np.dtype(dry_run.compute_dtype(m.dtype)).itemsize
     gathered = global_layers * 2 * m.num_kv_heads * m.head_dim * one["tokens"] * itemsize
     np.testing.assert_allclose(split["layers"], one["layers"] / 4 + gathered)
+
+
+def test_the_state_laid_out_on_more_fsdp_chips_divides_the_leaves_sharded_over_fsdp():
+  c = config()
+  _, state, _ = abstract_train_state(c.model, make_optimizer(c.train), 0, sharding.make_mesh(c))
+  over_fsdp = lambda x: "fsdp" in jax.tree.leaves(tuple(x.sharding.spec))
+  leaves = jax.tree.leaves(state)  # Adam's step count is not sharded.
+  expected = sum(x.size * x.dtype.itemsize / (4 if over_fsdp(x) else 1) for x in leaves)
+  assert any(over_fsdp(x) for x in leaves) and not all(over_fsdp(x) for x in leaves)
+  assert dry_run.per_device_bytes(state, {**ONE_DEVICE, "fsdp": 4}) == expected
+  assert dry_run.per_device_bytes(state, {**ONE_DEVICE, "fsdp": 4}, itemsize=2) == sum(
+      x.size * 2 / (4 if over_fsdp(x) else 1) for x in leaves)
+  assert dry_run.per_device_bytes(state) == sum(x.size * x.dtype.itemsize for x in leaves)
+
+
+def test_the_paper_config_on_one_cpu_device_does_not_fit_and_names_the_keys_that_would(
+    monkeypatch):
+  monkeypatch.setattr(memory_fit, "_available_ram", lambda: (16 * memory_fit.GIB, "test"))
+  c = swa256_350m.get_config()
+  lines = dry_run.report_text(c).splitlines()
+  fit = next(l for l in lines if l.startswith("does not fit: "))
+  assert "GiB per device (estimate) against 16.00 GiB, the available RAM of this host" in fit
+  for key in ("mesh.fsdp", "model.remat", "model.loss_block", "train.grad_accum_steps"):
+    assert key in fit, fit
+  assert "config valid" not in lines[-1] and "does not fit the device's memory" in lines[-1]
+  # The flags it names make it fit.
+  flags = fit.split("it fits with ")[1].split(" (")[0].split()
+  assert flags and all(f.startswith("--config.") for f in flags)
+  for flag in flags:
+    key, value = flag[len("--config."):].split("=")
+    section, name = key.split(".")
+    c[section][name] = type(c[section][name])(eval(value))  # pylint: disable=eval-used
+  fits = dry_run.report(c)
+  assert fits["fits"] and fits["fit_line"].startswith("fits: ")
+
+
+def write_text_data(tmp_path, problem):
+  records = text_sources.documents()
+  if problem == "missing text column":
+    records = [{"body": r["text"]} for r in records]
+  path = text_sources.write("jsonl", tmp_path / "data", records)
+  overrides = dict(data__source="jsonl", data__path=path, data__cache_dir=str(tmp_path / "c"),
+                   data__eval_fraction=0.2, metrics__probe_pool_rows=4)
+  if problem == "tokenizer larger than the vocabulary":
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"t{i}": i for i in range(300)}, "t0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()  # A token per word.
+    tok.save(str(tmp_path / "t.json"))
+    overrides["data__tokenizer"] = str(tmp_path / "t.json")
+  return overrides
+
+
+DATA_PROBLEMS = {
+    "missing text column": "part-0.jsonl line 1: no field 'text' (its fields: ['body'])",
+    "tokenizer larger than the vocabulary": "config.model.vocab_size=258 is smaller than "
+                                            "{tmp}/t.json's 300 token ids"}
+
+
+@pytest.mark.parametrize("problem", sorted(DATA_PROBLEMS))
+def test_a_dry_run_on_data_check_data_refuses_fails_in_one_line(problem, tmp_path):
+  c = tiny_config(**write_text_data(tmp_path, problem))
+  with pytest.raises(errors.UserError) as e:
+    dry_run.report_text(c)
+  message = str(e.value)
+  assert "\n" not in message and message.startswith("1 problem with the data of this config "
+                                                    "(data.source=jsonl): "), message
+  assert DATA_PROBLEMS[problem].format(tmp=tmp_path) in message, message
+  assert "python launch/check_data.py lists them" in message
+
+
+def test_a_dry_run_on_good_data_checks_it_and_is_ready(tmp_path, monkeypatch):
+  monkeypatch.setattr(memory_fit, "_available_ram", lambda: (16 * memory_fit.GIB, "test"))
+  c = tiny_config(**write_text_data(tmp_path, None))
+  assert dry_run.report_text(c).splitlines()[-2:] == [
+      dry_run.report(c)["fit_line"], "config valid: ready to train"]
+
+
+@pytest.mark.integration
+def test_the_dry_run_of_a_missing_text_column_exits_2_with_one_line(tmp_path):
+  overrides = write_text_data(tmp_path, "missing text column")
+  out = subprocess.run([sys.executable, "launch/train.py", "--config=configs/demo.py",
+                        *tiny_flags(**overrides), "--dry_run"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+  lines = [l for l in out.stderr.splitlines() if l.startswith("train.py:")]
+  assert out.returncode == errors.USAGE_EXIT_CODE and len(lines) == 1, out.stderr[-3000:]
+  assert "no field 'text'" in lines[0] and "Traceback" not in out.stderr
+  assert "config valid" not in out.stdout
 
 
 def run_train(*args):

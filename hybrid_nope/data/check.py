@@ -37,6 +37,23 @@ from hybrid_nope.errors import UserError
 class DataCheckError(UserError):
   """Data the config names that is missing or does not fit the config."""
 
+  def __init__(self, message: str, problems: tuple[str, ...] = (), source: str = ""):
+    super().__init__(message)
+    self.problems, self.source = tuple(problems), source
+
+  def one_line(self) -> str:
+    """The problems on one line, for a command that is not check_data (launch/train.py
+    --dry_run): check_data lists them with where the data comes from."""
+    if not self.problems:
+      return _one_line(self)
+    return (f"{_counted(self.problems)} with the data of this config (data.source="
+            f"{self.source}): {'; '.join(self.problems)} (python launch/check_data.py lists them "
+            f"with where the data comes from)")
+
+
+def _counted(problems) -> str:
+  return f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
+
 
 # Where each source's data comes from: the section of docs/reproduce.md that says how to fetch
 # and prepare it, and its dataset ids.
@@ -55,11 +72,10 @@ def problems_error(problems: list[str], source: str) -> DataCheckError:
   section, origin = ORIGINS.get(source, ("Data", ""))
   problems = list(dict.fromkeys(problems))  # Once each, in order.
   listed = "\n".join(f"  {p}" for p in problems)
-  count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
   return DataCheckError(
-      f"{count} with the data of this config (data.source={source}):\n{listed}\n"
+      f"{_counted(problems)} with the data of this config (data.source={source}):\n{listed}\n"
       f"The data and how to fetch and prepare it: docs/reproduce.md, \"{section}\""
-      + (f" ({origin})" if origin else ""))
+      + (f" ({origin})" if origin else ""), problems, source)
 
 
 @dataclasses.dataclass

@@ -3,19 +3,23 @@ what training it would cost, without allocating or compiling anything.
 
 Parameters, optimizer state and gradients per device are exact (shapes, dtypes and shardings of
 the abstract state). Activations are an estimate from the formula in `activation_bytes`; XLA's
-own figure for a compiled step is `benchmarks/step_memory.py`'s (docs/scaling.md).
+own figure for a compiled step is `benchmarks/step_memory.py`'s (docs/scaling.md). The total is
+compared with the device's memory, and where it does not fit the keys that would make it are
+named (memory_fit.py). Where the config's data paths exist, launch/check_data.py's checks run
+first (hybrid_nope/data/check.py), a problem failing as one line.
 """
 from __future__ import annotations
 
 import jax
 import numpy as np
 
+from hybrid_nope.data import check
 from hybrid_nope.errors import UserError
 from hybrid_nope.kernels.delta_xla import CHUNK as DELTA_CHUNK
 from hybrid_nope.model.definition import abstract_model
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.transformer import compute_dtype, parameter_counts
-from hybrid_nope.train import sharding
+from hybrid_nope.train import memory_fit, sharding
 from hybrid_nope.train.costs import si
 from hybrid_nope.train.flops import flops_per_token
 from hybrid_nope.train.optimizer import make_optimizer
@@ -41,10 +45,18 @@ BLOCK_FLOAT32_COPIES = 3
 RECURRENT_EXTRA_HEAD_SIZED = 3
 
 
-def per_device_bytes(tree) -> int:
-  """Bytes one device holds of a tree of ShapeDtypeStructs carrying shardings."""
-  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
-             for x in jax.tree.leaves(tree))
+def per_device_bytes(tree, mesh_shape: dict | None = None, itemsize: int | None = None) -> int:
+  """Bytes one device holds of a tree of ShapeDtypeStructs carrying shardings: on their mesh,
+  or on `mesh_shape` (the same axes, other sizes); `itemsize` in place of the leaves' own."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    sizes = mesh_shape or dict(x.sharding.mesh.shape)
+    shard = list(x.shape)
+    for i, axes in enumerate(x.sharding.spec):
+      axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+      shard[i] = -(-shard[i] // int(np.prod([sizes[a] for a in axes])))
+    total += int(np.prod(shard)) * (itemsize or np.dtype(x.dtype).itemsize)
+  return total
 
 
 def activation_bytes(config, mesh_shape: dict[str, int]) -> dict[str, float]:
@@ -95,6 +107,17 @@ def _path_problem(config) -> str:
   return ""
 
 
+def memory_bytes(config, mesh_shape: dict, state) -> dict[str, float]:
+  """Bytes per device of the abstract train `state` (laid out on `mesh_shape`) and of the
+  config's activations and logits."""
+  acts = activation_bytes(config, mesh_shape)
+  return {"params": per_device_bytes(state.params, mesh_shape),
+          "opt_state": per_device_bytes(state.opt_state, mesh_shape),
+          # Gradients are float32 whatever the parameters' dtype (train/step.py).
+          "grads": per_device_bytes(state.params, mesh_shape, itemsize=4),
+          "activations": acts["layers"], "logits": acts["logits"]}
+
+
 def report(config) -> dict:
   """Everything `--dry_run` prints, as numbers."""
   validate(config, check_paths=False)
@@ -103,15 +126,12 @@ def report(config) -> dict:
   _, state, _ = abstract_train_state(config.model, tx, config.train.seed, mesh)
   counts = parameter_counts(abstract_model(config.model, config.train.seed))
   mesh_shape = dict(mesh.shape)
-  params = per_device_bytes(state.params)
   acts = activation_bytes(config, mesh_shape)
   per_token = flops_per_token(config.model, config.data.seq_len)
   tokens_per_step = config.data.batch_size * config.data.seq_len
-  memory = {"params": params, "opt_state": per_device_bytes(state.opt_state),
-            # Gradients are float32 whatever the parameters' dtype (train/step.py).
-            "grads": sum(int(np.prod(x.sharding.shard_shape(x.shape))) * 4
-                         for x in jax.tree.leaves(state.params)),
-            "activations": acts["layers"], "logits": acts["logits"]}
+  memory = memory_bytes(config, mesh_shape, state)
+  fits, fit_line = memory_fit.verdict(
+      config, mesh_shape, lambda c, shape: sum(memory_bytes(c, shape, state).values()))
   return {"parameters": counts, "flops_per_token": per_token,
           "flops_per_step": per_token * tokens_per_step, "tokens_per_step": tokens_per_step,
           "mesh": mesh_shape, "devices": mesh.size, "platform": jax.devices()[0].platform,
@@ -119,11 +139,26 @@ def report(config) -> dict:
           "param_dtype": config.model.param_dtype, "microbatch_tokens": acts["tokens"],
           "memory_bytes": memory, "memory_total_bytes": sum(memory.values()),
           "layers": layer_kinds(config.model.pattern, config.model.num_layers),
-          "to_train": _path_problem(config)}
+          "fits": fits, "fit_line": fit_line, "to_train": _path_problem(config)}
+
+
+def check_data(config) -> None:
+  """launch/check_data.py's checks (hybrid_nope/data/check.py: the tokenizer against
+  model.vocab_size, the text column, the eval set and the probe), a problem failing as one
+  line."""
+  try:
+    check.check(config)
+  except check.DataCheckError as e:
+    raise check.DataCheckError(e.one_line()) from None
 
 
 def report_text(config) -> str:
+  """The dry run's lines; where the config's paths exist their data is checked first
+  (`check_data`). A memory estimate over the device's is said, not refused: it is an
+  estimate."""
   r = report(config)
+  if not r["to_train"]:
+    check_data(config)
   m, mem = config.model, r["memory_bytes"]
   p = r["parameters"]
   gib = lambda key: f"{mem[key] / GIB:.2f} GiB"
@@ -144,6 +179,9 @@ def report_text(config) -> str:
   if r["platform"] == "cpu" and m.dtype == "auto":
     lines.append("(model.dtype auto is float32 on CPU; --config.model.dtype=bfloat16 estimates "
                  "an accelerator's activations)")
-  lines.append(f"to train: {r['to_train']}" if r["to_train"] else "config valid: ready to train")
+  lines.append(r["fit_line"])
+  problems = [r["to_train"]] * bool(r["to_train"]) + [
+      "the memory estimate does not fit the device's memory (above)"] * (r["fits"] is False)
+  lines.append(f"to train: {'; '.join(problems)}" if problems else "config valid: ready to train")
   return "\n".join(lines)
 
