@@ -164,9 +164,9 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   c.metrics = ml_collections.ConfigDict(dict(
       far_lag=4096,            # L: floor = f(L), gap = f(1) − f(L); must be < data.seq_len.
-      probe_batch_size=32,     # Eval rows the recency hook measures, chosen from the first
-      probe_pool_rows=256,     # probe_pool_rows eval rows (all, in a smaller eval set) to span
-                               # as many documents as they hold.
+      probe_batch_size=32,     # Most eval rows the recency hook measures, chosen from the
+      probe_pool_rows=256,     # first probe_pool_rows eval rows (all, in a smaller eval set)
+                               # to span as many documents as they hold.
       query_positions=1024,    # Evenly spaced query positions averaged over; 0 = all.
       # How often the recency hook runs (step 0 always); follows checkpoint.every_steps unless set.
       every_steps=c.checkpoint.get_ref("every_steps") * 1,

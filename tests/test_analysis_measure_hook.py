@@ -289,11 +289,17 @@ def test_a_runs_probe_of_one_document_is_refused_before_anything_is_written(tmp_
   assert not (tmp_path / RECENCY_PROBE).exists()
 
 
-def test_probe_larger_than_the_eval_set_fails_naming_the_key():
+def test_a_probe_larger_than_the_eval_set_measures_all_of_it_and_says_so(caplog):
+  """metrics.probe_batch_size is the most rows the probe measures (issue 50, item 5)."""
   config = tiny_config(metrics__probe_batch_size=5)
   model_def, _ = init_model(config.model, seed=0)
-  with pytest.raises(ValueError, match="metrics.probe_batch_size"):
-    RecencyHook(config, model_def, pipeline.eval_batches(config), writer=None)
+  eval_rows = sum(len(b["inputs"]) for b in pipeline.eval_batches(config))
+  assert eval_rows < 5
+  with caplog.at_level("INFO"):
+    hook = RecencyHook(config, model_def, pipeline.eval_batches(config), writer=None)
+  assert list(hook.rows) == list(range(eval_rows))
+  assert f"recency probe: measures all {eval_rows} eval rows (metrics.probe_batch_size=5 is " \
+         "the most it measures)" in caplog.messages
 
 
 def test_custom_lags_must_include_one_and_the_far_lag():

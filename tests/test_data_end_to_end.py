@@ -126,12 +126,12 @@ def test_the_bad_token_refusals_advised_rerun_trains(eval_path, tmp_path, monkey
 
 def paper_config_shrunk(eval_path, **overrides):
   """configs/swa256_350m.py as a newcomer shrinks it to a tiny model on the MDS fixtures: the
-  model, lengths, batch and eval sizes and the probe's rows (TINY), metrics.probe_pool_rows
-  left at the paper's 256."""
+  model, lengths, batch and eval sizes (TINY), the metrics keys left at the paper's (the far lag
+  inside the shorter rows)."""
   config = swa256_350m.get_config()
-  values = {**TINY, "data.source": "mds", "data.path": PROLONG, "data.domains": DOMAINS,
-            "eval.path": eval_path, "model.vocab_size": 258, "metrics.probe_batch_size": 16,
-            **overrides}
+  tiny = {key: value for key, value in TINY.items() if key != "metrics.probe_batch_size"}
+  values = {**tiny, "data.source": "mds", "data.path": PROLONG, "data.domains": DOMAINS,
+            "eval.path": eval_path, "model.vocab_size": 258, **overrides}
   for key, value in values.items():
     section, name = key.split(".")
     config[section][name] = value
@@ -149,17 +149,16 @@ def test_a_paper_config_trains_on_24_chapters_with_the_paper_probe_pool(tmp_path
   config = paper_config_shrunk(prepared_chapters(tmp_path_factory, 24),
                                **{"train.steps": 4, "checkpoint.every_steps": 4,
                                   "eval.every_steps": 2})
-  assert config.metrics.probe_pool_rows == 256
-  with caplog.at_level("INFO", logger="hybrid_nope.data.pipeline"):
+  assert (config.metrics.probe_pool_rows, config.metrics.probe_batch_size) == (256, 32)
+  with caplog.at_level("INFO"):
     summary = loop.train(config, str(tmp_path / "run"), hooks=[RecencyHook.for_run])
   assert summary["step"] == 4 and np.isfinite(summary["loss"])
   assert "recency probe: chosen from all 24 eval rows (metrics.probe_pool_rows=256 is the most " \
          "it chooses from)" in caplog.messages
   probe = json.loads((tmp_path / "run" / "recency_probe.json").read_text())
-  assert len(probe["rows"]) == 16 and probe["documents"] == 16  # One chapter per row.
+  assert "recency probe: measures all 24 eval rows (metrics.probe_batch_size=32 is the most " \
+         "it measures)" in caplog.messages
+  assert len(probe["rows"]) == 24 and probe["documents"] == 24  # One chapter per row.
   with open(tmp_path / "run" / "recency.jsonl") as f:
     steps = {json.loads(line)["step"] for line in f}
   assert steps == {0, 4}
-  with pytest.raises(UserError, match="probe_batch_size=32: the recency probe measures 32 eval "
-                     "rows but the eval split has only 24"):
-    pipeline.probe_pool(paper_config_shrunk(config.eval.path, **{"metrics.probe_batch_size": 32}))

@@ -190,11 +190,6 @@ def test_more_eval_batches_than_chapters_is_a_one_line_error_naming_num_batches(
       lambda: pipeline.eval_batches(mds_eval_config(prepared, num_batches=5)))
   assert message == (f"config.eval.num_batches asks for 15 eval rows but {prepared} "
                      f"(config.eval.path) has only 12 chapters")
-  config = mds_eval_config(prepared)
-  config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 13, "probe_batch_size": 13})
-  message = one_line_user_error(lambda: pipeline.probe_pool(config))
-  assert message.startswith("config.metrics.probe_batch_size=13: the recency probe measures 13 "
-                            "eval rows but the eval split has only 12")
 
 
 def test_a_probe_pool_larger_than_the_chapters_takes_them_all(prepared):

@@ -211,17 +211,11 @@ def probe_pool(config) -> dict[str, np.ndarray]:
   only, never on a seed, so every run of a sweep is measured on the same documents.
 
   probe_pool_rows is the most rows to choose from: an eval split with fewer gives all of them,
-  said in one line. Fewer rows than the probe measures (metrics.probe_batch_size) is refused,
-  naming both numbers; the probe's documents are checked where they are chosen
-  (analysis.measure.probe.check_documents)."""
+  said in one line (the probe then measures at most all of them: analysis.measure.probe
+  .probe_size; its documents are checked where they are chosen: probe.check_documents)."""
   count = _positive_int(config, "metrics.probe_pool_rows")
-  measured = _positive_int(config, "metrics.probe_batch_size")
   rows = packed_rows(config, "eval", "metrics.probe_pool_rows")
   found = len(rows["inputs"])
-  if found < measured:
-    raise ConfigError(f"config.metrics.probe_batch_size={measured}: the recency probe measures "
-                      f"{measured} eval rows but the eval split has only {found}; lower "
-                      f"metrics.probe_batch_size to {found} or fewer, or use a larger eval set")
   if found < count:
     _log.info("recency probe: chosen from all %d eval rows (metrics.probe_pool_rows=%d is the "
               "most it chooses from)", found, count)

@@ -84,7 +84,8 @@ class RecencyHook:
     self.d_model = m.d_model
     rows = _concat(eval_batches)
     doc_ids_RT = probe_lib.document_ids(rows["segment_ids"], rows["positions"])
-    self.rows = probe_lib.choose_rows(doc_ids_RT, metrics.probe_batch_size)
+    self.rows = probe_lib.choose_rows(doc_ids_RT, probe_lib.probe_size(metrics.probe_batch_size,
+                                                                       len(doc_ids_RT)))
     self.doc_ids_BT = doc_ids_RT[self.rows]
     clusters_BT, self.num_clusters = probe_lib.clusters(self.doc_ids_BT)
     if self.num_clusters < probe_lib.MIN_CLUSTERS:

@@ -8,6 +8,7 @@ position 0 starts a new document, any other segment continues the previous row's
 from __future__ import annotations
 
 import numpy as np
+from absl import logging
 
 from hybrid_nope.data.packing import PADDING_SEGMENT
 from hybrid_nope.errors import ConfigError
@@ -33,6 +34,16 @@ def document_ids(segment_ids_RT: np.ndarray, positions_RT: np.ndarray) -> np.nda
         last_id, next_id = next_id, next_id + 1
       out[r, a:b] = last_id
   return out
+
+
+def probe_size(probe_batch_size: int, eval_rows: int) -> int:
+  """Rows the probe measures: metrics.probe_batch_size is the most, an eval set with fewer rows
+  is measured whole, said in one line (its documents are what the statistics need:
+  check_documents)."""
+  if eval_rows < probe_batch_size:
+    logging.info("recency probe: measures all %d eval rows (metrics.probe_batch_size=%d is the "
+                 "most it measures)", eval_rows, probe_batch_size)
+  return min(probe_batch_size, eval_rows)
 
 
 def choose_rows(doc_ids_RT: np.ndarray, count: int) -> np.ndarray:
