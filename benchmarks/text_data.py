@@ -1,16 +1,20 @@
-"""What a text source (data.source jsonl, parquet, hf) costs on one CPU core: the length index's
-first build, a start that reads it from the cache, and the train pipeline's tokens/s.
+"""What a text source (data.source jsonl, parquet, hf) costs on one CPU core: the one-time
+tokenisation (the length index's first build, every document's ids cached beside it), a start
+that reads both from the cache, and the train pipeline's tokens/s.
 
-  python benchmarks/text_data.py                   # the stdlib corpus's text, ~--megabytes MB
-  python benchmarks/text_data.py --tokenizer=bpe   # a BPE tokenizer.json trained on it first
+  python benchmarks/text_data.py                   # the byte tokenizer, ~--megabytes MB
+  python benchmarks/text_data.py --tokenizer=bpe   # a BPE tokenizer.json trained on the text
+                                                   # first, beside the byte tokenizer's figures
 
 Writes the stdlib corpus's .py files (UTF-8 ones, repeated to --megabytes) as each format
-(tests/text_sources.py's writers), then per format: the index built from nothing (one read of
-every file, every document tokenised), the same corpus opened again (index from the cache), and
-`pipeline.train_iterator` batches of --batch_size x --seq_len after a warm-up batch (rows read by
-document, tokenised on the fly, packed), pinned to one core. Files in the page cache: a network
-disk or gs:// adds its latency per row (a ranged read per jsonl document, a row group per
-parquet row, an arrow file per saved-dataset file).
+(tests/text_sources.py's writers), then per format and tokenizer: the index built from nothing
+(one read of every file, every document tokenised once, a BPE's ids written beside the index:
+text_ids.py), the same corpus opened again (index and ids from the cache), and
+`pipeline.train_iterator` batches of --batch_size x --seq_len after a warm-up batch (rows packed
+from the cached ids, or the byte tokenizer's documents read and encoded), pinned to one core.
+Files in the page cache: a network disk or gs:// adds its latency per byte-tokenised row (a
+ranged read per jsonl document, a row group per parquet row, an arrow file per saved-dataset
+file); a BPE's rows read only the local ids.
 """
 import argparse
 import os
@@ -64,34 +68,51 @@ def main():
   records = corpus_records(args.megabytes)
   megabytes = sum(len(r["text"].encode()) for r in records) / 1e6
   with tempfile.TemporaryDirectory() as tmp:
-    tokenizer = "byte" if args.tokenizer == "byte" else bpe_tokenizer(
-        records, os.path.join(tmp, "tokenizer.json"))
-    print(f"{len(records)} documents, {megabytes:.1f} MB of text; tokenizer {args.tokenizer}; "
-          f"1 CPU core (affinity {{{args.core}}})\n")
-    print("| source | index built | MB/s | start from cached index | train tokens/s |")
-    print("|---|---|---|---|---|")
+    named = {"byte": "byte"}
+    if args.tokenizer == "bpe":
+      named["bpe"] = bpe_tokenizer(records, os.path.join(tmp, "tokenizer.json"))
+    print(f"{len(records)} documents, {megabytes:.1f} MB of text; tokenizers "
+          f"{', '.join(named)}; 1 CPU core (affinity {{{args.core}}})\n")
+    print("| source | tokenizer | one-time: index + ids built | MB/s | ids on disk | "
+          "start from the cache | train tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    rates = {}
     for source in text_sources.SOURCES:
       path = text_sources.write(source, os.path.join(tmp, source), records, files=4)
-      config = tiny_config(data__source=source, data__path=path, data__tokenizer=tokenizer,
-                           data__cache_dir=os.path.join(tmp, f"cache-{source}"),
-                           data__seq_len=args.seq_len, data__batch_size=args.batch_size,
-                           model__vocab_size=8192 if args.tokenizer == "bpe" else 258)
-      t = time.perf_counter()
-      text_rows.corpus(config)
-      built = time.perf_counter() - t
-      text_rows._cached_corpus.cache_clear()  # pylint: disable=protected-access
-      t = time.perf_counter()
-      text_rows.corpus(config)
-      cached = time.perf_counter() - t
-      it = pipeline.train_iterator(config)
-      next(it)
-      t = time.perf_counter()
-      for _ in range(args.batches):
-        next(it)
-      rate = args.batches * args.batch_size * args.seq_len / (time.perf_counter() - t)
-      print(f"| {source} | {built:.2f} s | {megabytes / built:.1f} | {cached * 1e3:.0f} ms | "
-            f"{rate / 1e6:.2f}M |")
+      for name, tokenizer in named.items():
+        rates[source, name] = measure(args, tmp, source, path, name, tokenizer, megabytes)
+    if args.tokenizer == "bpe":
+      print("\nBPE train tokens/s as a share of the byte tokenizer's: " + ", ".join(
+          f"{source} {rates[source, 'bpe'] / rates[source, 'byte']:.2f}"
+          for source in text_sources.SOURCES))
 
+
+def measure(args, tmp, source, path, name, tokenizer, megabytes) -> float:
+  """Prints one table row; returns the train tokens/s."""
+  cache = os.path.join(tmp, f"cache-{source}-{name}")
+  config = tiny_config(data__source=source, data__path=path, data__tokenizer=tokenizer,
+                       data__cache_dir=cache, data__seq_len=args.seq_len,
+                       data__batch_size=args.batch_size,
+                       model__vocab_size=8192 if name == "bpe" else 258)
+  text_rows._cached_corpus.cache_clear()  # pylint: disable=protected-access
+  t = time.perf_counter()
+  text_rows.corpus(config)
+  built = time.perf_counter() - t
+  text_rows._cached_corpus.cache_clear()  # pylint: disable=protected-access
+  t = time.perf_counter()
+  corpus = text_rows.corpus(config)
+  cached = time.perf_counter() - t
+  ids = corpus.index.ids
+  on_disk = "-" if ids is None else f"{ids.nbytes / 1e6:.0f} MB ({ids.dtype.name})"
+  it = pipeline.train_iterator(config)
+  next(it)
+  t = time.perf_counter()
+  for _ in range(args.batches):
+    next(it)
+  rate = args.batches * args.batch_size * args.seq_len / (time.perf_counter() - t)
+  print(f"| {source} | {name} | {built:.2f} s | {megabytes / built:.1f} | {on_disk} | "
+        f"{cached * 1e3:.0f} ms | {rate / 1e6:.2f}M |", flush=True)
+  return rate
 
 if __name__ == "__main__":
   main()

@@ -18,6 +18,9 @@ is, as MDS shards' stamps vouch for their hashes (mds/dataset.py), while a multi
 costs no re-read per start (sha256 streams at about 1 GB/s on one core).
 data.verify_hashes="always" re-hashes every file at every start all the same (bit rot that
 kept every stamp), and a difference fails naming the file and both hashes.
+
+Beside the index, under the same key, the documents' token ids from that one tokenisation
+(text_ids.py; all but the byte tokenizer): rows slice them and never tokenise again.
 """
 from __future__ import annotations
 
@@ -32,9 +35,10 @@ import uuid
 import numpy as np
 
 from hybrid_nope.config_values import VERIFY_ALWAYS
+from hybrid_nope.data import text_ids
 from hybrid_nope.data.text_files import TextDataError
 
-VERSION = 2  # Of the .npz layout and of what the index means; a change builds anew.
+VERSION = 3  # Of the .npz layout, what the index means and its ids; a change builds anew.
 SUBDIR = "text-index"
 HASH = "sha256"  # Of each file's bytes; named in the data fingerprint's keys.
 _HASH_CHUNK = 1 << 22  # Bytes read at a time: a multi-GB file is hashed in bounded memory.
@@ -46,10 +50,18 @@ class TextIndex:
   counts: np.ndarray   # int64 [F]: documents per file
   lengths: np.ndarray  # int64 [N]: tokens per document, files in order (N = counts.sum())
   hashes: tuple[str, ...]  # [F]: each file's sha256 (hex) when the index was built
+  # uint16/uint32 [lengths.sum()]: every document's ids in order (memmap, text_ids.py); None
+  # where rows tokenise on the fly (the byte tokenizer, or a cache that could not be written).
+  ids: np.ndarray | None = None
+  ids_sha256: str = ""  # Of the ids file as written ("" where none was kept).
 
   @property
   def file_starts(self) -> np.ndarray:  # int64 [F + 1]: each file's first document
     return np.concatenate([[0], np.cumsum(self.counts)])
+
+  @property
+  def token_starts(self) -> np.ndarray:  # int64 [N + 1]: each document's first id in `ids`
+    return np.concatenate([[0], np.cumsum(self.lengths)])
 
 
 def _stamp(reader) -> list:
@@ -95,6 +107,7 @@ def _load(path: str, readers) -> TextIndex | None:
     with np.load(path) as z:
       counts, lengths, offsets = z["counts"], z["lengths"], z["offsets"]
       hashes = tuple(str(h) for h in z["hashes"])
+      ids_sha256 = str(z["ids_sha256"])
   except FileNotFoundError:
     return None
   except (OSError, ValueError, KeyError) as e:
@@ -112,15 +125,20 @@ def _load(path: str, readers) -> TextIndex | None:
   for r, count in zip(readers, counts):
     if r in jsonl:
       r.offsets, at = offsets[at:at + count + 1], at + count + 1
-  return TextIndex(counts, lengths, hashes)
+  return TextIndex(counts, lengths, hashes, ids_sha256=ids_sha256)
 
 
-def _build(readers, tokenizer) -> tuple[TextIndex, np.ndarray]:
+def _build(readers, tokenizer, ids: text_ids.Writer | None) -> tuple[TextIndex, np.ndarray]:
+  """The index of `readers`, every document tokenised once (its ids appended to `ids`), and
+  the JSON Lines files' offsets."""
   counts, lengths, empty, first_empty = [], [], 0, None
   for r in readers:
     n = 0
     for batch in r.scan():
-      sizes = np.array([ids.size for ids in tokenizer.encode_batch(batch)], np.int64)
+      encoded = tokenizer.encode_batch(batch)
+      if ids is not None:
+        ids.append(encoded)
+      sizes = np.array([e.size for e in encoded], np.int64)
       if first_empty is None and np.any(sizes == 0):
         first_empty = r.where(n + int(np.argmax(sizes == 0)))
       empty += int(np.sum(sizes == 0))
@@ -142,20 +160,35 @@ def index(readers, tokenizer, field: str, cache_dir: str, *,
   `cache_dir` (its files hashed again where `verify_hashes` is "always"), else built and
   cached."""
   path = os.path.join(cache_dir, SUBDIR, _key(readers, tokenizer, field) + ".npz")
+  ids_path = text_ids.path(path, tokenizer)
   found = _load(path, readers)
+  if found is not None and text_ids.caches(tokenizer):
+    ids = text_ids.load(ids_path, int(found.lengths.sum()), text_ids.dtype(tokenizer),
+                        found.ids_sha256 if verify_hashes == VERIFY_ALWAYS else None)
+    found = None if ids is None else dataclasses.replace(found, ids=ids)  # None: built again.
   if found is not None:
     if verify_hashes == VERIFY_ALWAYS:
       _check_hashes(found, readers, path)
     return found
   start = time.time()
-  built, offsets = _build(readers, tokenizer)
+  writer = text_ids.Writer(ids_path, tokenizer) if text_ids.caches(tokenizer) else None
+  try:
+    built, offsets = _build(readers, tokenizer, writer)
+  except BaseException:
+    if writer is not None:
+      writer.discard()  # A bad file leaves no partial ids behind.
+    raise
+  if writer is not None:  # Renamed into place before the index: a found index finds its ids.
+    built = dataclasses.replace(built, ids=writer.finish(int(built.lengths.sum())),
+                                ids_sha256=writer.sha256)
   _log.info("text index: %d documents, %d tokens in %d files, built in %.1f s -> %s",
             built.lengths.size, int(built.lengths.sum()), len(readers), time.time() - start, path)
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     staging = f"{path}.tmp-{uuid.uuid4().hex[:8]}.npz"
     np.savez(staging, counts=built.counts, lengths=built.lengths, offsets=offsets,
-             hashes=np.array(built.hashes, dtype=f"U{2 * hashlib.new(HASH).digest_size}"))
+             hashes=np.array(built.hashes, dtype=f"U{2 * hashlib.new(HASH).digest_size}"),
+             ids_sha256=np.array(built.ids_sha256))
     os.replace(staging, path)  # Atomic: a racing process renames an identical index.
   except OSError as e:  # A read-only cache only costs the scan at the next start.
     _log.warning("cannot cache the text index at %s (%s): it is built again next start", path, e)

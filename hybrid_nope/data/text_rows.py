@@ -1,5 +1,6 @@
 """Rows of a text source (data.source jsonl, parquet or hf): documents read where users keep
-them (text_files), tokenised on the fly with data.tokenizer, packed as MDS raw domains are.
+them (text_files), tokenised with data.tokenizer once, when the length index is built (their ids
+cached beside it, text_ids; the byte tokenizer's on the fly), packed as MDS raw domains are.
 
 The documents of data.path, files in sorted order and records in file order, are split by the
 stdlib corpus's rule on the name "<file basename>:<record number>": a document is eval iff
@@ -11,10 +12,11 @@ eval split's in order. Row k is a pure function of k: the trainer's data positio
 consumed) resumes it exactly, and process p of n reads only rows p, p + n, ...
 (pipeline.train_dataset). Where a row starts is known from the length index (text_index).
 
-A document whose tokens no longer match the index (its file rewritten in place under an
-unchanged size and time) fails naming the file and record. The fingerprint names each file's
-sha256 (recorded with the index), so a file edited, truncated or replaced since a checkpoint,
-even under the same token counts, is refused at resume naming the file and both hashes.
+A document tokenised on the fly whose tokens no longer match the index (its file rewritten in
+place under an unchanged size and time) fails naming the file and record. The fingerprint
+names each file's sha256 (recorded with the index, as the cached ids are), so a file edited,
+truncated or replaced since a checkpoint, even under the same token counts, is refused at
+resume naming the file and both hashes.
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class TextCorpus:
       if not docs.size:
         raise ConfigError(f"config.data.eval_fraction={eval_fraction} leaves the {split} split "
                           f"of the {is_eval.size} documents in config.data.path={path!r} empty")
+    self._token_starts = self.index.token_starts
     self.tokens = functools.lru_cache(maxsize=_DOCUMENTS_KEPT)(self._tokens)
 
   def _tokens(self, doc: int) -> np.ndarray:
@@ -68,10 +71,18 @@ class TextCorpus:
           f"restore it, or touch it (a new modification time builds a new index)")
     return ids
 
+  def read(self, doc: int, lo: int, hi: int) -> np.ndarray:
+    """Tokens [lo, hi) of document `doc` (of all files): a slice of the cached ids where the
+    index has them (text_ids), else tokenised now."""
+    if self.index.ids is None:
+      return self.tokens(doc)[lo:hi]
+    start = int(self._token_starts[doc])
+    return self.index.ids[start + lo:start + hi]
+
   def rows(self, split: str, seq_len: int, document_masking: bool) -> packing.StreamRows:
     docs = self.documents[split]
     return packing.StreamRows(self.index.lengths[docs],
-                              lambda d, lo, hi: self.tokens(int(docs[d]))[lo:hi],
+                              lambda d, lo, hi: self.read(int(docs[d]), lo, hi),
                               seq_len=seq_len, document_masking=document_masking)
 
   def fingerprint(self) -> dict:
