@@ -214,6 +214,7 @@ def test_summary_text_states_the_noise_levels_and_the_data_control(analyzed):
   assert f"data control P(t_i = t_i-d) gap {now['data_gap']:.4f}" in text
   assert f"a random M: ± {now['alignment_null']:.4f}" in text
   assert f"probe {a['probe']['documents']} documents in {len(a['probe']['rows'])} rows" in text
+  assert a["probe_sequences"] == len(a["probe"]["rows"])  # what was measured, not the key
 
 
 @pytest.mark.integration

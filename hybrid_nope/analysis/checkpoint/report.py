@@ -155,7 +155,7 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
                        window_of(config.model))
   hook = _hook(config, model_def, pipeline.probe_pool(config), lags)
   result = {"seq_len": seq_len, "lags": list(lags),
-            "probe_sequences": int(config.metrics.probe_batch_size), "probe": hook.describe(),
+            "probe_sequences": len(hook.rows), "probe": hook.describe(),
             "records": hook.records(step, params, data_control=True)}
   if init_params is not None:
     result["init_records"] = hook.records(0, init_params)
