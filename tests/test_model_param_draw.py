@@ -44,6 +44,11 @@ def test_one_program_per_distribution_whatever_the_shapes():
   assert param_draw._block._cache_size() == 1
 
 
+def test_an_unknown_distribution_is_refused():
+  with pytest.raises(ValueError, match="'uniform': expected 'truncated_normal' or 'normal'"):
+    param_draw.Init("uniform", fan_in_scaled=True)
+
+
 def test_only_concrete_partitionable_threefry_keys_are_drawn_in_blocks():
   assert param_draw.blockable(KEY, 10)
   assert not param_draw.blockable(jax.random.key(0, impl="rbg"), 10)

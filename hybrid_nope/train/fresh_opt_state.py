@@ -22,9 +22,14 @@ _STAND_IN_FILLS = (0.0, 1.5)
 def fresh_opt_state(tx: optax.GradientTransformation, params, shardings):
   """tx.init(params), bit for bit, placed in `shardings` (a tree like the state's)."""
   abstract = jax.eval_shape(tx.init, params)
-  stand_ins = [tx.init(jax.tree.map(lambda p, fill=fill: jnp.full((1,) * p.ndim, fill, p.dtype),
-                                    params))
-               for fill in _STAND_IN_FILLS]
+  ranks = jax.tree.map(lambda p: jax.ShapeDtypeStruct((1,) * p.ndim, p.dtype), params)
+
+  @jax.jit
+  def stand_in_states():  # one small program, not an eager fill per rank and dtype
+    return [tx.init(jax.tree.map(lambda p, fill=fill: jnp.full(p.shape, fill, p.dtype), ranks))
+            for fill in _STAND_IN_FILLS]
+
+  stand_ins = stand_in_states()
   fills = _constant_fills(abstract, stand_ins)
   if fills is None:
     return jax.device_put(tx.init(params), shardings)
