@@ -11,22 +11,20 @@
 # (test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2; the messages themselves are
 # checked in process here in `make test`).
 """Every experiment config loads, validates, and names its size correctly."""
-import glob
 import importlib
 import os
 
 import pytest
 from flax import nnx
 
-from configs import base
+from configs import base, costs
 from hybrid_nope.model import LanguageModel, parameter_counts
 from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.validate import validate
 from tests.helpers import tiny_config
 
-CONFIG_NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob("configs/*.py")
-                      if not os.path.basename(p).startswith(("_", "base")))
+CONFIG_NAMES = sorted(os.path.basename(p)[:-3] for p in costs.config_files())
 
 
 def load(name):
@@ -292,7 +290,6 @@ def test_a_workdir_on_a_full_disk_is_refused_before_anything_is_written(tmp_path
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_docstring_states_the_generated_command_and_cost(name):
   import difflib
-  from hybrid_nope.train import costs
   path = f"configs/{name}.py"
   with open(path, encoding="utf-8") as f:
     source = f.read()
@@ -301,7 +298,7 @@ def test_docstring_states_the_generated_command_and_cost(name):
   diff = "".join(difflib.unified_diff(source.splitlines(True), expected.splitlines(True),
                                       path, "generated"))
   assert source == expected, (f"{path}: the docstring's command or cost no longer matches the "
-                              "code; regenerate with `python -m hybrid_nope.train.costs --write`"
+                              "code; regenerate with `python -m configs.costs --write`"
                               f"\n{diff}")
   for paragraph in costs.generated(module, name):
     assert paragraph in source

@@ -20,8 +20,7 @@ from hybrid_nope.model.definition import abstract_model
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.transformer import compute_dtype, parameter_counts
 from hybrid_nope.train import memory_fit, sharding
-from hybrid_nope.train.costs import si
-from hybrid_nope.train.flops import flops_per_token
+from hybrid_nope.train.flops import flops_per_token, si
 from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import abstract_train_state
 from hybrid_nope.validate import validate

@@ -170,3 +170,11 @@ def model_flops_utilization(tokens_per_second: float, flops_per_token_: float,
   """MFU: the model's FLOPs per second (flops_per_token × tokens/s) over the peak of every
   device the step runs on."""
   return tokens_per_second * flops_per_token_ / peak_flops
+
+
+def si(value: float, unit: str, prefixes: str = "kMGT", sep: str = "") -> str:
+  """(3.51e9, "FLOP") -> "3.51 GFLOP"; (1.05e10, "tokens", "kMB", " ") -> "10.5 B tokens"."""
+  for power, prefix in reversed(list(enumerate(prefixes, 1))):
+    if value >= 1000**power:
+      return f"{value / 1000**power:.3g} {prefix}{sep}{unit}"
+  return f"{value:.3g} {unit}"

@@ -1,7 +1,7 @@
 """What a config costs, in the words of its docstring, and the rewrite that keeps them in sync.
 
-  python -m hybrid_nope.train.costs            # lists the configs/*.py whose docstring is stale
-  python -m hybrid_nope.train.costs --write    # rewrites those docstrings in place
+  python -m configs.costs            # lists the configs/*.py whose docstring is stale
+  python -m configs.costs --write    # rewrites those docstrings in place
 
 Every config's docstring ends with a generated `Cost:` paragraph: model FLOPs per token
 (flops.flops_per_token, train steps only) × tokens per run (train.steps × data.batch_size ×
@@ -21,11 +21,11 @@ import re
 import sys
 import textwrap
 
-from hybrid_nope.train.flops import PEAK_FLOPS, flops_per_token
+from hybrid_nope.train.flops import PEAK_FLOPS, flops_per_token, si
 
 # An assumption, not a measurement: no TPU run of this code has been timed. Replace it with the
 # MFU that `python benchmarks/train_step.py --sizes=120m,350m --seq_lens=8192 --vocab=128256
-# --dtype=bfloat16` prints on the TPU, then run `python -m hybrid_nope.train.costs --write`.
+# --dtype=bfloat16` prints on the TPU, then run `python -m configs.costs --write`.
 DOCSTRING_MFU = 0.4
 # The slice the docstrings price: a v5p-N slice has N TensorCores, two per chip, and jax sees
 # one device per chip (megacore), so v5p-64 is 32 chips of PEAK_FLOPS["TPU v5p"] each.
@@ -34,14 +34,6 @@ DOCSTRING_TPU, DOCSTRING_CHIPS, DOCSTRING_PEAK = "v5p-64", 32, PEAK_FLOPS["TPU v
 PAPER_NAME = re.compile(r"[a-z]+\d*_\d+m")
 COMMAND = "  python launch/train.py"
 WIDTH = 100
-
-
-def si(value: float, unit: str, prefixes: str = "kMGT", sep: str = "") -> str:
-  """(3.51e9, "FLOP") -> "3.51 GFLOP"; (1.05e10, "tokens", "kMB", " ") -> "10.5 B tokens"."""
-  for power, prefix in reversed(list(enumerate(prefixes, 1))):
-    if value >= 1000**power:
-      return f"{value / 1000**power:.3g} {prefix}{sep}{unit}"
-  return f"{value:.3g} {unit}"
 
 
 def scientific(value: float) -> str:
@@ -121,9 +113,9 @@ def rewritten(source: str, module, name: str) -> str:
 
 
 def config_files(configs_dir: str = "configs") -> list[str]:
-  """configs/*.py that define an experiment (not base.py or private helpers)."""
+  """configs/*.py that define an experiment (not base.py, this tool or private helpers)."""
   return sorted(p for p in glob.glob(os.path.join(configs_dir, "*.py"))
-                if not os.path.basename(p).startswith(("_", "base")))
+                if not os.path.basename(p).startswith(("_", "base", "costs")))
 
 
 def stale_configs(configs_dir: str = "configs", write: bool = False) -> list[str]:

@@ -2,7 +2,7 @@
 import pytest
 
 from configs import base
-from hybrid_nope.train import costs
+from configs import costs
 from hybrid_nope.train.flops import PEAK_FLOPS, flops_per_token
 
 
