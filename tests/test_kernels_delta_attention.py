@@ -31,6 +31,7 @@ import pytest
 from delta_reference import delta_reference, delta_reference_state, random_delta_inputs
 from hybrid_nope import kernels
 from hybrid_nope.kernels import delta_xla
+from hybrid_nope.kernels import dispatch as kernel_dispatch
 from linear_reference import random_runs, rel_err, seeded_rng
 
 dispatch = sys.modules["hybrid_nope.kernels.delta_attention"]
@@ -248,7 +249,8 @@ def test_dispatch_runs_xla_on_cpu():
   rng, seed = fresh_rng()
   args = [jnp.asarray(a, jnp.float32) for a in random_delta_inputs(rng, 2, 50, 4, 2, 8)]
   seg = random_runs(rng, 2, 50)
-  assert dispatch.resolve("auto") == "xla" and dispatch.available_impls() == ("xla",)
+  assert kernel_dispatch.resolve("delta_attention", "auto") == "xla"
+  assert kernel_dispatch.available_impls("delta_attention") == ("xla",)
   assert kernels.DELTA_IMPLS == ("auto", "xla", "pallas")
   want = delta_reference(*args, seg)
   for impl in ("auto", "xla"):
@@ -257,9 +259,10 @@ def test_dispatch_runs_xla_on_cpu():
     assert rel_err(out, want) <= 1e-5, seed
   for platform in ("tpu", "cuda"):
     with kernels.target_platform(platform):
-      assert dispatch.resolve("auto") == "xla"
+      assert kernel_dispatch.resolve("delta_attention", "auto") == "xla"
   with kernels.target_platform("cuda"):
-    assert dispatch.resolve("pallas") == "pallas" and "pallas" in dispatch.available_impls()
+    assert kernel_dispatch.resolve("delta_attention", "pallas") == "pallas"
+    assert "pallas" in kernel_dispatch.available_impls("delta_attention")
   for platform in (None, "tpu"):
     with kernels.target_platform(platform) if platform else contextlib.nullcontext():
       with pytest.raises(ValueError, match=r"impl='pallas'.*CUDA GPUs only.*Available: "

@@ -126,7 +126,7 @@ def test_extreme_decays_stay_finite_and_match_xla(per_channel):
 def test_dispatch_lowers_the_triton_kernels_for_cuda(impl, per_channel):
   # The public function, values and gradients, exported for CUDA from this CPU: "pallas" puts
   # the forward, the reverse state pass and the per-chunk gradients in as Triton calls; "auto"
-  # stays on XLA there (AUTO_PALLAS_PLATFORMS is empty until the kernel is measured on a GPU).
+  # stays on XLA there (dispatch.TABLE's `auto` is empty until the kernel is measured on a GPU).
   from jax import export
   q, k = jnp.zeros((1, 256, 4, 64)), jnp.zeros((1, 256, 2, 64))
   v = jnp.zeros((1, 256, 2, 128))

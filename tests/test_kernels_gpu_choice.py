@@ -1,8 +1,6 @@
-"""The per-layer attention choice on CUDA (kernels/gpu_choice.py) and its wiring into
+"""The per-layer attention choice on CUDA (dispatch.cuda_attention) and its wiring into
 attention()'s "auto": the table's rules, what resolve() reports for a layer, and that float32
 runs our kernel's dots at HIGHEST (IEEE in Triton, not TF32)."""
-import importlib
-
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -10,10 +8,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope import kernels
-from hybrid_nope.kernels import cudnn, gpu_choice, linear_pallas_gpu, pallas_gpu
-
-# The module, which kernels/__init__ shadows with its attention() function.
-attention_module = importlib.import_module("hybrid_nope.kernels.attention")
+from hybrid_nope.kernels import cudnn, dispatch, linear_pallas_gpu, pallas_gpu
 
 RUNNABLE = dict(has_segments=False, cudnn_unavailable=None)
 
@@ -29,8 +24,8 @@ RUNNABLE = dict(has_segments=False, cudnn_unavailable=None)
     (None, 8192, jnp.bfloat16, {"cudnn_unavailable": "no GPU"}, "pallas"),
 ])
 def test_table(window, seq_len, dtype, extra, expected):
-  choice = gpu_choice.cuda_attention(window=window, seq_len=seq_len, dtype=dtype,
-                                     **{**RUNNABLE, **extra})
+  choice = dispatch.cuda_attention(window=window, seq_len=seq_len, dtype=dtype,
+                                   **{**RUNNABLE, **extra})
   assert choice.impl == expected and choice.why
 
 
@@ -55,9 +50,9 @@ def test_cuda_auto_calls_the_chosen_kernel(monkeypatch):
   monkeypatch.setattr(cudnn, "attention", lambda q, k, v, **kw: calls.append("cudnn") or q)
   monkeypatch.setattr(pallas_gpu, "attention", lambda q, k, v, **kw: calls.append("pallas") or q)
   q = jnp.zeros((1, 8192, 2, 64), jnp.bfloat16)
-  attention_module._cuda_auto(q, q, q, window=None)
-  attention_module._cuda_auto(q, q, q, window=128)
-  attention_module._cuda_auto(q[:, :4096], q[:, :4096], q[:, :4096], window=None)
+  dispatch.cuda_auto(q, q, q, window=None)
+  dispatch.cuda_auto(q, q, q, window=128)
+  dispatch.cuda_auto(q[:, :4096], q[:, :4096], q[:, :4096], window=None)
   assert calls == ["cudnn", "pallas", "pallas"]
 
 

@@ -13,7 +13,6 @@ Every test draws a new seed and names it in its failure message; LINEAR_TEST_SEE
 reruns with that one.
 """
 import functools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +20,11 @@ import numpy as np
 import pytest
 
 from hybrid_nope import kernels
+from hybrid_nope.kernels import dispatch as kernel_dispatch
 from hybrid_nope.kernels import linear_pallas, linear_xla
 from linear_reference import (linear_reference, random_linear_inputs, random_runs, rel_err,
                               seeded_rng)
 
-dispatch = sys.modules["hybrid_nope.kernels.linear_attention"]
 on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks the CPU choices")
 
 
@@ -184,13 +183,15 @@ def test_dispatch_runs_xla_on_cpu():
   rng, seed = fresh_rng()
   q, k, v, g = (jnp.asarray(a, jnp.float32) for a in random_linear_inputs(rng, 2, 50, 4, 1, 8))
   seg = jnp.asarray(random_runs(rng, 2, 50))
-  assert dispatch.resolve("auto") == "xla" and dispatch.available_impls() == ("xla",)
+  assert kernel_dispatch.resolve("linear_attention", "auto") == "xla"
+  assert kernel_dispatch.available_impls("linear_attention") == ("xla",)
   for impl in ("auto", "xla"):
     out = jax.jit(lambda *a: kernels.linear_attention(*a, segment_ids=seg, impl=impl))(q, k, v, g)
     assert rel_err(out, linear_reference(q, k, v, g, seg)) <= 1e-5, seed
   assert kernels.LINEAR_IMPLS == ("auto", "xla", "pallas")
   with kernels.target_platform("tpu"):
-    assert dispatch.resolve("pallas") == "pallas" and dispatch.resolve("auto") == "xla"
+    assert kernel_dispatch.resolve("linear_attention", "pallas") == "pallas"
+    assert kernel_dispatch.resolve("linear_attention", "auto") == "xla"
   with pytest.raises(ValueError, match=r"impl='pallas'.*Available: \('xla',\)"):
     kernels.linear_attention(q, k, v, g, impl="pallas")
 
@@ -210,7 +211,7 @@ def test_one_function_lowers_for_each_platform(platform, impl):
     exported = export.export(grad, platforms=[platform], disabled_checks=[
         export.DisabledSafetyCheck.custom_call("tpu_custom_call")])(q, k, k, g)
   text = exported.mlir_module()
-  # "auto" is XLA everywhere today (linear_attention.AUTO_PALLAS_PLATFORMS is empty).
+  # "auto" is XLA everywhere today (dispatch.TABLE's `auto` is empty for it).
   assert ("gla_chunk_fwd" in text) == (impl == "pallas")
   assert ("custom_call @tpu_custom_call" in text) == (impl == "pallas")
 

@@ -11,7 +11,6 @@ Every test draws a new seed and names it in its failure message; LINEAR_TEST_SEE
 with that one.
 """
 import functools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -20,14 +19,13 @@ import pytest
 from jax import export
 
 from hybrid_nope import kernels
-from hybrid_nope.kernels import linear_pallas_gpu, linear_xla
-from hybrid_nope.kernels.attention import target_platform
+from hybrid_nope.kernels import dispatch as kernel_dispatch
+from hybrid_nope.kernels import linear_pallas_gpu, linear_xla, target_platform
 from hybrid_nope.train.lowering import kernels_in
 from linear_reference import (linear_reference, random_linear_inputs, random_runs, rel_err,
                               seeded_rng)
 from test_kernels_linear_attention import packed
 
-dispatch = sys.modules["hybrid_nope.kernels.linear_attention"]
 fresh_rng = functools.partial(seeded_rng, "LINEAR_TEST_SEED")
 GPU_KERNELS = ("gla_chunk_states", "gla_chunk_out", "gla_chunk_dstates", "gla_chunk_grads")
 
@@ -114,11 +112,12 @@ def test_extreme_decays_and_padding_rows_stay_finite():
 
 def test_pallas_means_the_triton_kernels_on_cuda_and_auto_keeps_xla():
   with target_platform("cuda"):
-    assert dispatch.resolve("pallas") == "pallas"
-    assert dispatch.resolve("auto") == "xla"  # not measured on a GPU yet
-    assert dispatch._per_platform("pallas")["cuda"] is linear_pallas_gpu.linear_attention
+    assert kernel_dispatch.resolve("linear_attention", "pallas") == "pallas"
+    assert kernel_dispatch.resolve("linear_attention", "auto") == "xla"  # not measured on a GPU yet
+    cuda = kernel_dispatch.branches("linear_attention", "pallas")["cuda"]
+    assert cuda.module is linear_pallas_gpu and cuda.function == "linear_attention"
   with target_platform("cpu"), pytest.raises(ValueError, match="TPU and CUDA GPUs only"):
-    dispatch.resolve("pallas")
+    kernel_dispatch.resolve("linear_attention", "pallas")
 
 
 def test_lowers_for_cuda_with_the_four_triton_kernels():

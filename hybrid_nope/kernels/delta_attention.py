@@ -31,8 +31,8 @@ Implementations (`impl=`):
   "auto"   decided when the function is lowered (jax.lax.platform_dependent), as
            linear_attention() does: XLA on every platform today. The Pallas kernel has never
            run on a GPU (checked in interpret mode and lowered with jax.export only), so
-           "auto" will not choose it until it has been measured faster there;
-           AUTO_PALLAS_PLATFORMS is the one place to change that.
+           "auto" will not choose it until it has been measured faster there; the `auto` of
+           dispatch.py's table is the one place to change that.
 
 `delta_step` is the one-token recurrent form (generation), on the same conventions;
 `delta_prefill` runs a prompt in the chunked form and returns the state after it, where
@@ -46,13 +46,11 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_nope.kernels import context_parallel as cp
-from hybrid_nope.kernels import delta_pallas_gpu, delta_xla, per_shard, recurrent_dispatch
-# q, k and segment_ids obey attention()'s rules, and the target platform is attention()'s.
-from hybrid_nope.kernels.attention import _check as _check_qkv
+from hybrid_nope.kernels import delta_xla, dispatch, per_shard
+# q, k and segment_ids obey attention()'s rules.
+from hybrid_nope.kernels.attention import check_qkv
 
-IMPLS = recurrent_dispatch.IMPLS
-# Platforms where "auto" runs the Pallas kernel (see the module docstring): none yet.
-AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
+IMPLS = dispatch.TABLE["delta_attention"].impls
 
 
 def _check_floating(name, x):
@@ -102,22 +100,14 @@ def _check_gates(log_decay, beta, V, H, lead: str, lead_shape: tuple):
 
 def _check(q_BTNH, k_BTKH, v_BTVJ, log_decay, beta_BTV, segment_ids, impl) -> int:
   """The argument checks of delta_attention and delta_prefill; returns V."""
-  if impl not in IMPLS:
-    raise ValueError(f"impl={impl!r}: expected one of {IMPLS}")
+  dispatch.check_impl("delta_attention", impl)
   V = _heads(q_BTNH, k_BTKH, v_BTVJ, "batch, time")
-  _check_qkv(q_BTNH, k_BTKH, k_BTKH, None, segment_ids, "xla")
+  check_qkv(q_BTNH, k_BTKH, k_BTKH, None, segment_ids)
   if v_BTVJ.dtype != q_BTNH.dtype:
     raise ValueError(f"q, k, v dtypes must match; got q={q_BTNH.dtype} v={v_BTVJ.dtype}")
   B, T, _, H = k_BTKH.shape
   _check_gates(log_decay, beta_BTV, V, H, "batch, time", (B, T))
   return V
-
-
-_DISPATCH = recurrent_dispatch.Dispatch(
-    "delta rule", delta_xla.delta_attention, {"cuda": delta_pallas_gpu}, "delta_attention",
-    lambda: AUTO_PALLAS_PLATFORMS)
-available_impls, resolve = _DISPATCH.available_impls, _DISPATCH.resolve
-_per_platform = _DISPATCH.per_platform
 
 
 def _gqa_operands(q_BTNH, k_BTKH, log_decay, beta_BTV, V):
@@ -142,11 +132,12 @@ def delta_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTVJ: jax.Array,
   (context_parallel.recurrent).
   """
   V = _check(q_BTNH, k_BTKH, v_BTVJ, log_decay, beta_BTV, segment_ids, impl)
-  resolve(impl)
+  dispatch.resolve("delta_attention", impl)
   q, k, g, beta = _gqa_operands(q_BTNH, k_BTKH, log_decay, beta_BTV, V)
   form = functools.partial(cp.recurrent, roles=(cp.QUERY, cp.KEY, cp.VALUE, cp.GATE, cp.BETA),
                            read_scale=1.0)
-  return per_shard.run_on_platforms(_per_platform(impl), (q, k, v_BTVJ, g, beta), segment_ids,
+  return per_shard.run_on_platforms(dispatch.branches("delta_attention", impl),
+                                    (q, k, v_BTVJ, g, beta), segment_ids,
                                     batch_axes=batch_axes, head_axes=head_axes,
                                     sequence_axes=sequence_axes, sequence_form=form)
 

@@ -19,7 +19,8 @@ Implementations (`impl=`):
            does: today XLA on every platform. Neither Pallas kernel has run on its hardware (no
            accelerator was available where they were written: they are checked in interpret
            mode and lowered with jax.export only), so "auto" will not choose one until it has
-           been measured faster there; AUTO_PALLAS_PLATFORMS is the one place to change that.
+           been measured faster there; the `auto` of dispatch.py's table is the one place to
+           change that.
 """
 from __future__ import annotations
 
@@ -30,34 +31,21 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_nope.kernels import context_parallel as cp
-from hybrid_nope.kernels import (linear_pallas, linear_pallas_gpu, linear_xla, per_shard,
-                                 recurrent_dispatch)
-# q, k, v and segment_ids obey attention()'s rules, and the target platform is attention()'s.
-from hybrid_nope.kernels.attention import _check as _check_qkv
+from hybrid_nope.kernels import dispatch, per_shard
+# q, k, v and segment_ids obey attention()'s rules.
+from hybrid_nope.kernels.attention import check_qkv
 
-IMPLS = recurrent_dispatch.IMPLS
-# Platforms where "auto" runs the Pallas kernels ("tpu", "cuda"; see the module docstring):
-# none yet.
-AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
+IMPLS = dispatch.TABLE["linear_attention"].impls
 
 
 def _check(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids, impl):
-  if impl not in IMPLS:
-    raise ValueError(f"impl={impl!r}: expected one of {IMPLS}")
-  _check_qkv(q_BTNH, k_BTKH, v_BTKH, None, segment_ids, "xla")
+  dispatch.check_impl("linear_attention", impl)
+  check_qkv(q_BTNH, k_BTKH, v_BTKH, None, segment_ids)
   if tuple(log_decay_BTKH.shape) != tuple(k_BTKH.shape):
     raise ValueError(f"log_decay shape {tuple(log_decay_BTKH.shape)} must match k shape "
                      f"{tuple(k_BTKH.shape)} [batch, time, kv heads, head_dim]")
   if not jnp.issubdtype(log_decay_BTKH.dtype, jnp.floating):
     raise ValueError(f"log_decay dtype must be floating point; got {log_decay_BTKH.dtype}")
-
-
-_DISPATCH = recurrent_dispatch.Dispatch(
-    "linear attention", linear_xla.linear_attention,
-    {"tpu": linear_pallas, "cuda": linear_pallas_gpu}, "linear_attention",
-    lambda: AUTO_PALLAS_PLATFORMS)
-available_impls, resolve = _DISPATCH.available_impls, _DISPATCH.resolve
-_per_platform = _DISPATCH.per_platform
 
 
 def linear_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
@@ -72,10 +60,10 @@ def linear_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   (context_parallel.recurrent; out = H^(-1/2) qᵀS is read back with √H).
   """
   _check(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, segment_ids, impl)
-  resolve(impl)
+  dispatch.resolve("linear_attention", impl)
   form = functools.partial(cp.recurrent, roles=(cp.QUERY, cp.KEY, cp.VALUE, cp.GATE),
                            read_scale=math.sqrt(q_BTNH.shape[-1]))
-  return per_shard.run_on_platforms(_per_platform(impl),
+  return per_shard.run_on_platforms(dispatch.branches("linear_attention", impl),
                                     (q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH), segment_ids,
                                     batch_axes=batch_axes, head_axes=head_axes,
                                     sequence_axes=sequence_axes, sequence_form=form)

@@ -27,8 +27,8 @@ the H200), of bfloat16 at the default; accumulation and all gate maths are float
 
 Status: checked in interpret mode on CPU (tests/test_kernels_linear_pallas_gpu.py) and lowered
 for CUDA with jax.export; not yet run or timed on a GPU, so linear_attention's "auto" does not
-pick it (AUTO_PALLAS_PLATFORMS). BV = 32 (value columns per state program) and C = 64 are fla's
-sizes, not tuned here.
+pick it (the `auto` of dispatch.py's table). BV = 32 (value columns per state program) and
+C = 64 are fla's sizes, not tuned here.
 """
 from __future__ import annotations
 
