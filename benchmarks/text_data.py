@@ -7,7 +7,7 @@ first build, a start that reads it from the cache, and the train pipeline's toke
 Writes the stdlib corpus's .py files (UTF-8 ones, repeated to --megabytes) as each format
 (tests/text_sources.py's writers), then per format: the index built from nothing (one read of
 every file, every document tokenised), the same corpus opened again (index from the cache), and
-`pipeline.train_iterator` batches of --batch_size x --seq_len after a warm-up batch (rows read by
+`loader.train_iterator` batches of --batch_size x --seq_len after a warm-up batch (rows read by
 document, tokenised on the fly, packed), pinned to one core. Files in the page cache: a network
 disk or gs:// adds its latency per row (a ranged read per jsonl document, a row group per
 parquet row, an arrow file per saved-dataset file).
@@ -20,7 +20,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hybrid_nope.data import pipeline, stdlib_corpus, text_rows  # noqa: E402
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import stdlib_corpus, text_rows  # noqa: E402
 from tests import text_sources  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
@@ -83,7 +84,7 @@ def main():
       t = time.perf_counter()
       text_rows.corpus(config)
       cached = time.perf_counter() - t
-      it = pipeline.train_iterator(config)
+      it = loader.train_iterator(config)
       next(it)
       t = time.perf_counter()
       for _ in range(args.batches):

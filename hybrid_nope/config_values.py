@@ -12,18 +12,18 @@ import numpy as np
 
 from hybrid_nope.errors import ConfigError
 
-# Where rows come from (data/pipeline.py's ROW_SOURCES holds one reader per name): the embedded
+# Where rows come from (data/pipeline/loader.py's ROW_SOURCES holds one reader per name): the embedded
 # stdlib corpus, ProLong's MDS mixture, a prepared directory of documents tokenised with the
-# tokenizer.json it holds (hybrid_nope.data.documents, e.g. the English prose corpus of
+# tokenizer.json it holds (hybrid_nope.data.sources.documents, e.g. the English prose corpus of
 # launch/prepare_prose.py).
 DATA_SOURCES = ("stdlib", "mds", "documents", "jsonl", "parquet", "hf")
-# The sources whose token ids are the byte tokenizer's (hybrid_nope.data.tokenizer).
+# The sources whose token ids are the byte tokenizer's (hybrid_nope.data.tokenization.tokenizer).
 BYTE_SOURCES = ("stdlib",)
 # The sources whose rows are all in memory, so that their token ids identify them (fingerprint).
 IN_MEMORY_SOURCES = ("stdlib", "documents")
-# The sources of text tokenised on the fly with data.tokenizer (hybrid_nope.data.text_rows).
+# The sources of text tokenised on the fly with data.tokenizer (hybrid_nope.data.sources.text_rows).
 TEXT_SOURCES = ("jsonl", "parquet", "hf")
-BYTE_TOKENIZER = "byte"  # data.tokenizer's name for the byte tokenizer (data/tokenizer.py).
+BYTE_TOKENIZER = "byte"  # data.tokenizer's name for the byte tokenizer (data/tokenization/tokenizer.py).
 
 
 def require(ok: bool, key: str, value, allowed: str):

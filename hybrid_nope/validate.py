@@ -95,10 +95,10 @@ def validate(config, *, check_paths: bool = True) -> None:
   boolean(config, "data.document_masking")
   exclude_samples(config)
   if d.source == "mds":
-    from hybrid_nope.data import mixture  # pylint: disable=g-import-not-at-top
+    from hybrid_nope.data.pipeline import mixture  # pylint: disable=g-import-not-at-top
     mixture.parse_domains(value(config, "data.domains"))
   if d.source == "documents" and check_paths:
-    from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+    from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
     require(bool(d.path) and os.path.isfile(os.path.join(d.path, documents.MANIFEST)),
             "data.path", d.path, f"a directory prepared by launch/prepare_prose.py (with "
             f"{documents.MANIFEST}, train/ and eval/): run `make prose`, or pass "

@@ -24,7 +24,7 @@ from hybrid_nope.analysis.measure import hook as hook_lib
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.analysis.measure.records import COMPARED_WITH
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.model.delta import DeltaAttention
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
@@ -65,7 +65,7 @@ def measured():
                        eval__num_batches=24, metrics__probe_batch_size=4,
                        metrics__query_positions=16)
   model_def, params = init_model(config.model, seed=0)
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   hook = RecencyHook(config, model_def, batches, writer=None)
   return config, model_def, params, batches, hook, hook.records(0, params)
 
@@ -254,8 +254,8 @@ def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):
   config = tiny_config()
   model_def, params = init_model(config.model, seed=0)
   writer = MetricsWriter(str(tmp_path))
-  run = RunContext(config=config, model_def=model_def, eval_batches=pipeline.eval_batches(config),
-                   probe_rows=pipeline.probe_pool(config),
+  run = RunContext(config=config, model_def=model_def, eval_batches=loader.eval_batches(config),
+                   probe_rows=loader.probe_pool(config),
                    writer=writer, replicate=lambda tree: tree)
   hook = RecencyHook.for_run(run)
   hook(0, params)
@@ -279,7 +279,7 @@ def test_a_runs_probe_of_one_document_is_refused_before_anything_is_written(tmp_
   for a run, naming its rows and documents; the pool's size is no longer the rule."""
   config = tiny_config()
   model_def, _ = init_model(config.model, seed=0)
-  one_document = pipeline.eval_batches(config)  # 4 rows of 64 bytes of the first eval file.
+  one_document = loader.eval_batches(config)  # 4 rows of 64 bytes of the first eval file.
   writer = MetricsWriter(str(tmp_path))
   run = RunContext(config=config, model_def=model_def, eval_batches=one_document,
                    probe_rows=one_document, writer=writer, replicate=lambda tree: tree)
@@ -293,13 +293,13 @@ def test_probe_larger_than_the_eval_set_fails_naming_the_key():
   config = tiny_config(metrics__probe_batch_size=5)
   model_def, _ = init_model(config.model, seed=0)
   with pytest.raises(ValueError, match="metrics.probe_batch_size"):
-    RecencyHook(config, model_def, pipeline.eval_batches(config), writer=None)
+    RecencyHook(config, model_def, loader.eval_batches(config), writer=None)
 
 
 def test_custom_lags_must_include_one_and_the_far_lag():
   config = tiny_config()
   model_def, params = init_model(config.model, seed=0)
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   with pytest.raises(ValueError, match="must include 1 and metrics.far_lag=32"):
     RecencyHook(config, model_def, batches, writer=None, lags=(2, 32))
   hook = RecencyHook(config, model_def, batches, writer=None, lags=(1, 3, 32, 48))
@@ -380,7 +380,7 @@ def records_and_first_mixer(config):
   """The hook's layered records at init, and layer 0's mixer with the input it reads on the
   probe (pre_mixer_norm) and the probe's real-token mask, from the model run here."""
   model_def, params = init_model(config.model, seed=0)
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   hook = RecencyHook(config, model_def, batches, writer=None)
   records = [r for r in hook.records(0, params) if r["layer"] >= 0]
   rows = {k: np.concatenate([b[k] for b in batches])[hook.rows] for k in ("inputs", "segment_ids",
@@ -461,8 +461,8 @@ def test_each_measurement_draws_the_figures_unless_switched_off(tmp_path, figure
   writer = MetricsWriter(str(tmp_path))
   drawn = []
   writer.write_images = lambda step, images: drawn.append((step, sorted(images)))
-  run = RunContext(config=config, model_def=model_def, eval_batches=pipeline.eval_batches(config),
-                   probe_rows=pipeline.probe_pool(config),
+  run = RunContext(config=config, model_def=model_def, eval_batches=loader.eval_batches(config),
+                   probe_rows=loader.probe_pool(config),
                    writer=writer, replicate=lambda tree: tree)
   RecencyHook.for_run(run)(4, params)
   writer.close()

@@ -1,11 +1,11 @@
-"""Tests for hybrid_nope.data.bpe: the byte-level BPE trained for a prepared corpus (on a small
+"""Tests for hybrid_nope.data.tokenization.bpe: the byte-level BPE trained for a prepared corpus (on a small
 text made here; nothing is downloaded)."""
 import subprocess
 import sys
 
 import pytest
 
-from hybrid_nope.data import bpe
+from hybrid_nope.data.tokenization import bpe
 from tests.helpers import REPO
 
 TEXTS = [("In the beginning God created the heaven and the earth. And the earth was without "

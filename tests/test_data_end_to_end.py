@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.measure.hook import RecencyHook
-from hybrid_nope.data import pipeline, textbook_chapters
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import textbook_chapters
 from hybrid_nope.errors import UserError
 from hybrid_nope.train import loop
 from configs import swa256_350m
@@ -29,7 +30,7 @@ def prepared_chapters(tmp_path_factory, num: int = 12) -> str:
   """TextbookChapters of `num` fixture chapters, byte-tokenised like the MDS fixtures."""
   sys.path.insert(0, TESTDATA)
   import fixture_samples  # pylint: disable=g-import-not-at-top
-  from hybrid_nope.data.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
   source = tmp_path_factory.mktemp("chapters") / "chapters.jsonl"
   source.write_text("".join(
       json.dumps({"input_ids": ByteTokenizer().encode(c["text"]).tolist()}) + "\n"
@@ -72,7 +73,7 @@ def test_trains_on_the_mds_fixtures(eval_path, tmp_path, monkeypatch):
 def bad_token_data(root):
   """data.path with one packed domain "bad" in one shard (any row read checks it whole): 20
   samples of 200 byte tokens (int32), sample 3 holding the token id -1."""
-  from hybrid_nope.data import mds  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.formats import mds  # pylint: disable=g-import-not-at-top
   samples = []
   for i in range(20):
     ids = ((np.arange(200) * 7 + i) % 256).astype(np.int32)
@@ -113,7 +114,7 @@ def test_a_bad_token_is_refused_before_any_record(eval_path, tmp_path, monkeypat
   workdir, message = refused_bad_token(eval_path, tmp_path, monkeypatch)
   assert message.startswith("token id -1 at position 17 of input_ids in sample 3 of ")
   assert not [f for f in os.listdir(workdir) if f != "checkpoints"], os.listdir(workdir)
-  assert next(pipeline.train_iterator(advised_config(eval_path, workdir, message)))[
+  assert next(loader.train_iterator(advised_config(eval_path, workdir, message)))[
       "inputs"].min() >= 0  # The advised exclusion reads past the bad sample.
 
 
@@ -150,7 +151,7 @@ def test_a_paper_config_trains_on_24_chapters_with_the_paper_probe_pool(tmp_path
                                **{"train.steps": 4, "checkpoint.every_steps": 4,
                                   "eval.every_steps": 2})
   assert config.metrics.probe_pool_rows == 256
-  with caplog.at_level("INFO", logger="hybrid_nope.data.pipeline"):
+  with caplog.at_level("INFO", logger="hybrid_nope.data.pipeline.loader"):
     summary = loop.train(config, str(tmp_path / "run"), hooks=[RecencyHook.for_run])
   assert summary["step"] == 4 and np.isfinite(summary["loss"])
   assert "recency probe: chosen from all 24 eval rows (metrics.probe_pool_rows=256 is the most " \
@@ -162,4 +163,4 @@ def test_a_paper_config_trains_on_24_chapters_with_the_paper_probe_pool(tmp_path
   assert steps == {0, 4}
   with pytest.raises(UserError, match="probe_batch_size=32: the recency probe measures 32 eval "
                      "rows but the eval split has only 24"):
-    pipeline.probe_pool(paper_config_shrunk(config.eval.path, **{"metrics.probe_batch_size": 32}))
+    loader.probe_pool(paper_config_shrunk(config.eval.path, **{"metrics.probe_batch_size": 32}))

@@ -1,4 +1,4 @@
-"""Tests for hybrid_nope.data.stdlib_corpus."""
+"""Tests for hybrid_nope.data.sources.stdlib_corpus."""
 
 import hashlib
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hybrid_nope.data import stdlib_corpus
+from hybrid_nope.data.sources import stdlib_corpus
 
 FRACTION = 0.05
 

@@ -16,7 +16,8 @@ import os
 import numpy as np
 
 from hybrid_nope import config_values, storage
-from hybrid_nope.data import mds, mixture, pipeline
+from hybrid_nope.data.formats import mds
+from hybrid_nope.data.pipeline import mixture, loader
 
 
 def _sha1(*arrays: np.ndarray) -> str:
@@ -52,13 +53,13 @@ def data_fingerprint(config, eval_batches: list[dict]) -> dict:
          "model.vocab_size": config.model.vocab_size,
          "eval.rows_sha1": _sha1(*[b[k] for b in eval_batches for k in ("inputs", "segment_ids")])}
   if d.source in config_values.IN_MEMORY_SOURCES:  # The rows themselves identify them.
-    rows = pipeline.packed_rows(config, "train")
+    rows = loader.packed_rows(config, "train")
     out.update({"train.rows": len(rows["inputs"]),
                 "train.tokens_sha1": _sha1(rows["inputs"], rows["segment_ids"])})
     if d.source == "stdlib":
       out["data.eval_fraction"] = d.eval_fraction
   elif d.source in config_values.TEXT_SOURCES:
-    from hybrid_nope.data import text_rows  # pylint: disable=g-import-not-at-top
+    from hybrid_nope.data.sources import text_rows  # pylint: disable=g-import-not-at-top
     out.update({"data.document_masking": d.document_masking, "data.eval_fraction":
                 d.eval_fraction, "data.path": _where(d.path),
                 **text_rows.corpus(config).fingerprint()})

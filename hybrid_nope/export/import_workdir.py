@@ -16,7 +16,7 @@ sets the imported model beside a fresh initialisation of its shape.
 The tokenizer decides data.source: a tokenizer.json that tokenises as our byte tokenizer (our
 export of a byte-level run) gives "stdlib", the embedded corpus as eval data; any other, or none,
 gives "mds", whose eval data (eval.path) is TextbookChapters, or any .txt/.jsonl/.parquet text,
-prepared with the carried tokenizer by `python -m hybrid_nope.data.textbook_chapters`
+prepared with the carried tokenizer by `python -m hybrid_nope.data.sources.textbook_chapters`
 (docs/analysis.md). A byte source (stdlib, documents) with another tokenizer is refused: its token
 ids would not be the model's.
 """
@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from hybrid_nope import config_values, run_dir, storage
-from hybrid_nope.data import tokenizer as byte_tokenizer
+from hybrid_nope.data.tokenization import tokenizer as byte_tokenizer
 from hybrid_nope.export import hf_import
 from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.run_dir import RunDir

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybrid_nope.data.packing import PADDING_SEGMENT
+from hybrid_nope.data.pipeline.packing import PADDING_SEGMENT
 from hybrid_nope.errors import ConfigError
 
 NOT_A_DOCUMENT = -1  # document id of padding tokens

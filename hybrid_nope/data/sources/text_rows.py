@@ -26,10 +26,11 @@ import grain
 import numpy as np
 
 from hybrid_nope import config_values
-from hybrid_nope.data import packing, text_files, text_index
-from hybrid_nope.data.mds import default_cache_dir
-from hybrid_nope.data.stdlib_corpus import is_eval_path
-from hybrid_nope.data.tokenizer import text_tokenizer
+from hybrid_nope.data.pipeline import packing
+from hybrid_nope.data.formats import text_files, text_index
+from hybrid_nope.data.formats.mds import default_cache_dir
+from hybrid_nope.data.sources.stdlib_corpus import is_eval_path
+from hybrid_nope.data.tokenization.tokenizer import text_tokenizer
 from hybrid_nope.errors import ConfigError
 
 SPLITS = ("train", "eval")

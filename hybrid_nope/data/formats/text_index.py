@@ -32,7 +32,7 @@ import uuid
 import numpy as np
 
 from hybrid_nope.config_values import VERIFY_ALWAYS
-from hybrid_nope.data.text_files import TextDataError
+from hybrid_nope.data.formats.text_files import TextDataError
 
 VERSION = 2  # Of the .npz layout and of what the index means; a change builds anew.
 SUBDIR = "text-index"

@@ -2,11 +2,11 @@
 
 Rows come from a source (see `ROW_SOURCES`): "stdlib" holds them in memory as [S, T] arrays,
 and the train pipeline shuffles row *indices* and gathers a whole batch with one fancy index;
-"documents" (a prepared directory, `hybrid_nope.data.documents`) packs its train documents
+"documents" (a prepared directory, `hybrid_nope.data.sources.documents`) packs its train documents
 the same way in memory and evaluates on one document per row from its first token;
-"mds" (ProLong, `hybrid_nope.data.prolong`) reads them from memory-mapped MDS shards as an
+"mds" (ProLong, `hybrid_nope.data.sources.prolong`) reads them from memory-mapped MDS shards as an
 infinite, already mixed and shuffled grain MapDataset, and evaluates on TextbookChapters
-(`hybrid_nope.data.textbook_chapters`). Either way element k of the train stream is a pure
+(`hybrid_nope.data.sources.textbook_chapters`). Either way element k of the train stream is a pure
 function of k, so the iterator's only state is how many batches were taken:
 `iterator.get_state()` is {"next_index": n}, and a restored iterator yields exactly the batches
 the original would have yielded next. Save it in the trainer's orbax CheckpointManager under
@@ -25,9 +25,9 @@ import numpy as np
 
 from hybrid_nope import config_values, storage
 from hybrid_nope.errors import ConfigError
-from hybrid_nope.data import packing
-from hybrid_nope.data import stdlib_corpus
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data.pipeline import packing
+from hybrid_nope.data.sources import stdlib_corpus
+from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 
 BATCH_KEYS, BATCH_DTYPES = packing.ROW_KEYS, packing.ROW_DTYPES  # A batch is rows stacked.
 # Config values are read through hybrid_nope.config_values, the one place a key is checked: a part
@@ -57,9 +57,9 @@ def _stdlib_rows(config, split: str, num_rows_key: str | None = None) -> dict[st
 def _documents_rows(config, split: str,
                     num_rows_key: str | None = None) -> dict[str, np.ndarray]:
   """The prepared directory at data.path: train documents packed as stdlib's, eval documents
-  one per row (hybrid_nope.data.documents); all in memory, callers take the rows they need."""
+  one per row (hybrid_nope.data.sources.documents); all in memory, callers take the rows they need."""
   del num_rows_key
-  from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
   path = config_values.string(config, "data.path", "a prepared documents directory",
                               nonempty=True)
   seq_len = _positive_int(config, "data.seq_len")
@@ -78,7 +78,7 @@ def _mds_rows(config, split: str, num_rows_key: str | None = None):
   seq_len = _positive_int(config, "data.seq_len")
   vocab_size = _positive_int(config, "model.vocab_size")
   if split == "eval":
-    from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
+    from hybrid_nope.data.sources import textbook_chapters  # pylint: disable=g-import-not-at-top
     path = config_values.string(config, "eval.path", "the prepared TextbookChapters directory",
                            nonempty=True)
     if num_rows_key is None:
@@ -97,7 +97,7 @@ def _mds_rows(config, split: str, num_rows_key: str | None = None):
 def train_mixture(config):
   """The ProLong mixture (`prolong.build_mixture`) of config.data's domains: a
   `mixture.Mixture` whose `domains` are `prolong.DomainRows` (data/check.py reports them)."""
-  from hybrid_nope.data import prolong  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources import prolong  # pylint: disable=g-import-not-at-top
   cache_dir = config_values.string(config, "data.cache_dir", "a path or '' (the default cache)")
   return prolong.build_mixture(
       config_values.value(config, "data.path"), config_values.value(config, "data.domains"),
@@ -109,8 +109,8 @@ def train_mixture(config):
 
 
 def _text_rows(config, split: str, num_rows_key: str | None = None):
-  """jsonl, parquet, hf: text tokenised on the fly (hybrid_nope.data.text_rows)."""
-  from hybrid_nope.data import text_rows  # pylint: disable=g-import-not-at-top
+  """jsonl, parquet, hf: text tokenised on the fly (hybrid_nope.data.sources.text_rows)."""
+  from hybrid_nope.data.sources import text_rows  # pylint: disable=g-import-not-at-top
   return text_rows.text_rows(config, split, num_rows_key)
 
 
@@ -237,14 +237,14 @@ def tokenizer_files(config) -> list[str]:
   if source in config_values.TEXT_SOURCES and not config_values.byte_tokenised(config):
     return [config_values.text_tokenizer(config)]
   if source == "documents":
-    from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+    from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
     path = config_values.string(config, "data.path", "a prepared documents directory",
                                 nonempty=True)
     found = storage.join(path, documents.TOKENIZER)
     return [found] if storage.exists(found) else []
   if source != "mds":
     return []
-  from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources import textbook_chapters  # pylint: disable=g-import-not-at-top
   places = [config_values.string(config, "data.path", "a directory", nonempty=True)]
   eval_path = config_values.string(config, "eval.path", "the prepared TextbookChapters directory",
                               nonempty=True)
@@ -265,7 +265,7 @@ def check_vocabulary(config) -> int | None:
   if config_values.byte_tokenised(config):
     sizes = {f"the byte tokenizer (data.source={source})": ByteTokenizer.vocab_size}
   else:
-    from hybrid_nope.data.tokenizer import JsonTokenizer  # pylint: disable=g-import-not-at-top
+    from hybrid_nope.data.tokenization.tokenizer import JsonTokenizer  # pylint: disable=g-import-not-at-top
     key = "data.tokenizer" if source in config_values.TEXT_SOURCES else None  # mds: the data's
     sizes = {path: JsonTokenizer(path, key).vocab_size for path in tokenizer_files(config)}
   for name, size in sizes.items():

@@ -3,7 +3,7 @@
 `data.path` names a file, a glob or a directory, local or any fsspec URL (gs://, hf://datasets/,
 file://, memory://); `files` lists what it names, sorted. One document is one record's
 `data.text_field` string. A reader per file gives random access to its documents, so a host
-reads only the rows of its shard (pipeline.train_dataset):
+reads only the rows of its shard (loader.train_dataset):
 
   jsonl    one JSON object per line (.jsonl, .json); documents by byte offset (recorded by
            `scan`), each line read by a ranged read; whitespace-only lines are skipped anywhere,
