@@ -9,6 +9,7 @@ import pytest
 
 from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope.analysis.measure import probe
+from hybrid_nope.data.sources import registry
 from hybrid_nope.data.pipeline import packing, loader
 from tests.helpers import REPO, tiny_config
 
@@ -112,7 +113,7 @@ def test_committed_runs_probe_select_what_they_recorded(run, tmp_path):
   config = checkpoints.load_config(str(tmp_path))
   assert config.data.source == "stdlib" and recorded["query_positions"] is None
   pool = loader.probe_pool(config)
-  eval_rows = loader.packed_rows(config, "eval")
+  eval_rows = registry.packed_rows(config, "eval")
   assert len(eval_rows["inputs"]) > config.metrics.probe_pool_rows == len(pool["inputs"])
   for k in loader.BATCH_KEYS:
     np.testing.assert_array_equal(pool[k], eval_rows[k][:config.metrics.probe_pool_rows])

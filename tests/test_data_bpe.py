@@ -20,7 +20,7 @@ VOCAB = 300
 def test_training_twice_gives_the_same_bytes_in_one_process_and_in_another():
   first = bpe.train(TEXTS, VOCAB)
   assert bpe.train(TEXTS, VOCAB) == first
-  code = (f"from hybrid_nope.data import bpe; from tests.test_data_bpe import TEXTS, VOCAB; "
+  code = (f"from hybrid_nope.data.tokenization import bpe; from tests.test_data_bpe import TEXTS, VOCAB; "
           f"import sys; sys.stdout.write(bpe.train(TEXTS, VOCAB))")
   other = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=120, check=True).stdout

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from hybrid_nope import config_values
 from hybrid_nope.data import check, fingerprint
+from hybrid_nope.data.sources import registry
 from hybrid_nope.data.sources import documents
 from hybrid_nope.data.formats import mds
 from hybrid_nope.data.pipeline import packing, loader
@@ -172,7 +172,7 @@ def test_check_reports_the_corpus_and_lists_a_missing_shard(corpus, tmp_path):
 
 def test_fingerprint_text_codec_and_export_use_the_directory_tokenizer(corpus, tmp_path):
   config = _config(corpus)
-  assert "documents" not in config_values.BYTE_SOURCES
+  assert not registry.SOURCES["documents"].byte_tokens
   prints = fingerprint.data_fingerprint(config, loader.eval_batches(config))
   assert prints["data.source"] == "documents" and "train.tokens_sha1" in prints
   assert "data.eval_fraction" not in prints  # The split is the directory's, not the config's.

@@ -581,3 +581,10 @@ def test_a_remote_shard_of_the_wrong_size_or_bytes_is_refused_naming_it(tmp_path
   fs.rm(shard)
   with pytest.raises(mds.MDSFormatError, match=f"shard file {url}/shard.00000.mds .* is missing"):
     mds.MDSDataset(url, cache_dir=str(tmp_path / "cache"))
+
+
+def test_the_contract_name_reads_the_format_room():
+  # DESIGN.md's contract `hybrid_nope.data.mds.MDSDataset` stays importable after data/ moved
+  # the format to data/formats/mds.
+  from hybrid_nope.data import mds as contract  # pylint: disable=g-import-not-at-top
+  assert contract.MDSDataset is mds.MDSDataset

@@ -7,6 +7,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from hybrid_nope import errors
+from hybrid_nope.data.sources import registry
 from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.sources import stdlib_corpus
 from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
@@ -135,7 +136,7 @@ def test_train_rows_are_the_train_documents():
   tokenizer = ByteTokenizer()
   train_docs = stdlib_corpus.documents("train", 0.05)
   stream = np.concatenate([tokenizer.encode(data) for _, data in train_docs])
-  rows = loader.packed_rows(make_config(), "train")
+  rows = registry.packed_rows(make_config(), "train")
   np.testing.assert_array_equal(rows["inputs"].ravel(), stream[:rows["inputs"].size])
   assert not rows["inputs"].flags.writeable  # the cache cannot be corrupted by a caller
 
@@ -194,7 +195,7 @@ def test_probe_pool_is_the_first_eval_rows_whatever_the_seed():
   config = make_config()
   config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 20, "probe_batch_size": 4})
   pool = loader.probe_pool(config)
-  rows = loader.packed_rows(config, "eval")
+  rows = registry.packed_rows(config, "eval")
   for k in loader.BATCH_KEYS:
     np.testing.assert_array_equal(pool[k], rows[k][:20])
   config.data.seed = 7  # The data order's seed moves the training stream, not the probe.
@@ -206,7 +207,7 @@ def test_probe_pool_rows_is_the_most_rows_to_choose_from(caplog):
   """A pool larger than the eval split is all of it, said in one line (issue 50, item 5: it
   was refused); fewer eval rows than the probe measures is refused, naming both numbers."""
   config = make_config()
-  rows = loader.packed_rows(config, "eval")
+  rows = registry.packed_rows(config, "eval")
   found = len(rows["inputs"])
   config.metrics = ml_collections.ConfigDict({"probe_pool_rows": found + 100,
                                               "probe_batch_size": 4})

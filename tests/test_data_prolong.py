@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from hybrid_nope import config_values, errors, validate
+from hybrid_nope.data.sources import registry
 from hybrid_nope.data.formats import mds
 from hybrid_nope.data.pipeline import mixture
 from hybrid_nope.data.pipeline import loader
@@ -333,7 +334,7 @@ def test_a_gs_style_url_trains_as_the_local_directory_each_process_its_rows(tmp_
   assert_process_shards_interleave(shards, whole)
   for name in ("book-65536", "fineweb-edu"):
     entry = f"domain.{name}.index_sha1"
-    assert fingerprint._mds_domains(remote)[entry] == fingerprint._mds_domains(local)[entry]
+    assert registry.mds_domains(remote)[entry] == registry.mds_domains(local)[entry]
 
 
 def test_orbax_checkpoint_resumes_exactly(cache_dir, tmp_path):
@@ -521,7 +522,7 @@ def test_exclude_samples_must_name_a_sample_of_a_domain_that_is_read(tmp_path, c
   stdlib = ml_collections.ConfigDict({"data": {"source": "stdlib",
                                                "exclude_samples": ("a/s.mds:1",)}})
   with pytest.raises(errors.ConfigError, match=r"data\.source='mds'"):
-    config_values.exclude_samples(stdlib)
+    registry.exclude_samples(stdlib)
 
 
 @pytest.mark.parametrize("domains", [("book@x",), ("book@",), ("@0.5",), "book@1"])

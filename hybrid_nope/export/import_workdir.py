@@ -28,7 +28,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from hybrid_nope import config_values, run_dir, storage
+from hybrid_nope import run_dir, storage
+from hybrid_nope.data.sources import registry
 from hybrid_nope.data.tokenization import tokenizer as byte_tokenizer
 from hybrid_nope.export import hf_import
 from hybrid_nope.export import tokenizer as export_tokenizer
@@ -69,7 +70,8 @@ def tokenizer_plan(hf_dir: str, source: str | None, vocab_size: int) -> tuple[st
     source = source or "stdlib"
     return source, [], f"byte tokenizer (ours): data.source={source}"
   source = source or "mds"
-  if source in config_values.BYTE_SOURCES:
+  known = registry.lookup(source)
+  if known and known.byte_tokens:
     raise hf_import.HFImportError(
         f"config.data.source={source!r} tokenises with our byte tokenizer, but {json_file} is "
         f"another: its token ids would not be the model's (leave data.source to the import, "

@@ -37,6 +37,7 @@ from hybrid_nope.analysis.present import plots
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import registry
 from hybrid_nope.model.definition import ModelDef, init_model
 from hybrid_nope.model.pattern import window_of
 from hybrid_nope.run_dir import RunDir
@@ -165,7 +166,7 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
 
 def check_data(config) -> None:
   """Fails early, naming the key, when the eval data a source needs is not on this machine."""
-  if config.data.source == "mds":
+  if "eval.path" in registry.named(config).path_keys:
     path = config.eval.get("path", "")
     if not path:
       raise checkpoints.DataPathError(
@@ -182,7 +183,8 @@ def check_eval_tokenizer(workdir: str, config) -> None:
   both files, when the data was tokenised with another vocabulary (textbook_chapters copies
   the tokenizer.json it used into the prepared directory)."""
   carried = checkpoints.tokenizer_path(workdir)
-  if carried is None or config.data.source != "mds" or not config.eval.get("path", ""):
+  if (carried is None or "eval.path" not in registry.named(config).path_keys
+      or not config.eval.get("path", "")):
     return
   import tokenizers  # pylint: disable=g-import-not-at-top
   from hybrid_nope.data.sources import textbook_chapters  # pylint: disable=g-import-not-at-top

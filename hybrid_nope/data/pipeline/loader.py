@@ -1,12 +1,10 @@
 """grain pipelines: an infinite, shuffled, process-sharded train iterator and fixed eval batches.
 
-Rows come from a source (see `ROW_SOURCES`): "stdlib" holds them in memory as [S, T] arrays,
-and the train pipeline shuffles row *indices* and gathers a whole batch with one fancy index;
-"documents" (a prepared directory, `hybrid_nope.data.sources.documents`) packs its train documents
-the same way in memory and evaluates on one document per row from its first token;
-"mds" (ProLong, `hybrid_nope.data.sources.prolong`) reads them from memory-mapped MDS shards as an
-infinite, already mixed and shuffled grain MapDataset, and evaluates on TextbookChapters
-(`hybrid_nope.data.sources.textbook_chapters`). Either way element k of the train stream is a pure
+Rows come from the source config.data.source names (`hybrid_nope.data.sources.registry`):
+in-memory sources ("stdlib", "documents") hold them as [S, T] arrays, and the train pipeline
+shuffles row *indices* and gathers a whole batch with one fancy index; "mds" (ProLong) and the
+text sources read them as an infinite, already mixed and shuffled grain MapDataset, and
+evaluate on rows in memory (TextbookChapters, one eval document per row). Either way element k of the train stream is a pure
 function of k, so the iterator's only state is how many batches were taken:
 `iterator.get_state()` is {"next_index": n}, and a restored iterator yields exactly the batches
 the original would have yielded next. Save it in the trainer's orbax CheckpointManager under
@@ -16,17 +14,16 @@ the item name "data":
   mngr.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(it)))
 """
 
-import functools
 import logging
-from typing import Callable, Union
 
 import grain
 import numpy as np
 
-from hybrid_nope import config_values, storage
+from hybrid_nope import config_values
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.data.pipeline import packing
-from hybrid_nope.data.sources import stdlib_corpus
+from hybrid_nope.data.sources import registry
+from hybrid_nope.data.sources.registry import Rows, packed_rows
 from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 
 BATCH_KEYS, BATCH_DTYPES = packing.ROW_KEYS, packing.ROW_DTYPES  # A batch is rows stacked.
@@ -34,101 +31,6 @@ BATCH_KEYS, BATCH_DTYPES = packing.ROW_KEYS, packing.ROW_DTYPES  # A batch is ro
 # config (tests, tools) fails on its first bad or missing key exactly as the trainer's would.
 _positive_int = config_values.positive_int
 _log = logging.getLogger(__name__)
-
-
-# ---- row sources: name -> fn(config, split) -> packed rows (dict of [S, T] arrays) ----------
-
-@functools.lru_cache(maxsize=4)  # ~0.5 GB per full-corpus train entry; tests reuse one seq_len
-def _stdlib_packed(split: str, seq_len: int, eval_fraction: float) -> dict[str, np.ndarray]:
-  tokenizer = ByteTokenizer()
-  docs = stdlib_corpus.documents(split, eval_fraction)
-  rows = packing.pack_documents([tokenizer.encode(data) for _, data in docs], seq_len)
-  for array in rows.values():
-    array.flags.writeable = False  # shared by every caller through the cache
-  return rows
-
-
-def _stdlib_rows(config, split: str, num_rows_key: str | None = None) -> dict[str, np.ndarray]:
-  del num_rows_key  # The whole split is in memory; callers take the rows they need.
-  return _stdlib_packed(split, _positive_int(config, "data.seq_len"),
-                       config_values.eval_fraction(config))
-
-
-def _documents_rows(config, split: str,
-                    num_rows_key: str | None = None) -> dict[str, np.ndarray]:
-  """The prepared directory at data.path: train documents packed as stdlib's, eval documents
-  one per row (hybrid_nope.data.sources.documents); all in memory, callers take the rows they need."""
-  del num_rows_key
-  from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
-  path = config_values.string(config, "data.path", "a prepared documents directory",
-                              nonempty=True)
-  seq_len = _positive_int(config, "data.seq_len")
-  verify = config_values.verify_hashes(config)
-  if split == "train":
-    return documents.train_rows(path, seq_len, verify_hashes=verify)
-  if split != "eval":
-    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-  return documents.eval_rows(path, seq_len, verify_hashes=verify)
-
-
-def _mds_rows(config, split: str, num_rows_key: str | None = None):
-  """Train split: the ProLong mixture, an infinite grain MapDataset of rows (element k is the
-  k-th row of the global stream). Eval split: TextbookChapters rows, in memory (the first rows
-  of a fixed order: as many as the eval batches need, or at most the int at `num_rows_key`)."""
-  seq_len = _positive_int(config, "data.seq_len")
-  vocab_size = _positive_int(config, "model.vocab_size")
-  if split == "eval":
-    from hybrid_nope.data.sources import textbook_chapters  # pylint: disable=g-import-not-at-top
-    path = config_values.string(config, "eval.path", "the prepared TextbookChapters directory",
-                           nonempty=True)
-    if num_rows_key is None:
-      num_rows = _positive_int(config, "eval.batch_size") * _positive_int(config,
-                                                                          "eval.num_batches")
-      return textbook_chapters.eval_rows(path, seq_len=seq_len, num_rows=num_rows,
-                                         vocab_size=vocab_size)
-    return textbook_chapters.eval_rows(path, seq_len=seq_len,
-                                       num_rows=_positive_int(config, num_rows_key),
-                                       vocab_size=vocab_size, at_most=True)
-  if split != "train":
-    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-  return grain.MapDataset.source(train_mixture(config))
-
-
-def train_mixture(config):
-  """The ProLong mixture (`prolong.build_mixture`) of config.data's domains: a
-  `mixture.Mixture` whose `domains` are `prolong.DomainRows` (data/check.py reports them)."""
-  from hybrid_nope.data.sources import prolong  # pylint: disable=g-import-not-at-top
-  cache_dir = config_values.string(config, "data.cache_dir", "a path or '' (the default cache)")
-  return prolong.build_mixture(
-      config_values.value(config, "data.path"), config_values.value(config, "data.domains"),
-      seq_len=_positive_int(config, "data.seq_len"),
-      document_masking=config_values.boolean(config, "data.document_masking"),
-      vocab_size=_positive_int(config, "model.vocab_size"), seed=config_values.data_seed(config),
-      cache_dir=cache_dir or None, verify_hashes=config_values.verify_hashes(config),
-      exclude_samples=config_values.exclude_samples(config))
-
-
-def _text_rows(config, split: str, num_rows_key: str | None = None):
-  """jsonl, parquet, hf: text tokenised on the fly (hybrid_nope.data.sources.text_rows)."""
-  from hybrid_nope.data.sources import text_rows  # pylint: disable=g-import-not-at-top
-  return text_rows.text_rows(config, split, num_rows_key)
-
-
-Rows = Union[dict[str, np.ndarray], grain.MapDataset]
-# name -> fn(config, split, num_rows_key) -> rows: a dict of in-memory [S, T] arrays, or (train) an infinite
-# grain.MapDataset of row dicts that is already shuffled.
-ROW_SOURCES: dict[str, Callable[..., Rows]] = {
-    "stdlib": _stdlib_rows, "mds": _mds_rows, "documents": _documents_rows,
-    **{source: _text_rows for source in config_values.TEXT_SOURCES}}
-assert tuple(ROW_SOURCES) == config_values.DATA_SOURCES, "one reader per config_values.DATA_SOURCES name"
-
-
-def packed_rows(config, split: str, num_rows_key: str | None = None) -> Rows:
-  """Rows of `split` ("train" or "eval") from the source named by config.data.source; a source
-  that reads eval rows one by one reads at most the int at `num_rows_key` of them (fewer where
-  the split has fewer), or by default the eval batches' rows."""
-  source = ROW_SOURCES[config_values.one_of(config, "data.source", config_values.DATA_SOURCES)]
-  return source(config, split, num_rows_key)
 
 
 # ---- pipelines ------------------------------------------------------------------------------
@@ -228,46 +130,23 @@ def probe_pool(config) -> dict[str, np.ndarray]:
   return {k: np.array(rows[k][:count]) for k in BATCH_KEYS}
 
 
-def tokenizer_files(config) -> list[str]:
-  """The tokenizer.json files the data carries: for mds, one in data.path (put there by
-  whoever prepared the domains) and one in the prepared eval directory (textbook_chapters
-  copies the --tokenizer it tokenised with), where present; for a text source, data.tokenizer
-  unless it is the byte tokenizer; for documents, the prepared directory's tokenizer.json."""
-  source = config_values.one_of(config, "data.source", config_values.DATA_SOURCES)
-  if source in config_values.TEXT_SOURCES and not config_values.byte_tokenised(config):
-    return [config_values.text_tokenizer(config)]
-  if source == "documents":
-    from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
-    path = config_values.string(config, "data.path", "a prepared documents directory",
-                                nonempty=True)
-    found = storage.join(path, documents.TOKENIZER)
-    return [found] if storage.exists(found) else []
-  if source != "mds":
-    return []
-  from hybrid_nope.data.sources import textbook_chapters  # pylint: disable=g-import-not-at-top
-  places = [config_values.string(config, "data.path", "a directory", nonempty=True)]
-  eval_path = config_values.string(config, "eval.path", "the prepared TextbookChapters directory",
-                              nonempty=True)
-  places.append(textbook_chapters.dataset_dir(eval_path))
-  return [p for p in (storage.join(d, "tokenizer.json") for d in places) if storage.exists(p)]
-
-
 def check_vocabulary(config) -> int | None:
   """Refuses a model.vocab_size below the data's tokenizer's size, before anything is built
   (on byte data, vocab_size=100 would otherwise train into NaN at step 1). stdlib
-  (config_values.BYTE_SOURCES), and a text source with data.tokenizer="byte": the
-  byte tokenizer's ByteTokenizer.vocab_size ids; documents, mds and other text sources: each of
+  (byte tokens), and a text source with data.tokenizer="byte": the byte tokenizer's
+  ByteTokenizer.vocab_size ids; documents, mds and other text sources: each of the source's
   `tokenizer_files` (mds without one: the token ids are checked as they are read, each shard's
   at its first read, every eval row).
   Returns the largest tokenizer size checked, or None."""
   vocab_size = _positive_int(config, "model.vocab_size")
-  source = config_values.one_of(config, "data.source", config_values.DATA_SOURCES)
-  if config_values.byte_tokenised(config):
-    sizes = {f"the byte tokenizer (data.source={source})": ByteTokenizer.vocab_size}
+  source = registry.named(config)
+  if registry.byte_tokenised(config):
+    sizes = {f"the byte tokenizer (data.source={source.name})": ByteTokenizer.vocab_size}
   else:
     from hybrid_nope.data.tokenization.tokenizer import JsonTokenizer  # pylint: disable=g-import-not-at-top
-    key = "data.tokenizer" if source in config_values.TEXT_SOURCES else None  # mds: the data's
-    sizes = {path: JsonTokenizer(path, key).vocab_size for path in tokenizer_files(config)}
+    key = "data.tokenizer" if source.text else None  # mds: the data's own
+    sizes = {path: JsonTokenizer(path, key).vocab_size
+             for path in source.tokenizer_files(config)}
   for name, size in sizes.items():
     if size > vocab_size:
       raise ConfigError(

@@ -98,8 +98,8 @@ def _cached_corpus(source, path, field, tokenizer, cache_dir, eval_fraction, ver
 
 
 def corpus(config) -> TextCorpus:
-  """The TextCorpus config.data names (data.source one of config_values.TEXT_SOURCES)."""
-  source = config_values.one_of(config, "data.source", config_values.TEXT_SOURCES)
+  """The TextCorpus config.data names (a text source: sources/registry.py dispatches here)."""
+  source = config_values.value(config, "data.source")
   path = config_values.string(config, "data.path", "a file, glob or directory of "
                               f"data.source={source} files (local or a URL)", nonempty=True)
   field = config_values.string(config, "data.text_field", "the field holding each document's "
