@@ -48,7 +48,6 @@ class Source:
   path_keys: tuple[str, ...] = ("data.path",)  # the path keys it reads at start
   byte_tokens: bool = False   # its ids are the byte tokenizer's, whatever data.tokenizer says
   text: bool = False          # text tokenised on the fly with data.tokenizer (text_rows)
-  in_memory: bool = False     # every row in memory, so that its token ids identify them
   mds_mixture: bool = False   # MDS domains mixed by data.domains (samples named by shard)
   prepared: bool = False      # a prepared documents directory (corpus.json, tokenizer.json)
   eos_token: str | None = None  # the end-of-document token of the tokenizer it carries
@@ -291,7 +290,7 @@ _TEXT = dict(rows=_text_rows, fingerprint=_text_fingerprint, tokenizer_files=_te
              check_keys=_text_keys, text=True)
 SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("stdlib", _stdlib_rows, _stdlib_fingerprint, _none, _stdlib_keys, path_keys=(),
-           byte_tokens=True, in_memory=True),
+           byte_tokens=True),
     Source("mds", _mds_rows, _mds_fingerprint, _mds_tokenizer, _mds_keys,
            path_keys=("data.path", "eval.path"), mds_mixture=True, origin=(
                "Data", "ProLong is princeton-nlp/prolong-data-64K (data.path), TextbookChapters "
@@ -299,7 +298,7 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
                "hybrid_nope.data.sources.textbook_chapters (eval.path), the tokenizer.json a "
                "Llama-3 one such as meta-llama/Meta-Llama-3-8B's")),
     Source("documents", _documents_rows, _in_memory_fingerprint, _documents_tokenizer,
-           _documents_keys, in_memory=True, prepared=True, eos_token=bpe.EOS_TOKEN,
+           _documents_keys, prepared=True, eos_token=bpe.EOS_TOKEN,
            origin=("A second corpus: English prose",
                    "`make prose` prepares it (launch/prepare_prose.py)")),
     *(Source(name, **_TEXT) for name in ("jsonl", "parquet", "hf")))}
