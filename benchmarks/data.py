@@ -3,7 +3,7 @@
   python benchmarks/data.py                      # synthetic ProLong-like data, written first
   python benchmarks/data.py --data_path=$PROLONG # real data, the ProLong 64K mixture
 
-Measures `pipeline.train_iterator` (read memory-mapped MDS shards, mix domains, cut 64K
+Measures `loader.train_iterator` (read memory-mapped MDS shards, mix domains, cut 64K
 samples into seq_len rows, segment ids / positions / weights, batch) on one core
 (sched_setaffinity), after warm-up batches (zstd shards decompressed once into the cache, files
 in the page cache: a cold network disk is not measured).
@@ -38,7 +38,8 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import base  # noqa: E402
-from hybrid_nope.data import mds, pipeline  # noqa: E402
+from hybrid_nope.data.formats import mds
+from hybrid_nope.data.pipeline import loader  # noqa: E402
 from hybrid_nope.train.flops import PEAK_FLOPS, flops_per_token  # noqa: E402
 
 VOCAB = 128256
@@ -164,7 +165,7 @@ def main():
                  "exclude_samples": ()},
         "model": {"vocab_size": VOCAB}})
     t = time.perf_counter()
-    iterator = pipeline.train_iterator(config)
+    iterator = loader.train_iterator(config)
     print(f"pipeline built in {time.perf_counter() - t:.2f}s")
     for _ in range(args.warmup):
       next(iterator)

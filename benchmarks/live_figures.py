@@ -22,7 +22,7 @@ import numpy as np  # pylint: disable=wrong-import-position
 from configs import base  # pylint: disable=wrong-import-position
 from hybrid_nope.analysis.measure import live_figures  # pylint: disable=wrong-import-position
 from hybrid_nope.analysis.measure.hook import RecencyHook  # pylint: disable=wrong-import-position
-from hybrid_nope.data import pipeline  # pylint: disable=wrong-import-position
+from hybrid_nope.data.pipeline import loader  # pylint: disable=wrong-import-position
 from hybrid_nope.model.definition import init_model  # pylint: disable=wrong-import-position
 from tests.helpers import tiny_config  # pylint: disable=wrong-import-position
 
@@ -34,7 +34,7 @@ def records_for(size: str, num_lags: int):
                        model__num_heads=heads, model__num_kv_heads=heads, model__d_model=32)
   lags = [*range(1, min(num_lags, 32)), 32]  # Far lag 32 (the tiny config's), below seq_len 64.
   model_def, params = init_model(config.model, seed=0)
-  hook = RecencyHook(config, model_def, pipeline.probe_pool(config), writer=None, lags=lags)
+  hook = RecencyHook(config, model_def, loader.probe_pool(config), writer=None, lags=lags)
   return config, hook.records(0, params)
 
 

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from hybrid_nope.analysis.checkpoint import checkpoints  # noqa: E402
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import RecencyHook  # noqa: E402
-from hybrid_nope.data import pipeline  # noqa: E402
+from hybrid_nope.data.pipeline import loader  # noqa: E402
 from hybrid_nope.model.definition import init_model  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def main():
   args = p.parse_args()
   config = checkpoints.load_config(args.workdir)
   model_def, init_params = init_model(config.model, config.train.seed)
-  hook = RecencyHook(config, model_def, pipeline.probe_pool(config), writer=None)
+  hook = RecencyHook(config, model_def, loader.probe_pool(config), writer=None)
   for step in (int(s) for s in args.steps.split(",")):
     params = init_params if step == 0 else checkpoints.restore_params(args.workdir, config,
                                                                       step)[2]

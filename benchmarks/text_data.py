@@ -10,7 +10,7 @@ Writes the stdlib corpus's .py files (UTF-8 ones, repeated to --megabytes) as ea
 (tests/text_sources.py's writers), then per format and tokenizer: the index built from nothing
 (one read of every file, every document tokenised once, a BPE's ids written beside the index:
 text_ids.py), the same corpus opened again (index and ids from the cache), and
-`pipeline.train_iterator` batches of --batch_size x --seq_len after a warm-up batch (rows packed
+`loader.train_iterator` batches of --batch_size x --seq_len after a warm-up batch (rows packed
 from the cached ids, or the byte tokenizer's documents read and encoded), pinned to one core.
 Files in the page cache: a network disk or gs:// adds its latency per byte-tokenised row (a
 ranged read per jsonl document, a row group per parquet row, an arrow file per saved-dataset
@@ -24,7 +24,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hybrid_nope.data import pipeline, stdlib_corpus, text_rows  # noqa: E402
+from hybrid_nope.data.pipeline import loader  # noqa: E402
+from hybrid_nope.data.sources import stdlib_corpus, text_rows  # noqa: E402
 from tests import text_sources  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
@@ -104,7 +105,7 @@ def measure(args, tmp, source, path, name, tokenizer, megabytes) -> float:
   cached = time.perf_counter() - t
   ids = corpus.index.ids
   on_disk = "-" if ids is None else f"{ids.nbytes / 1e6:.0f} MB ({ids.dtype.name})"
-  it = pipeline.train_iterator(config)
+  it = loader.train_iterator(config)
   next(it)
   t = time.perf_counter()
   for _ in range(args.batches):

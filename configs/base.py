@@ -74,9 +74,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict(dict(
       source="mds",            # mds (ProLong) | stdlib (embedded demo corpus) | documents (a
-                               # prepared byte corpus: hybrid_nope/data/documents.py) | jsonl |
+                               # prepared byte corpus: hybrid_nope/data/sources/documents.py) | jsonl |
                                # parquet | hf (a `datasets` save_to_disk directory): text
-                               # tokenised on the fly (hybrid_nope/data/text_rows.py).
+                               # tokenised on the fly (hybrid_nope/data/sources/text_rows.py).
       path="",                 # Required for mds, documents and the text sources (a file, glob
                                # or directory); a URL (gs://, hf://datasets/...) for mds and text.
       text_field="text",       # Text sources: the field or column holding each document.
@@ -106,7 +106,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict(dict(
       path="",                 # TextbookChapters as prepared by
-                               # `python -m hybrid_nope.data.textbook_chapters`; required for mds.
+                               # `python -m hybrid_nope.data.sources.textbook_chapters`; required for mds.
       bucket_size=512,         # Eval loss is also reported per bucket of token positions.
       batch_size=8,            # Rows per eval batch.
       num_batches=16,          # Batches per evaluation (the same rows every time).

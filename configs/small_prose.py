@@ -2,7 +2,7 @@
 experiments (swa16, swa64, swa256, nopeswa64, nopeswa256, gla, gdn, gdn3, nope, swa<W>_flops<V>,
 and any of them with `_deep`: 8 layers, e.g. swa64_deep SGSGSGSG, nope_deep), the same shape and
 steps, trained on the King James Version of the Bible, one chapter per document
-(hybrid_nope/data/prose.py; public domain), prepared once by `make prose`. Tokens are a
+(hybrid_nope/data/sources/prose.py; public domain), prepared once by `make prose`. Tokens are a
 byte-level BPE of 4,096 ids (BOS and EOS included; prose.VOCAB_SIZE, which sets model.vocab_size
 here) learnt on the train split's chapters by `make prose` and saved as tokenizer.json in the
 prepared directory: about 4.1 bytes a token, 850 tokens a chapter. The committed prose records
@@ -27,7 +27,7 @@ Cost (small_prose.py:swa64): 10 MFLOP/token × 2.62 M tokens (640 steps × 4 × 
 import re
 
 from configs import small
-from hybrid_nope.data import prose
+from hybrid_nope.data.sources import prose
 
 
 def get_config(experiment: str = "swa64"):

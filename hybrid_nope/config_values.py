@@ -12,18 +12,8 @@ import numpy as np
 
 from hybrid_nope.errors import ConfigError
 
-# Where rows come from (data/pipeline.py's ROW_SOURCES holds one reader per name): the embedded
-# stdlib corpus, ProLong's MDS mixture, a prepared directory of documents tokenised with the
-# tokenizer.json it holds (hybrid_nope.data.documents, e.g. the English prose corpus of
-# launch/prepare_prose.py).
-DATA_SOURCES = ("stdlib", "mds", "documents", "jsonl", "parquet", "hf")
-# The sources whose token ids are the byte tokenizer's (hybrid_nope.data.tokenizer).
-BYTE_SOURCES = ("stdlib",)
-# The sources whose rows are all in memory, so that their token ids identify them (fingerprint).
-IN_MEMORY_SOURCES = ("stdlib", "documents")
-# The sources of text tokenised on the fly with data.tokenizer (hybrid_nope.data.text_rows).
-TEXT_SOURCES = ("jsonl", "parquet", "hf")
-BYTE_TOKENIZER = "byte"  # data.tokenizer's name for the byte tokenizer (data/tokenizer.py).
+# The data.source names, and what each reads, live in hybrid_nope.data.sources.registry.
+BYTE_TOKENIZER = "byte"  # data.tokenizer's name for the byte tokenizer (data/tokenization/tokenizer.py).
 
 
 def require(ok: bool, key: str, value, allowed: str):
@@ -118,14 +108,6 @@ def text_tokenizer(config) -> str:
                 nonempty=True)
 
 
-def byte_tokenised(config) -> bool:
-  """Whether the run's token ids are the byte tokenizer's: a byte source, or a text source
-  read with data.tokenizer="byte"."""
-  source = value(config, "data.source")
-  return source in BYTE_SOURCES or (source in TEXT_SOURCES
-                                    and text_tokenizer(config) == BYTE_TOKENIZER)
-
-
 EXCLUDE_SAMPLES_FORM = ('a tuple of distinct "DOMAIN/SHARD:SAMPLE" strings, e.g. '
                         '("book-65536/shard.00003.mds:7",): a data.domains name, a shard\'s '
                         'basename as its index.json names it, the sample\'s index in the shard')
@@ -142,13 +124,11 @@ def split_sample_ref(entry: str) -> tuple[str, int]:
 
 
 def exclude_samples(config) -> tuple[str, ...]:
-  """data.exclude_samples, each entry checked (split_sample_ref); empty unless data.source is
-  mds (only MDS samples are named by shard)."""
+  """data.exclude_samples, each entry checked (split_sample_ref); which sources may name
+  samples is the registry's rule (hybrid_nope.data.sources.registry.exclude_samples)."""
   x = value(config, "data.exclude_samples")
   require(isinstance(x, (tuple, list)) and all(isinstance(e, str) for e in x)
           and len(set(x)) == len(x), "data.exclude_samples", x, EXCLUDE_SAMPLES_FORM)
   for entry in x:
     split_sample_ref(entry)
-  require(not x or value(config, "data.source") == "mds", "data.exclude_samples", x,
-          "() unless data.source='mds' (it names samples of MDS shards)")
   return tuple(x)

@@ -12,10 +12,9 @@ import shutil
 from absl import logging
 
 from hybrid_nope import run_config, storage
-from hybrid_nope.config_values import (DATA_SOURCES, TEXT_SOURCES, is_int, require, boolean,
-                                       data_seed, eval_fraction, exclude_samples, int_in,
-                                       number_in, one_of, positive_int, string, text_tokenizer,
-                                       value, verify_hashes)
+from hybrid_nope.config_values import (is_int, require, boolean, data_seed, int_in, number_in,
+                                       one_of, positive_int, string, value, verify_hashes)
+from hybrid_nope.data.sources import registry
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
@@ -81,33 +80,12 @@ def validate(config, *, check_paths: bool = True) -> None:
           "metrics.probe_batch_size", config.metrics.probe_batch_size,
           f"at most metrics.probe_pool_rows = {pool} (the probe is chosen from those eval rows)")
   int_in(config, "metrics.query_positions", 0, None, "an integer >= 0 (0 = every position)")
-  one_of(config, "data.source", DATA_SOURCES)
+  source = registry.named(config)
   data_seed(config)
-  if d.source == "stdlib" or d.source in TEXT_SOURCES:
-    eval_fraction(config)
-  if d.source in TEXT_SOURCES:
-    string(config, "data.text_field", "the field holding each document's text, e.g. 'text'",
-           nonempty=True)
-    text_tokenizer(config)
-    require(bool(d.path), "data.path", d.path, f"a file, glob or directory of data.source="
-            f"{d.source} files (local or a URL); pass --config.data.path=")
   string(config, "data.cache_dir", "a path or '' (the default cache)")
   boolean(config, "data.document_masking")
-  exclude_samples(config)
-  if d.source == "mds":
-    from hybrid_nope.data import mixture  # pylint: disable=g-import-not-at-top
-    mixture.parse_domains(value(config, "data.domains"))
-  if d.source == "documents" and check_paths:
-    from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
-    require(bool(d.path) and os.path.isfile(os.path.join(d.path, documents.MANIFEST)),
-            "data.path", d.path, f"a directory prepared by launch/prepare_prose.py (with "
-            f"{documents.MANIFEST}, train/ and eval/): run `make prose`, or pass "
-            f"--config.data.path=")
-  if d.source == "mds" and check_paths:
-    require(bool(d.path) and storage.isdir(d.path), "data.path", d.path,
-            "an existing directory of MDS training data (e.g. ProLong); pass --config.data.path=")
-    require(bool(config.eval.path) and os.path.exists(config.eval.path), "eval.path",
-            config.eval.path, "an existing TextbookChapters eval set; pass --config.eval.path=")
+  registry.exclude_samples(config)
+  source.check_keys(config, check_paths)  # The source's own keys (and paths, when asked).
   multiples = value(config, "eval.length_multiples")
   require(isinstance(multiples, (tuple, list)) and all(is_int(k) and k >= 1 for k in multiples)
           and len(set(multiples)) == len(multiples) and 1 in multiples,

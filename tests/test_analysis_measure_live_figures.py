@@ -15,7 +15,7 @@ from PIL import Image
 
 from hybrid_nope.analysis.measure import live_figures, theory
 from hybrid_nope.analysis.measure.hook import RecencyHook
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.model.definition import init_model
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from tests.helpers import tiny_config
@@ -28,7 +28,7 @@ INPUTS, LOGITS = "recency/global_input_profiles", "recency/logit_profiles"
 def measure(**overrides):
   config = tiny_config(model__num_layers=4, **overrides)
   model_def, params = init_model(config.model, seed=0)
-  hook = RecencyHook(config, model_def, pipeline.eval_batches(config), writer=None)
+  hook = RecencyHook(config, model_def, loader.eval_batches(config), writer=None)
   return config, hook.records(0, params)
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope.analysis.measure import probe
-from hybrid_nope.data import packing, pipeline
+from hybrid_nope.data.sources import registry
+from hybrid_nope.data.pipeline import packing, loader
 from tests.helpers import REPO, tiny_config
 
 
@@ -60,7 +61,7 @@ def test_greedy_coverage_is_near_the_brute_force_optimum():
 
 def test_demo_probe_spans_more_documents_than_the_first_eval_rows():
   config = tiny_config(data__seq_len=256, eval__batch_size=8, eval__num_batches=4)
-  rows = {k: np.concatenate([b[k] for b in pipeline.eval_batches(config)])
+  rows = {k: np.concatenate([b[k] for b in loader.eval_batches(config)])
           for k in ("segment_ids", "positions")}
   doc_ids = probe.document_ids(rows["segment_ids"], rows["positions"])
   chosen = probe.choose_rows(doc_ids, 4)
@@ -111,10 +112,10 @@ def test_committed_runs_probe_select_what_they_recorded(run, tmp_path):
     (tmp_path / "config.json").write_bytes(tar.extractfile("config.json").read())
   config = checkpoints.load_config(str(tmp_path))
   assert config.data.source == "stdlib" and recorded["query_positions"] is None
-  pool = pipeline.probe_pool(config)
-  eval_rows = pipeline.packed_rows(config, "eval")
+  pool = loader.probe_pool(config)
+  eval_rows = registry.packed_rows(config, "eval")
   assert len(eval_rows["inputs"]) > config.metrics.probe_pool_rows == len(pool["inputs"])
-  for k in pipeline.BATCH_KEYS:
+  for k in loader.BATCH_KEYS:
     np.testing.assert_array_equal(pool[k], eval_rows[k][:config.metrics.probe_pool_rows])
   doc_ids = probe.document_ids(pool["segment_ids"], pool["positions"])
   rows = probe.choose_rows(doc_ids, config.metrics.probe_batch_size)

@@ -35,7 +35,7 @@ def with_data_paths(config, tmp_path):
   config.data.path = str(tmp_path)
   config.eval.path = str(tmp_path)
   if config.data.source == "documents":  # A prepared corpus, as `make prose` writes one.
-    from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+    from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
     config.data.path = str(tmp_path / "documents")
     if not os.path.exists(config.data.path):
       docs = [(f"chapter {i}", b"In the beginning. " * (i + 1)) for i in range(40)]
@@ -182,7 +182,7 @@ def test_small_sweep_experiments():
 
 
 def test_small_prose_is_small_on_the_prepared_prose_corpus(tmp_path, monkeypatch):
-  from hybrid_nope.data import documents, prose
+  from hybrid_nope.data.sources import documents, prose
   small, small_prose = (importlib.import_module(f"configs.{n}") for n in ("small", "small_prose"))
   monkeypatch.setenv(prose.DIR_ENV, str(tmp_path / "missing"))
   for name in ("swa64", "nopeswa256", "nope", "gla", "swa64_deep", "nope_deep"):

@@ -153,9 +153,9 @@ def test_lag4096_probe_has_pairs_at_the_far_lag_in_enough_documents():
   """The recency probe (32 of the first 128 eval rows of 8192 stdlib bytes) holds pairs at lag
   4096 in at least probe.MIN_CLUSTERS documents, so the floor f(L) has a standard error."""
   from hybrid_nope.analysis.measure import probe  # pylint: disable=g-import-not-at-top
-  from hybrid_nope.data import pipeline  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.pipeline import loader  # pylint: disable=g-import-not-at-top
   config = lag4096.get_config("swa4096")
-  rows = pipeline.probe_pool(config)
+  rows = loader.probe_pool(config)
   doc_ids_RT = probe.document_ids(rows["segment_ids"], rows["positions"])
   chosen_BT = doc_ids_RT[probe.choose_rows(doc_ids_RT, config.metrics.probe_batch_size)]
   far = config.metrics.far_lag

@@ -1,11 +1,11 @@
-"""Tests for hybrid_nope.data.bpe: the byte-level BPE trained for a prepared corpus (on a small
+"""Tests for hybrid_nope.data.tokenization.bpe: the byte-level BPE trained for a prepared corpus (on a small
 text made here; nothing is downloaded)."""
 import subprocess
 import sys
 
 import pytest
 
-from hybrid_nope.data import bpe
+from hybrid_nope.data.tokenization import bpe
 from tests.helpers import REPO
 
 TEXTS = [("In the beginning God created the heaven and the earth. And the earth was without "
@@ -20,7 +20,7 @@ VOCAB = 300
 def test_training_twice_gives_the_same_bytes_in_one_process_and_in_another():
   first = bpe.train(TEXTS, VOCAB)
   assert bpe.train(TEXTS, VOCAB) == first
-  code = (f"from hybrid_nope.data import bpe; from tests.test_data_bpe import TEXTS, VOCAB; "
+  code = (f"from hybrid_nope.data.tokenization import bpe; from tests.test_data_bpe import TEXTS, VOCAB; "
           f"import sys; sys.stdout.write(bpe.train(TEXTS, VOCAB))")
   other = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=120, check=True).stdout

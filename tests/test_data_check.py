@@ -16,7 +16,8 @@ import pytest
 import tokenizers
 from tokenizers import models
 
-from hybrid_nope.data import check, mds
+from hybrid_nope.data import check
+from hybrid_nope.data.formats import mds
 from tests.helpers import REPO, tiny_config, tiny_flags
 from tests.test_data_end_to_end import DOMAINS, PROLONG, eval_path  # noqa: F401 (a fixture)
 

@@ -1,4 +1,4 @@
-"""Tests for hybrid_nope.data.documents and data.source="documents" (a small corpus written here):
+"""Tests for hybrid_nope.data.sources.documents and data.source="documents" (a small corpus written here):
 the directory it writes, its rows, and the pipeline, check, validation, fingerprint and tokenizer
 paths that read it."""
 import json
@@ -7,10 +7,13 @@ import os
 import numpy as np
 import pytest
 
-from hybrid_nope import config_values
-from hybrid_nope.data import check, documents, fingerprint, mds, packing, pipeline
-from hybrid_nope.data.text_codec import text_codec
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data import check, fingerprint
+from hybrid_nope.data.sources import registry
+from hybrid_nope.data.sources import documents
+from hybrid_nope.data.formats import mds
+from hybrid_nope.data.pipeline import packing, loader
+from hybrid_nope.data.tokenization.text_codec import text_codec
+from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 from hybrid_nope.errors import ConfigError, UserError
 from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.validate import validate
@@ -121,19 +124,19 @@ def test_a_missing_foreign_or_inconsistent_directory_fails_naming_the_file(tmp_p
 def test_pipeline_reads_the_documents_source(corpus):
   config = _config(corpus)
   validate(config)
-  batch = next(pipeline.train_iterator(config))
+  batch = next(loader.train_iterator(config))
   assert batch["inputs"].shape == (2, SEQ_LEN) and batch["inputs"].max() < 258
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   np.testing.assert_array_equal(batches[0]["inputs"],
                                 documents.eval_rows(corpus, SEQ_LEN)["inputs"][:2])
-  assert len(pipeline.probe_pool(config)["inputs"]) == config.metrics.probe_pool_rows
-  assert pipeline.check_vocabulary(config) == 258
+  assert len(loader.probe_pool(config)["inputs"]) == config.metrics.probe_pool_rows
+  assert loader.check_vocabulary(config) == 258
   with pytest.raises(ConfigError, match="model.vocab_size=200 .*tokenizer.json's 258"):
-    pipeline.check_vocabulary(_config(corpus, model__vocab_size=200))
-  everything = pipeline.probe_pool(_config(corpus, metrics__probe_pool_rows=999))
+    loader.check_vocabulary(_config(corpus, model__vocab_size=200))
+  everything = loader.probe_pool(_config(corpus, metrics__probe_pool_rows=999))
   assert len(everything["inputs"]) == config.metrics.probe_pool_rows  # All the eval documents.
   with pytest.raises(ConfigError, match="probe_batch_size=999: .* the eval split has only"):
-    pipeline.probe_pool(_config(corpus, metrics__probe_pool_rows=999,
+    loader.probe_pool(_config(corpus, metrics__probe_pool_rows=999,
                                 metrics__probe_batch_size=999))
 
 
@@ -169,8 +172,8 @@ def test_check_reports_the_corpus_and_lists_a_missing_shard(corpus, tmp_path):
 
 def test_fingerprint_text_codec_and_export_use_the_directory_tokenizer(corpus, tmp_path):
   config = _config(corpus)
-  assert "documents" not in config_values.BYTE_SOURCES
-  prints = fingerprint.data_fingerprint(config, pipeline.eval_batches(config))
+  assert not registry.SOURCES["documents"].byte_tokens
+  prints = fingerprint.data_fingerprint(config, loader.eval_batches(config))
   assert prints["data.source"] == "documents" and "train.tokens_sha1" in prints
   assert "data.eval_fraction" not in prints  # The split is the directory's, not the config's.
   codec = text_codec(config)
@@ -184,12 +187,12 @@ def test_fingerprint_text_codec_and_export_use_the_directory_tokenizer(corpus, t
 
 
 def test_another_tokenizer_changes_the_fingerprint(corpus, tmp_path):
-  from hybrid_nope.data import bpe  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.tokenization import bpe  # pylint: disable=g-import-not-at-top
   other = str(tmp_path / "bpe")
   docs = _docs()
   documents.write(other, docs, eval_fraction=FRACTION, corpus=CORPUS,
                   tokenizer=bpe.train([d.decode() for _, d in docs], 270))
-  prints = [fingerprint.data_fingerprint(c, pipeline.eval_batches(c))
+  prints = [fingerprint.data_fingerprint(c, loader.eval_batches(c))
             for c in (_config(corpus), _config(other))]
   assert prints[0]["train.tokens_sha1"] != prints[1]["train.tokens_sha1"]
   assert prints[0]["eval.rows_sha1"] != prints[1]["eval.rows_sha1"]

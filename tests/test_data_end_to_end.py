@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.measure.hook import RecencyHook
-from hybrid_nope.data import pipeline, textbook_chapters
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import textbook_chapters
 from hybrid_nope.errors import UserError
 from hybrid_nope.train import loop
 from configs import swa256_350m
@@ -29,7 +30,7 @@ def prepared_chapters(tmp_path_factory, num: int = 12) -> str:
   """TextbookChapters of `num` fixture chapters, byte-tokenised like the MDS fixtures."""
   sys.path.insert(0, TESTDATA)
   import fixture_samples  # pylint: disable=g-import-not-at-top
-  from hybrid_nope.data.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
   source = tmp_path_factory.mktemp("chapters") / "chapters.jsonl"
   source.write_text("".join(
       json.dumps({"input_ids": ByteTokenizer().encode(c["text"]).tolist()}) + "\n"
@@ -72,7 +73,7 @@ def test_trains_on_the_mds_fixtures(eval_path, tmp_path, monkeypatch):
 def bad_token_data(root):
   """data.path with one packed domain "bad" in one shard (any row read checks it whole): 20
   samples of 200 byte tokens (int32), sample 3 holding the token id -1."""
-  from hybrid_nope.data import mds  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.formats import mds  # pylint: disable=g-import-not-at-top
   samples = []
   for i in range(20):
     ids = ((np.arange(200) * 7 + i) % 256).astype(np.int32)
@@ -113,7 +114,7 @@ def test_a_bad_token_is_refused_before_any_record(eval_path, tmp_path, monkeypat
   workdir, message = refused_bad_token(eval_path, tmp_path, monkeypatch)
   assert message.startswith("token id -1 at position 17 of input_ids in sample 3 of ")
   assert not [f for f in os.listdir(workdir) if f != "checkpoints"], os.listdir(workdir)
-  assert next(pipeline.train_iterator(advised_config(eval_path, workdir, message)))[
+  assert next(loader.train_iterator(advised_config(eval_path, workdir, message)))[
       "inputs"].min() >= 0  # The advised exclusion reads past the bad sample.
 
 

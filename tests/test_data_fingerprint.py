@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from hybrid_nope.data.fingerprint import data_fingerprint
-from hybrid_nope.data import pipeline, text_files, text_index, text_rows
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.formats import text_files, text_index
+from hybrid_nope.data.sources import text_rows
 from hybrid_nope.train.checkpoint import changed_data
 from tests import text_sources
 from tests.helpers import tiny_config
@@ -19,7 +21,7 @@ DOMAINS = ("book-65536@0.5", "thestackv1_concat_by_repo-65536@0.3", "fineweb-edu
 
 def stdlib(**overrides):
   config = tiny_config(**overrides)
-  return data_fingerprint(config, pipeline.eval_batches(config))
+  return data_fingerprint(config, loader.eval_batches(config))
 
 
 def test_the_same_stdlib_data_gives_the_same_fingerprint():

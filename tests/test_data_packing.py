@@ -1,11 +1,11 @@
-"""Tests for hybrid_nope.data.packing, against a plain-loop reference."""
+"""Tests for hybrid_nope.data.pipeline.packing, against a plain-loop reference."""
 
 import logging
 
 import numpy as np
 import pytest
 
-from hybrid_nope.data import packing
+from hybrid_nope.data.pipeline import packing
 
 B, E = 256, 257
 

@@ -1,4 +1,4 @@
-"""Tests for hybrid_nope.data.prolong and the "mds" train pipeline, on the committed
+"""Tests for hybrid_nope.data.sources.prolong and the "mds" train pipeline, on the committed
 MDSWriter fixtures (tests/testdata/mds/prolong: two packed domains, one zstd-compressed, and a
 raw domain) and on small datasets written with mds.write_mds."""
 
@@ -14,10 +14,11 @@ import orbax.checkpoint as ocp
 import pytest
 
 from hybrid_nope import config_values, errors, validate
-from hybrid_nope.data import mds
-from hybrid_nope.data import mixture
-from hybrid_nope.data import pipeline
-from hybrid_nope.data import prolong
+from hybrid_nope.data.sources import registry
+from hybrid_nope.data.formats import mds
+from hybrid_nope.data.pipeline import mixture
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import prolong
 from hybrid_nope.errors import UserError
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
@@ -289,26 +290,26 @@ def test_missing_paths_name_the_key(tmp_path):
 # ---- the train pipeline -----------------------------------------------------------------------
 
 def test_train_batches(cache_dir):
-  batch = next(pipeline.train_iterator(make_config(cache_dir)))
+  batch = next(loader.train_iterator(make_config(cache_dir)))
   assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
-      k: ((8, T), np.float32 if k == "weights" else np.int32) for k in pipeline.BATCH_KEYS}
+      k: ((8, T), np.float32 if k == "weights" else np.int32) for k in loader.BATCH_KEYS}
 
 
 def test_same_seed_same_batches_other_seed_different(cache_dir):
-  first = take(pipeline.train_iterator(make_config(cache_dir)), 4)
-  assert_same_batches(first, take(pipeline.train_iterator(make_config(cache_dir)), 4))
-  other = take(pipeline.train_iterator(make_config(cache_dir, **{"data.seed": 1})), 4)
+  first = take(loader.train_iterator(make_config(cache_dir)), 4)
+  assert_same_batches(first, take(loader.train_iterator(make_config(cache_dir)), 4))
+  other = take(loader.train_iterator(make_config(cache_dir, **{"data.seed": 1})), 4)
   assert not np.array_equal(first[0]["inputs"], other[0]["inputs"])
 
 
 def test_process_batches_interleave_to_the_global_batch(cache_dir):
   config = make_config(cache_dir)
-  global_batches = take(pipeline.train_iterator(config), 3)
-  shards = [take(pipeline.train_iterator(config, process_index=p, process_count=4), 3)
+  global_batches = take(loader.train_iterator(config), 3)
+  shards = [take(loader.train_iterator(config, process_index=p, process_count=4), 3)
             for p in range(4)]
   for k, global_batch in enumerate(global_batches):
     for p in range(4):
-      for key in pipeline.BATCH_KEYS:
+      for key in loader.BATCH_KEYS:
         np.testing.assert_array_equal(shards[p][k][key], global_batch[key][p::4], key)
 
 
@@ -327,23 +328,23 @@ def test_a_gs_style_url_trains_as_the_local_directory_each_process_its_rows(tmp_
   from tests.helpers import tiny_config  # pylint: disable=g-import-not-at-top
   validate.validate(tiny_config(data__source="mds", data__path="memory://prolong",
                                 eval__path=str(tmp_path)))  # The URL is a directory.
-  whole = take(pipeline.train_iterator(local), 3)
-  shards = [take(pipeline.train_iterator(remote, process_index=p, process_count=2), 3)
+  whole = take(loader.train_iterator(local), 3)
+  shards = [take(loader.train_iterator(remote, process_index=p, process_count=2), 3)
             for p in range(2)]
   assert_process_shards_interleave(shards, whole)
   for name in ("book-65536", "fineweb-edu"):
     entry = f"domain.{name}.index_sha1"
-    assert fingerprint._mds_domains(remote)[entry] == fingerprint._mds_domains(local)[entry]
+    assert registry.mds_domains(remote)[entry] == registry.mds_domains(local)[entry]
 
 
 def test_orbax_checkpoint_resumes_exactly(cache_dir, tmp_path):
-  iterator = pipeline.train_iterator(make_config(cache_dir))
+  iterator = loader.train_iterator(make_config(cache_dir))
   take(iterator, 5)
   with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
     manager.save(5, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(iterator)))
     manager.wait_until_finished()
   expected = take(iterator, 4)
-  fresh = pipeline.train_iterator(make_config(cache_dir))
+  fresh = loader.train_iterator(make_config(cache_dir))
   with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
     manager.restore(5, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
   assert fresh.get_state() == {"next_index": 5}
@@ -351,10 +352,10 @@ def test_orbax_checkpoint_resumes_exactly(cache_dir, tmp_path):
 
 
 def test_document_masking_switch(cache_dir):
-  off = next(pipeline.train_iterator(make_config(cache_dir, **{"data.document_masking": False})))
+  off = next(loader.train_iterator(make_config(cache_dir, **{"data.document_masking": False})))
   assert set(np.unique(off["segment_ids"])) <= {0, 1}
   with pytest.raises(ValueError, match=r"data\.document_masking"):
-    pipeline.train_iterator(make_config(cache_dir, **{"data.document_masking": 1}))
+    loader.train_iterator(make_config(cache_dir, **{"data.document_masking": 1}))
 
 
 @pytest.mark.parametrize("key, value", [
@@ -364,13 +365,13 @@ def test_document_masking_switch(cache_dir):
 ])
 def test_bad_mds_config_names_the_key(cache_dir, key, value):
   with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-    pipeline.train_iterator(make_config(cache_dir, **{key: value}))
+    loader.train_iterator(make_config(cache_dir, **{key: value}))
 
 
 def test_vocab_size_too_small_for_the_data(cache_dir):
   with pytest.raises(prolong.TokenRangeError,
                      match=r"of .*shard\.\d{5}\.mds.* outside \[0, model\.vocab_size=200\)"):
-    pipeline.train_iterator(make_config(cache_dir, **{"model.vocab_size": 200}))  # 1st batch
+    loader.train_iterator(make_config(cache_dir, **{"model.vocab_size": 200}))  # 1st batch
 
 
 # ---- token columns, token ranges, excluded samples --------------------------------------------
@@ -482,9 +483,9 @@ def test_the_train_pipeline_goes_past_excluded_samples(tmp_path, cache_dir):
   config = make_config(cache_dir, **{"data.path": str(tmp_path), "data.domains": ("a@1", "b@1"),
                                      "data.seq_len": 4, "model.vocab_size": 600})
   with pytest.raises(prolong.TokenRangeError, match="a/shard.00000.mds:2"):
-    take(pipeline.train_iterator(config), 40)
+    take(loader.train_iterator(config), 40)
   config.data.exclude_samples = ("a/shard.00000.mds:2",)
-  batches = take(pipeline.train_iterator(config), 40)  # Both domains, more than an epoch.
+  batches = take(loader.train_iterator(config), 40)  # Both domains, more than an epoch.
   assert max(b["inputs"].max() for b in batches) < 600
 
 
@@ -516,12 +517,12 @@ def test_exclude_samples_must_name_a_sample_of_a_domain_that_is_read(tmp_path, c
                                        "data.seq_len": 4, "model.vocab_size": 600})
     config.data.exclude_samples = (entry,)
     with pytest.raises(errors.ConfigError, match=match) as e:
-      pipeline.train_iterator(config)
+      loader.train_iterator(config)
     assert "config.data.exclude_samples" in str(e.value)
   stdlib = ml_collections.ConfigDict({"data": {"source": "stdlib",
                                                "exclude_samples": ("a/s.mds:1",)}})
   with pytest.raises(errors.ConfigError, match=r"data\.source='mds'"):
-    config_values.exclude_samples(stdlib)
+    registry.exclude_samples(stdlib)
 
 
 @pytest.mark.parametrize("domains", [("book@x",), ("book@",), ("@0.5",), "book@1"])

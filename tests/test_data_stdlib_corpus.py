@@ -1,4 +1,4 @@
-"""Tests for hybrid_nope.data.stdlib_corpus."""
+"""Tests for hybrid_nope.data.sources.stdlib_corpus."""
 
 import hashlib
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hybrid_nope.data import stdlib_corpus
+from hybrid_nope.data.sources import stdlib_corpus
 
 FRACTION = 0.05
 
@@ -47,7 +47,7 @@ def test_larger_fraction_only_moves_documents_into_eval():
 
 
 def test_split_is_stable_across_processes_with_different_hash_seeds():
-  code = ("import hashlib; from hybrid_nope.data import stdlib_corpus as c; "
+  code = ("import hashlib; from hybrid_nope.data.sources import stdlib_corpus as c; "
           f"print(hashlib.sha256(repr(c.documents('eval', {FRACTION})).encode()).hexdigest())")
   env = dict(os.environ, PYTHONHASHSEED="12345",
              PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))

@@ -10,9 +10,14 @@ import numpy as np
 import pytest
 
 from hybrid_nope import errors, validate
-from hybrid_nope.data import fingerprint, mds, packing, pipeline, prolong, text_files
-from hybrid_nope.data import text_codec, text_index, text_rows
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data import fingerprint
+from hybrid_nope.data.formats import mds, text_files
+from hybrid_nope.data.pipeline import packing, loader
+from hybrid_nope.data.sources import prolong
+from hybrid_nope.data.tokenization import text_codec
+from hybrid_nope.data.formats import text_index
+from hybrid_nope.data.sources import text_rows
+from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 from tests import text_sources
 from tests.helpers import (assert_process_shards_interleave, assert_same_batches, take,
                            tiny_config)
@@ -83,7 +88,7 @@ def test_the_split_follows_the_stdlib_rule_on_file_and_record(corpus, tmp_path):
   c = text_rows.corpus(config(source, path, tmp_path))
   names = [f"{os.path.basename(r.name)}:{i}" for r in c.readers
            for i in range(int(c.index.counts[c.readers.index(r)]))]
-  from hybrid_nope.data.stdlib_corpus import is_eval_path  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources.stdlib_corpus import is_eval_path  # pylint: disable=g-import-not-at-top
   assert [d for d, n in enumerate(names) if is_eval_path(n, 0.2)] == list(c.documents["eval"])
   assert 0 < len(c.documents["eval"]) < len(records)
 
@@ -92,10 +97,10 @@ def test_eval_rows_are_the_eval_stream_in_order(corpus, tmp_path):
   source, path, _ = corpus
   cfg = config(source, path, tmp_path)
   rows = text_rows.corpus(cfg).rows("eval", T, True)
-  batches = pipeline.eval_batches(cfg)
+  batches = loader.eval_batches(cfg)
   assert_same_batches(batches, [{k: np.stack([rows[2 * b + i][k] for i in range(2)])
                                  for k in packing.ROW_KEYS} for b in range(2)])
-  np.testing.assert_array_equal(pipeline.probe_pool(cfg)["inputs"],
+  np.testing.assert_array_equal(loader.probe_pool(cfg)["inputs"],
                                 np.stack([rows[i]["inputs"] for i in range(4)]))
 
 
@@ -108,15 +113,15 @@ def test_two_processes_read_disjoint_rows_that_cover_each_epoch(corpus, tmp_path
   for p in range(2):
     monkeypatch.setattr(packing.StreamRows, "__getitem__",
                         lambda self, k, p=p: read[p].append(k) or original(self, k))
-    it = pipeline.train_iterator(cfg, process_index=p, process_count=2)
+    it = loader.train_iterator(cfg, process_index=p, process_count=2)
     read[p].clear()  # Without the first global batch, which the iterator reads to check it.
     take(it, (num_rows + 1 - p) // 2)  # Global rows p, p + 2, ... of the first epoch.
   assert not set(read[0]) & set(read[1])
   assert sorted(read[0] + read[1]) == list(range(num_rows))
   monkeypatch.setattr(packing.StreamRows, "__getitem__", original)
   cfg.data.batch_size = 4
-  whole = take(pipeline.train_iterator(cfg), 3)
-  shards = [take(pipeline.train_iterator(cfg, process_index=p, process_count=2), 3)
+  whole = take(loader.train_iterator(cfg), 3)
+  shards = [take(loader.train_iterator(cfg, process_index=p, process_count=2), 3)
             for p in range(2)]
   assert_process_shards_interleave(shards, whole)
 
@@ -124,13 +129,13 @@ def test_two_processes_read_disjoint_rows_that_cover_each_epoch(corpus, tmp_path
 def test_a_resume_from_the_rows_consumed_reads_on_exactly(corpus, tmp_path):
   source, path, _ = corpus
   cfg = config(source, path, tmp_path)
-  whole = take(pipeline.train_iterator(cfg), 12)  # past one epoch: reshuffled
-  resumed = pipeline.train_iterator(cfg, start_row=7 * 4)
+  whole = take(loader.train_iterator(cfg), 12)  # past one epoch: reshuffled
+  resumed = loader.train_iterator(cfg, start_row=7 * 4)
   assert_same_batches(take(resumed, 5), whole[7:])
-  it = pipeline.train_iterator(cfg)
+  it = loader.train_iterator(cfg)
   take(it, 3)
   state = it.get_state()
-  again = pipeline.train_iterator(cfg)
+  again = loader.train_iterator(cfg)
   again.set_state(state)
   assert_same_batches(take(again, 4), whole[3:7])
 
@@ -141,9 +146,9 @@ def test_a_url_reads_as_the_local_files(corpus, tmp_path):
   for name in sorted(os.listdir(path)):
     fs.pipe_file(f"/text-{source}/{name}", open(os.path.join(path, name), "rb").read())
   local, remote = (config(source, p, tmp_path) for p in (path, f"memory://text-{source}"))
-  assert_same_batches(take(pipeline.train_iterator(remote), 4),
-                      take(pipeline.train_iterator(local), 4))
-  assert_same_batches(pipeline.eval_batches(remote), pipeline.eval_batches(local))
+  assert_same_batches(take(loader.train_iterator(remote), 4),
+                      take(loader.train_iterator(local), 4))
+  assert_same_batches(loader.eval_batches(remote), loader.eval_batches(local))
 
 
 def tiny_tokenizer(path):
@@ -170,10 +175,10 @@ def test_a_tokenizer_json_tokenises_on_the_fly(tmp_path):
   rows = c.rows("train", T, True)
   np.testing.assert_array_equal(np.concatenate([rows[k]["inputs"] for k in range(len(rows))])[
       :stream.size], stream)
-  assert pipeline.check_vocabulary(cfg) == 9
+  assert loader.check_vocabulary(cfg) == 9
   cfg.model.vocab_size = 8
   with pytest.raises(errors.ConfigError, match="tokenizer.json's 9 token ids"):
-    pipeline.check_vocabulary(cfg)
+    loader.check_vocabulary(cfg)
   codec = text_codec.text_codec(cfg)
   np.testing.assert_array_equal(codec.encode("beta zeta"), [0, 3, 7])
 

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hybrid_nope.data import tokenizer as byte_tokenizer
-from hybrid_nope.data.text_codec import TextCodecError, text_codec
+from hybrid_nope.data.tokenization import tokenizer as byte_tokenizer
+from hybrid_nope.data.tokenization.text_codec import TextCodecError, text_codec
 from hybrid_nope.export.tokenizer import EOS_TOKEN, byte_level_tokenizer
 from tests.helpers import tiny_config
 

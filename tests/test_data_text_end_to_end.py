@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from hybrid_nope.data import stdlib_corpus
+from hybrid_nope.data.sources import stdlib_corpus
 from hybrid_nope.train import loop
 from hybrid_nope.train.checkpoint import Checkpointer
 from tests import text_sources

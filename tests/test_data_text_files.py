@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from hybrid_nope import errors
-from hybrid_nope.data import text_files, text_rows
+from hybrid_nope.data.formats import text_files
+from hybrid_nope.data.sources import text_rows
 from tests import text_sources
 from tests.helpers import REPO, tiny_config, tiny_flags
 

@@ -1,4 +1,4 @@
-"""The token ids cached beside a text source's index (hybrid_nope.data.text_ids): each document
+"""The token ids cached beside a text source's index (hybrid_nope.data.formats.text_ids): each document
 tokenised once per corpus and tokenizer, never reused for another tokenizer or other data,
 refused at the wrong size, and rows identical with and without them."""
 import dataclasses
@@ -8,7 +8,10 @@ import types
 import numpy as np
 import pytest
 
-from hybrid_nope.data import pipeline, text_ids, text_index, text_rows, tokenizer
+from hybrid_nope.data.formats import text_ids, text_index
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import text_rows
+from hybrid_nope.data.tokenization import tokenizer
 from tests import text_sources
 from tests.helpers import assert_same_batches, take, tiny_config
 
@@ -121,8 +124,8 @@ def test_a_resume_from_the_rows_consumed_reads_on_exactly_from_the_cached_ids(tm
                     data__batch_size=4, model__vocab_size=12,
                     data__tokenizer=word_tokenizer(tmp_path / "tokenizer.json"))
   assert text_rows.corpus(cfg).index.ids is not None
-  whole = take(pipeline.train_iterator(cfg), 12)
-  assert_same_batches(take(pipeline.train_iterator(cfg, start_row=7 * 4), 5), whole[7:])
+  whole = take(loader.train_iterator(cfg), 12)
+  assert_same_batches(take(loader.train_iterator(cfg, start_row=7 * 4), 5), whole[7:])
 
 
 def test_ids_of_the_wrong_size_are_refused_in_one_warning_and_built_again(

@@ -1,4 +1,4 @@
-"""Tests for hybrid_nope.data.textbook_chapters: the tfds builder (array_record, no TensorFlow),
+"""Tests for hybrid_nope.data.sources.textbook_chapters: the tfds builder (array_record, no TensorFlow),
 its tokenisation through a tokenizer.json, and the eval rows read back through grain.
 
 The tokenizer is a tiny WordLevel model trained here in-process (nothing is fetched); the
@@ -17,8 +17,8 @@ import tokenizers
 from tokenizers import models, pre_tokenizers, processors, trainers
 
 from hybrid_nope import errors
-from hybrid_nope.data import pipeline
-from hybrid_nope.data import textbook_chapters as tc
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import textbook_chapters as tc
 from hybrid_nope.errors import UserError
 
 TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
@@ -147,14 +147,14 @@ def test_eval_batches_of_the_mds_source(prepared):
   config = ml_collections.ConfigDict({
       "data": {"source": "mds", "seq_len": 32}, "model": {"vocab_size": 1000},
       "eval": {"path": prepared, "batch_size": 3, "num_batches": 2}})
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   assert len(batches) == 2
   for batch in batches:
     assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
-        k: ((3, 32), np.float32 if k == "weights" else np.int32) for k in pipeline.BATCH_KEYS}
+        k: ((3, 32), np.float32 if k == "weights" else np.int32) for k in loader.BATCH_KEYS}
   config.eval.path = ""
   with pytest.raises(ValueError, match=r"config\.eval\.path"):
-    pipeline.eval_batches(config)
+    loader.eval_batches(config)
 
 
 def mds_eval_config(path, **eval_overrides):
@@ -171,7 +171,7 @@ def one_line_user_error(call) -> str:
 
 
 def test_an_empty_eval_directory_is_a_one_line_error_naming_eval_path(tmp_path):
-  message = one_line_user_error(lambda: pipeline.eval_batches(mds_eval_config(tmp_path)))
+  message = one_line_user_error(lambda: loader.eval_batches(mds_eval_config(tmp_path)))
   assert message.startswith(f"config.eval.path={str(tmp_path)!r} must be a prepared "
                             f"TextbookChapters directory") and message.endswith("found none")
 
@@ -180,14 +180,14 @@ def test_a_broken_prepared_directory_is_a_one_line_error_naming_it(prepared, tmp
   broken = tmp_path / "broken"
   broken.mkdir()
   (broken / "dataset_info.json").write_text("{not json")
-  message = one_line_user_error(lambda: pipeline.eval_batches(mds_eval_config(broken)))
+  message = one_line_user_error(lambda: loader.eval_batches(mds_eval_config(broken)))
   assert message.startswith(f"config.eval.path={str(broken)!r}: {broken} is not a readable "
                             f"prepared TextbookChapters set")
 
 
 def test_more_eval_batches_than_chapters_is_a_one_line_error_naming_num_batches(prepared):
   message = one_line_user_error(
-      lambda: pipeline.eval_batches(mds_eval_config(prepared, num_batches=5)))
+      lambda: loader.eval_batches(mds_eval_config(prepared, num_batches=5)))
   assert message == (f"config.eval.num_batches asks for 15 eval rows but {prepared} "
                      f"(config.eval.path) has only 12 chapters")
 
@@ -197,14 +197,14 @@ def test_a_probe_pool_larger_than_the_chapters_takes_them_all(prepared):
   smaller pool reads the same first rows of the fixed order as before."""
   config = mds_eval_config(prepared)
   config.metrics = ml_collections.ConfigDict({"probe_pool_rows": 256, "probe_batch_size": 4})
-  pool = pipeline.probe_pool(config)
+  pool = loader.probe_pool(config)
   every = tc.eval_rows(prepared, seq_len=32, num_rows=12, vocab_size=1000)
   assert len(pool["inputs"]) == 12
-  for k in pipeline.BATCH_KEYS:
+  for k in loader.BATCH_KEYS:
     np.testing.assert_array_equal(pool[k], every[k])
   config.metrics.probe_pool_rows = 5
-  for k in pipeline.BATCH_KEYS:
-    np.testing.assert_array_equal(pipeline.probe_pool(config)[k], every[k][:5])
+  for k in loader.BATCH_KEYS:
+    np.testing.assert_array_equal(loader.probe_pool(config)[k], every[k][:5])
 
 
 def test_prepare_keeps_the_tokenizer_and_the_vocabulary_is_checked_against_it(
@@ -217,10 +217,10 @@ def test_prepare_keeps_the_tokenizer_and_the_vocabulary_is_checked_against_it(
   config = mds_eval_config(prepared)
   config.data.path = str(data)
   config.model.vocab_size = size
-  assert pipeline.check_vocabulary(config) == size
+  assert loader.check_vocabulary(config) == size
   config.model.vocab_size = size - 1
   with pytest.raises(errors.ConfigError) as e:
-    pipeline.check_vocabulary(config)
+    loader.check_vocabulary(config)
   assert str(e.value) == (f"config.model.vocab_size={size - 1} is smaller than {copy}'s {size} "
                           f"token ids: pass --config.model.vocab_size={size} or more")
   # A tokenizer.json beside the training domains is checked too.
@@ -229,10 +229,10 @@ def test_prepare_keeps_the_tokenizer_and_the_vocabulary_is_checked_against_it(
   bigger.save(str(data / "tokenizer.json"))
   config.model.vocab_size = size
   with pytest.raises(errors.ConfigError, match=rf"{data / 'tokenizer.json'}'s {size + 10} "):
-    pipeline.check_vocabulary(config)
+    loader.check_vocabulary(config)
   (data / "tokenizer.json").write_text("{}")
   with pytest.raises(errors.ConfigError, match="is not a tokenizers JSON file"):
-    pipeline.check_vocabulary(config)
+    loader.check_vocabulary(config)
 
 
 def test_pretokenised_eval_data_carries_no_tokenizer(tmp_path):
@@ -242,4 +242,4 @@ def test_pretokenised_eval_data_carries_no_tokenizer(tmp_path):
   assert not os.path.exists(os.path.join(prepared, "tokenizer.json"))
   config = mds_eval_config(prepared)
   config.data.path = str(tmp_path)
-  assert pipeline.check_vocabulary(config) is None
+  assert loader.check_vocabulary(config) is None

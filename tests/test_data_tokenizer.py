@@ -1,9 +1,9 @@
-"""Tests for hybrid_nope.data.tokenizer."""
+"""Tests for hybrid_nope.data.tokenization.tokenizer."""
 
 import numpy as np
 import pytest
 
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 

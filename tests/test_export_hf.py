@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from configs import base, demo, gla_120m, nope_120m, nopeswa64_120m, swa256_120m
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 from hybrid_nope.errors import USAGE_EXIT_CODE
 from hybrid_nope.export import hf
 from hybrid_nope.export import tokenizer as export_tokenizer

@@ -177,7 +177,7 @@ def test_a_foreign_tokenizers_text_set_prepared_and_analysed(tmp_path):
   """A model with its own tokenizer: .txt files prepared into eval.path with the carried
   tokenizer (textbook_chapters), then analyze and score; eval data of another vocabulary is
   refused naming both files."""
-  from hybrid_nope.data import textbook_chapters
+  from hybrid_nope.data.sources import textbook_chapters
   smollm3_3b_like(str(tmp_path / "hf"))
   foreign_tokenizer(str(tmp_path / "hf" / "tokenizer.json"), size=300)
   texts = tmp_path / "texts"

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 from hybrid_nope.export import hf
 from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.model.definition import init_model

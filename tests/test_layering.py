@@ -46,7 +46,7 @@ def _reachable(start: str) -> set[str]:
 
 def test_the_graph_reads_the_imports_it_should():
   # The reader itself could fail silently; a known edge and a known non-edge pin it.
-  assert "hybrid_nope.config_values" in GRAPH["hybrid_nope.data.pipeline"]
+  assert "hybrid_nope.config_values" in GRAPH["hybrid_nope.data.pipeline.loader"]
   assert "hybrid_nope.analysis.measure.recency" in GRAPH["hybrid_nope.analysis.measure.hook"]
   assert "hybrid_nope.validate" in GRAPH["hybrid_nope.train.loop"]
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.model import head, loss
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
@@ -101,7 +101,7 @@ def test_the_train_and_eval_steps_are_those_of_the_full_path():
     tx = make_optimizer(config.train)
     model_def, state = init_train_state(config.model, tx, seed=0)
     assert model_def.bind(state.params).tie_embeddings
-    batch = next(pipeline.train_iterator(config))
+    batch = next(loader.train_iterator(config))
     grads = jax.jit(jax.grad(lambda p: model_def.objective_sums(p, batch, 1e-3)[0]))(state.params)
     _, metrics = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train),
                                          z_loss=1e-3))(state, batch)
@@ -135,7 +135,7 @@ def test_the_blocked_train_step_holds_no_logits_of_the_whole_batch():
                   model__vocab_size=vocab)
     tx = make_optimizer(config.train)
     model_def, state = init_train_state(config.model, tx, seed=0)
-    batch = next(pipeline.train_iterator(config))
+    batch = next(loader.train_iterator(config))
     step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)))
     compiled = step.lower(state, batch).compile()
     found[loss_block] = (largest_buffer(compiled.as_text()),

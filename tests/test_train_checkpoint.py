@@ -158,12 +158,12 @@ def test_an_older_checkpoint_counting_batches_restores_as_batches_times_its_batc
 
 
 def test_the_data_position_is_one_global_number_any_process_count_resumes_from():
-  from hybrid_nope.data import pipeline
+  from hybrid_nope.data.pipeline import loader
   from tests.helpers import take
   config = tiny_config(data__batch_size=4)
-  uninterrupted = take(pipeline.train_iterator(config), 5)[3:]
+  uninterrupted = take(loader.train_iterator(config), 5)[3:]
   for count in (1, 2):  # Resumed at row 12 (step 3) on 1 or 2 processes.
-    resumed = [pipeline.train_iterator(config, process_index=p, process_count=count,
+    resumed = [loader.train_iterator(config, process_index=p, process_count=count,
                                        start_row=12) for p in range(count)]
     for k in range(2):  # Global batches 3 and 4: process p holds rows p, p + count, ...
       got = [next(it) for it in resumed]

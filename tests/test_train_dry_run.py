@@ -14,7 +14,7 @@ import pytest
 
 from configs import swa256_350m
 from hybrid_nope import errors
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.train import dry_run, memory_fit, sharding
 from hybrid_nope.train.flops import flops_per_token
 from hybrid_nope.train.optimizer import make_optimizer
@@ -39,7 +39,7 @@ def compiled_step_bytes(c) -> tuple[int, int]:
   with sharding.activation_rules(mesh):
     model_def, state, shardings = abstract_train_state(c.model, tx, c.train.seed, mesh)
     batch = {k: jax.ShapeDtypeStruct((c.data.batch_size, c.data.seq_len),
-                                     pipeline.BATCH_DTYPES[k]) for k in pipeline.BATCH_KEYS}
+                                     loader.BATCH_DTYPES[k]) for k in loader.BATCH_KEYS}
     step = jax.jit(train_step_for(c, model_def, tx), donate_argnums=0)
     memory = step.lower(state, batch).compile().memory_analysis()
   batch_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in batch.values())

@@ -49,8 +49,8 @@ import pytest
 from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope.analysis.present import training_plots
 from hybrid_nope.analysis.measure.hook import RecencyHook
-from hybrid_nope.data import pipeline
-from hybrid_nope.data.text_codec import text_codec
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.tokenization.text_codec import text_codec
 from hybrid_nope.model import decode
 from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train import evaluation, loop
@@ -111,7 +111,7 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   assert any("tokens_per_second" in r and "mfu" in r for r in records)
   # The eval set's unigram entropy, the loss plots' context-free baseline, at step 0.
   (unigram,) = [r["eval_unigram_entropy"] for r in records if "eval_unigram_entropy" in r]
-  rows = pipeline.eval_batches(tiny_config())
+  rows = loader.eval_batches(tiny_config())
   assert unigram == pytest.approx(unigram_entropy(
       np.concatenate([b["targets"] for b in rows]), np.concatenate([b["weights"] for b in rows])))
   assert training_plots.unigram_baseline(records) == unigram
@@ -472,7 +472,7 @@ def test_a_url_workdir_needs_a_checkpoint_directory_orbax_can_write(tmp_path):
 @pytest.mark.integration
 def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_does(tmp_path):
   from hybrid_nope.analysis.checkpoint import checkpoints
-  from hybrid_nope.data import pipeline
+  from hybrid_nope.data.pipeline import loader
   from hybrid_nope.model.loss import weighted_token_losses
   config = tiny_config(eval__length_multiples=(1, 2), eval__bucket_size=16)
   loop.train(config, str(tmp_path))
@@ -488,7 +488,7 @@ def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_
   longer = ml_collections.ConfigDict(config.to_dict())
   longer.data.seq_len = 2 * T
   loss = weight = 0.0
-  for batch in pipeline.eval_batches(longer):
+  for batch in loader.eval_batches(longer):
     l, w = weighted_token_losses(model_def.apply(params, batch), batch["targets"],
                                  batch["weights"])
     loss, weight = loss + np.asarray(l, np.float64).sum(), weight + np.asarray(w).sum()

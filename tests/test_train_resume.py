@@ -32,7 +32,7 @@ import pytest
 
 from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope import run_dir
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.run_dir import RunDir
 from hybrid_nope.train import loop, resume
 from hybrid_nope.train.checkpoint import Checkpointer
@@ -136,8 +136,8 @@ def test_an_allowed_batch_change_is_recorded_and_reads_on_from_the_exact_row(run
   recorded = [r for r in metrics(run_copy) if r.get("event") == "config_change"]
   assert len(recorded) == 1 and recorded[0]["step"] == 8
   # The rows a batch-4 step 9 reads are the batch-2 stream's batches 8 and 9.
-  stream = take(pipeline.train_iterator(tiny_config()), 10)
-  resumed = next(pipeline.train_iterator(tiny_config(data__batch_size=4), start_row=16))
+  stream = take(loader.train_iterator(tiny_config()), 10)
+  resumed = next(loader.train_iterator(tiny_config(data__batch_size=4), start_row=16))
   np.testing.assert_array_equal(resumed["inputs"],
                                 np.concatenate([stream[8]["inputs"], stream[9]["inputs"]]))
   # A rerun of the same command resumes the new run as it is, and records nothing twice.

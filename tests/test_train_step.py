@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.state import init_train_state
 from hybrid_nope.model.loss import cross_entropy_sums
@@ -25,7 +25,7 @@ def test_steps_on_a_fixed_batch_reduce_loss():
   config = tiny_config(train__warmup_steps=0, train__learning_rate=3e-3, train__steps=30)
   tx = make_optimizer(config.train)
   model_def, state = init_train_state(config.model, tx, seed=0)
-  batch = next(pipeline.train_iterator(config))
+  batch = next(loader.train_iterator(config))
   step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)))
   eval_step = jax.jit(make_eval_step(model_def, np.zeros(config.data.seq_len, np.int32)))
   loss_sum, weight_sum = (float(a[0]) for a in eval_step(state.params, batch))
@@ -52,7 +52,7 @@ def test_bfloat16_parameters_and_moments_stay_so_and_train_with_z_loss_logged():
                        train__z_loss=1e-2)
   tx = make_optimizer(config.train)
   model_def, state = init_train_state(config.model, tx, seed=0)
-  batch = next(pipeline.train_iterator(config))
+  batch = next(loader.train_iterator(config))
   step = jax.jit(train_step_for(config, model_def, tx))
   logits = np.asarray(model_def.apply(state.params, batch), np.float64)
   log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
@@ -80,7 +80,7 @@ def test_a_non_finite_update_returns_the_old_state_and_says_so(bad):
   config = tiny_config(train__warmup_steps=0, **bad)
   tx = make_optimizer(config.train)
   model_def, state = init_train_state(config.model, tx, seed=0)
-  batch = next(pipeline.train_iterator(config))
+  batch = next(loader.train_iterator(config))
   step = jax.jit(make_train_step(model_def, tx, learning_rate_schedule(config.train)))
   before = jax.tree.map(np.asarray, state)
   for _ in range(2):  # lr=1e30 overflows on the second step, once the moments hold a gradient.
@@ -99,7 +99,7 @@ def padded_batches(config, count):
   is a new document (its own segment id, positions from 0, no loss on its first token), and
   the last 3 × (row index) tokens are padding (segment 0, weight 0), so the microbatches of a
   batch hold different token counts."""
-  it = pipeline.train_iterator(config)
+  it = loader.train_iterator(config)
   half = config.data.seq_len // 2
   out = []
   for _ in range(count):

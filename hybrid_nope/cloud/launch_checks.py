@@ -21,10 +21,11 @@ def load_config(path: str):
 
 def data_keys(source: str) -> tuple[str, ...]:
   """The path keys a data.source reads at start (validate.validate refuses them empty): every
-  source but the embedded corpus reads data.path, and ProLong's MDS its eval set at eval.path."""
-  if source == "stdlib":
-    return ()
-  return ("data.path", "eval.path") if source == "mds" else ("data.path",)
+  source but the embedded corpus reads data.path, and ProLong's MDS its eval set at eval.path
+  (`Source.path_keys`); an unknown name reads none here (validate names it)."""
+  from hybrid_nope.data.sources import registry  # pylint: disable=g-import-not-at-top
+  known = registry.lookup(source)
+  return known.path_keys if known else ()
 
 
 def missing_data_flags(config_path: str, overrides: tuple[str, ...]) -> list[str]:

@@ -1,7 +1,18 @@
-"""Data: byte tokenizer, embedded stdlib corpus, document packing, grain pipeline; for the
-paper runs the MDS reader (mds), the ProLong mixture and rows (prolong) and the
-TextbookChapters eval set (textbook_chapters).
+"""Data, in rooms by job:
 
-Import the submodules directly (e.g. `from hybrid_nope.data import pipeline`); this package
-file stays empty so that importing the tokenizer does not pull in grain or read the stdlib.
+  sources/       where rows come from: one module per source (the embedded stdlib corpus,
+                 ProLong's MDS mixture, a prepared documents directory and the prose corpus
+                 that fills one, text files tokenised on the fly, the TextbookChapters eval
+                 set) and `sources.registry`, the one place `data.source` is dispatched on
+  formats/       how data is stored: MDS (`formats.mds`), text files and their length index
+  tokenization/  the byte tokenizer, tokenizer.json files, BPE training, text <-> ids for a run
+  pipeline/      packing into rows, the mixture of domains, the grain loader (train iterator,
+                 eval batches, probe pool)
+  check.py, fingerprint.py, repetition.py: what a run asks of its data as a whole (is it in
+                 place, what identifies it at resume, how its tokens repeat)
+
+`mds.py` keeps the contract name `hybrid_nope.data.mds.MDSDataset` (DESIGN.md).
+Import the submodules directly (e.g. `from hybrid_nope.data.pipeline import loader`); the
+package files stay empty so that importing the tokenizer does not pull in grain or read the
+stdlib.
 """

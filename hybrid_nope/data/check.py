@@ -1,8 +1,8 @@
 """Is the config's data in place? `python launch/check_data.py --config=... [--config.*=...]`.
 
 Reads what the trainer reads at its start, through the same code (the launch script runs
-`validate.validate` first; then `pipeline.train_mixture`, `pipeline.eval_batches`,
-`pipeline.probe_pool`, `pipeline.check_vocabulary`), so each rule has one home and a config
+`validate.validate` first; then `registry.train_mixture`, `loader.eval_batches`,
+`loader.probe_pool`, `loader.check_vocabulary`), so each rule has one home and a config
 that passes here starts:
 
   train data   each domain of data.domains under data.path: its MDS directory (index.json, every
@@ -30,7 +30,8 @@ import dataclasses
 import numpy as np
 
 from hybrid_nope import config_values, storage
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import registry
 from hybrid_nope.errors import UserError
 
 
@@ -55,21 +56,10 @@ def _counted(problems) -> str:
   return f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
 
 
-# Where each source's data comes from: the section of docs/reproduce.md that says how to fetch
-# and prepare it, and its dataset ids.
-ORIGINS = {
-    "mds": ("Data", "ProLong is princeton-nlp/prolong-data-64K (data.path), TextbookChapters "
-                    "princeton-nlp/TextbookChapters prepared by hybrid_nope.data.textbook_chapters "
-                    "(eval.path), the tokenizer.json a Llama-3 one such as "
-                    "meta-llama/Meta-Llama-3-8B's"),
-    "documents": ("A second corpus: English prose", "`make prose` prepares it "
-                                                    "(launch/prepare_prose.py)"),
-}
-
-
 def problems_error(problems: list[str], source: str) -> DataCheckError:
-  """Every problem on a line of its own, then where the data comes from."""
-  section, origin = ORIGINS.get(source, ("Data", ""))
+  """Every problem on a line of its own, then where the data comes from (`Source.origin`)."""
+  known = registry.lookup(source)
+  section, origin = known.origin if known else ("Data", "")
   problems = list(dict.fromkeys(problems))  # Once each, in order.
   listed = "\n".join(f"  {p}" for p in problems)
   return DataCheckError(
@@ -120,10 +110,11 @@ class DataReport:
                                  for i, (x, w) in enumerate(zip(row, widths))) for row in cells]
 
   def text(self) -> str:
-    if self.source == "stdlib":
-      lines = [f"data.source=stdlib: the embedded corpus (nothing to fetch); seq_len "
+    source = registry.SOURCES[self.source]
+    if not source.path_keys:
+      lines = [f"data.source={self.source}: the embedded corpus (nothing to fetch); seq_len "
                f"{self.seq_len}"]
-    elif self.source == "documents":
+    elif source.prepared:
       lines = self._documents_lines()
     else:
       header = ("domain", "share", "kind", "shards", "samples", "tokens", f"rows of {self.seq_len}")
@@ -149,7 +140,7 @@ class DataReport:
 def _chapters(config) -> tuple[str, int]:
   """(the prepared eval directory, its number of chapters)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources import textbook_chapters  # pylint: disable=g-import-not-at-top
   directory = textbook_chapters.dataset_dir(config_values.value(config, "eval.path"))
   info = tfds.builder_from_directory(directory).info
   return directory, int(info.splits[textbook_chapters.SPLIT].num_examples)
@@ -170,7 +161,7 @@ def _mixture_problems(config) -> list[str]:
     alone.data.exclude_samples = tuple(e for e in config.data.exclude_samples
                                        if e.startswith(name + "/"))
     try:
-      pipeline.train_mixture(alone)
+      registry.train_mixture(alone)
     except (UserError, FileNotFoundError) as e:
       problems.append(_one_line(e))
   return problems
@@ -179,7 +170,7 @@ def _mixture_problems(config) -> list[str]:
 def _train(config, report: DataReport) -> None:
   report.train_path = config_values.value(config, "data.path")
   try:
-    mixture = pipeline.train_mixture(config)
+    mixture = registry.train_mixture(config)
   except (UserError, FileNotFoundError) as e:
     each = _mixture_problems(config) if storage.isdir(report.train_path or ".") else []
     raise DataCheckError("\n".join(each or [_one_line(e)])) from None
@@ -191,28 +182,29 @@ def _train(config, report: DataReport) -> None:
 
 
 def _documents(config, report: DataReport) -> None:
-  from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
   report.train_path = config_values.value(config, "data.path")
   report.corpus = documents.read_manifest(report.train_path)
-  report.split_rows = {s: len(pipeline.packed_rows(config, s)["inputs"])
+  report.split_rows = {s: len(registry.packed_rows(config, s)["inputs"])
                        for s in documents.SPLITS}
 
 
 def _eval(config, report: DataReport) -> None:
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   report.eval_rows = sum(len(b["inputs"]) for b in batches)
   report.eval_tokens = int(sum(np.count_nonzero(b["segment_ids"]) for b in batches))
-  report.probe_rows = len(pipeline.probe_pool(config)["inputs"])
-  if report.source == "mds":
+  report.probe_rows = len(loader.probe_pool(config)["inputs"])
+  if registry.named(config).mds_mixture:  # TextbookChapters at eval.path.
     report.eval_path, report.chapters = _chapters(config)
 
 
 def _tokenizer(config, report: DataReport) -> None:
-  if report.source == "documents":  # The directory's tokenizer.json (_documents checks it).
-    report.tokenizers = pipeline.tokenizer_files(config)
-  if report.source == "mds":
+  source = registry.named(config)
+  if source.prepared:  # The directory's tokenizer.json (_documents checks it).
+    report.tokenizers = source.tokenizer_files(config)
+  if source.mds_mixture:
     try:
-      report.tokenizers = pipeline.tokenizer_files(config)
+      report.tokenizers = source.tokenizer_files(config)
     except UserError:
       return  # An empty data.path or eval.path: their own checks say so.
     data_path = config_values.value(config, "data.path")
@@ -222,15 +214,16 @@ def _tokenizer(config, report: DataReport) -> None:
           f"directory under config.eval.path={config.eval.path}: put the tokenizer the data "
           f"was made with there (the Llama-3 one for ProLong), so that "
           f"the trainer checks model.vocab_size against it")
-  report.tokenizer_size = pipeline.check_vocabulary(config)
+  report.tokenizer_size = loader.check_vocabulary(config)
 
 
 def check(config) -> DataReport:
   """The report of the config's data, or a DataCheckError (a UserError) listing every problem."""
-  source = config.data.source
-  report = DataReport(source=source, seq_len=int(config.data.seq_len),
+  source = registry.named(config)
+  report = DataReport(source=source.name, seq_len=int(config.data.seq_len),
                       vocab_size=int(config.model.vocab_size))
-  parts = {"mds": [_train], "documents": [_documents]}.get(source, []) + [_eval, _tokenizer]
+  parts = (([_train] if source.mds_mixture else []) + ([_documents] if source.prepared else [])
+           + [_eval, _tokenizer])
   problems = []
   for part in parts:
     try:
@@ -240,5 +233,5 @@ def check(config) -> DataReport:
     except (UserError, FileNotFoundError) as e:  # MDS, config and eval-set errors name the file.
       problems.append(_one_line(e))
   if problems:
-    raise problems_error(problems, source)
+    raise problems_error(problems, source.name)
   return report

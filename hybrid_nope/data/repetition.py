@@ -103,9 +103,9 @@ def report(docs: list[np.ndarray], lags=LAGS, z: float = Z) -> dict:
 
 
 def prepared_profile(path: str, split: str = "eval", lags=LAGS) -> dict:
-  """`report` of a prepared documents directory's split (hybrid_nope.data.documents), e.g.
+  """`report` of a prepared documents directory's split (hybrid_nope.data.sources.documents), e.g.
   the prose corpus's eval split: launch/prepare_prose.py prints it, the results page shows it."""
-  from hybrid_nope.data import documents  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
   return {"path": path, "split": split, **report(documents.documents(path, split), lags)}
 
 

@@ -16,7 +16,7 @@ sets the imported model beside a fresh initialisation of its shape.
 The tokenizer decides data.source: a tokenizer.json that tokenises as our byte tokenizer (our
 export of a byte-level run) gives "stdlib", the embedded corpus as eval data; any other, or none,
 gives "mds", whose eval data (eval.path) is TextbookChapters, or any .txt/.jsonl/.parquet text,
-prepared with the carried tokenizer by `python -m hybrid_nope.data.textbook_chapters`
+prepared with the carried tokenizer by `python -m hybrid_nope.data.sources.textbook_chapters`
 (docs/analysis.md). A byte source (stdlib, documents) with another tokenizer is refused: its token
 ids would not be the model's.
 """
@@ -28,8 +28,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from hybrid_nope import config_values, run_dir, storage
-from hybrid_nope.data import tokenizer as byte_tokenizer
+from hybrid_nope import run_dir, storage
+from hybrid_nope.data.sources import registry
+from hybrid_nope.data.tokenization import tokenizer as byte_tokenizer
 from hybrid_nope.export import hf_import
 from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.run_dir import RunDir
@@ -69,7 +70,8 @@ def tokenizer_plan(hf_dir: str, source: str | None, vocab_size: int) -> tuple[st
     source = source or "stdlib"
     return source, [], f"byte tokenizer (ours): data.source={source}"
   source = source or "mds"
-  if source in config_values.BYTE_SOURCES:
+  known = registry.lookup(source)
+  if known and known.byte_tokens:
     raise hf_import.HFImportError(
         f"config.data.source={source!r} tokenises with our byte tokenizer, but {json_file} is "
         f"another: its token ids would not be the model's (leave data.source to the import, "

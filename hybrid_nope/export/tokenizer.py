@@ -1,7 +1,7 @@
 """The tokenizer files that go with an exported model, chosen from the run's own config by `plan`.
 
-- byte-tokenised runs (config_values.byte_tokenised: data.source=stdlib, or a text source with
-  data.tokenizer="byte"): our byte tokenizer (data/tokenizer.py: ids 0..255 = bytes, BOS 256,
+- byte-tokenised runs (registry.byte_tokenised: data.source=stdlib, or a text source with
+  data.tokenizer="byte"): our byte tokenizer (data/tokenization/tokenizer.py: ids 0..255 = bytes, BOS 256,
   EOS 257) has an exact Hugging Face form: a byte-level BPE with no merges whose vocabulary
   lists the 256 byte symbols in byte order, BOS/EOS as special tokens, and a post-processor
   that starts each text with BOS as our documents start. It is built here.
@@ -9,7 +9,7 @@
   byte, with the tokenizer_config.json and special_tokens_map.json beside it where there are
   any (else a tokenizer_config.json naming the fast tokenizer class, and no BOS/EOS guessed).
 - documents (a prepared corpus such as the English prose one): the tokenizer.json it holds
-  (hybrid_nope.data.bpe), copied, with a tokenizer_config.json naming its BOS and EOS.
+  (hybrid_nope.data.tokenization.bpe), copied, with a tokenizer_config.json naming its BOS and EOS.
 - mds (ProLong): the data came tokenised and the run's config names no tokenizer, so none is
   guessed: --tokenizer=PATH (a tokenizer.json, or a directory holding one and optionally
   tokenizer_config.json / special_tokens_map.json) copies it, checked against model.vocab_size;
@@ -25,7 +25,8 @@ import shutil
 from typing import Callable
 
 from hybrid_nope import config_values, storage
-from hybrid_nope.data import tokenizer as byte_tokenizer
+from hybrid_nope.data.sources import registry
+from hybrid_nope.data.tokenization import tokenizer as byte_tokenizer
 from hybrid_nope.errors import UserError
 
 BOS_TOKEN, EOS_TOKEN = "<|bos|>", "<|eos|>"
@@ -145,7 +146,8 @@ def _copy_plan(path: str, vocab_size: int) -> Plan:
 
 
 def _documents_plan(config) -> Plan:
-  from hybrid_nope.data import bpe, documents  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.tokenization import bpe
+  from hybrid_nope.data.sources import documents  # pylint: disable=g-import-not-at-top
   try:
     tok = documents.read_tokenizer(config.data.path)
   except UserError as e:
@@ -207,7 +209,8 @@ def plan(config, path: str | None) -> Plan:
   anything is written; `path` (--tokenizer, or an imported run's carried tokenizer) names one
   for a run whose config names none."""
   source = config.data.source
-  if config_values.byte_tokenised(config):
+  kind = registry.named(config)
+  if registry.byte_tokenised(config):
     if path:
       raise TokenizerError(f"--tokenizer={path}: the run trained on data.source={source} with "
                            f"the byte tokenizer, which the export writes itself; drop "
@@ -215,13 +218,13 @@ def plan(config, path: str | None) -> Plan:
     if config.model.vocab_size < byte_tokenizer.VOCAB_SIZE:
       raise TokenizerError(f"config.model.vocab_size={config.model.vocab_size} is below the "
                            f"byte tokenizer's {byte_tokenizer.VOCAB_SIZE} ids")
-    named = "" if source in config_values.BYTE_SOURCES else ", data.tokenizer=byte"
+    named = "" if kind.byte_tokens else ", data.tokenizer=byte"
     return Plan(f"byte tokenizer (data.source={source}{named}) written as a byte-level "
                 f"tokenizer.json", _write_byte_tokenizer, byte_tokenizer.BOS_ID,
                 byte_tokenizer.EOS_ID)
-  if source in config_values.TEXT_SOURCES:
+  if kind.text:
     return _data_tokenizer_plan(config, path)
-  if source == "documents" and not path:
+  if kind.prepared and not path:
     return _documents_plan(config)
   if path:
     return _copy_plan(path, config.model.vocab_size)

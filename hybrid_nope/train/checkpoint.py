@@ -4,7 +4,7 @@ DIR/checkpoints/<step>/ (`run_dir.py`) holds "state" (TrainState) and "meta" (JS
 of every state leaf; the data position; the fingerprint of the training data,
 `data/fingerprint.py`; the run-defining config and the run's history, `train/run_identity.py`).
 The data position is one global number, the training rows consumed: global row r does not
-depend on the process count (`pipeline.train_dataset`), so a run saved on 8 hosts resumes on 4,
+depend on the process count (`loader.train_dataset`), so a run saved on 8 hosts resumes on 4,
 and a resume that changes the batch size reads on from the same row. A restore checks all of
 it: a corrupt or truncated state, a data position that does not follow from the step and the
 history, or other training data each fail in one line that says how to go on. Older

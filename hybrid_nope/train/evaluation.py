@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.run_dir import METRICS
 from hybrid_nope.train import sharding
@@ -68,7 +68,7 @@ def process_rows(batch: dict) -> dict:
 
 def eval_rows(config) -> tuple[list[dict], float]:
   """(the eval batches, their unigram entropy: the loss of a model that ignores context)."""
-  eval_rows = pipeline.eval_batches(config)
+  eval_rows = loader.eval_batches(config)
   entropy = unigram_entropy(np.concatenate([b["targets"] for b in eval_rows]),
                             np.concatenate([b["weights"] for b in eval_rows]))
   logging.info("eval-set unigram entropy %.4f nats/token (context-free baseline)", entropy)
@@ -80,7 +80,7 @@ def eval_sets(config, mesh, model_def, state_shardings, eval_rows) -> list[EvalS
   (Compiling them here, before the init hook, made the hook's splash-attention trace on an
   8-device mesh fail on a mesh mismatch; so they compile at the first eval, whose time the ETA
   leaves out of the eval mean once a second eval is timed.)"""
-  batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
+  batch_shardings = {k: sharding.batch_sharding(mesh) for k in loader.BATCH_KEYS}
   sets = []
   for k in sorted(config.eval.length_multiples):
     seq_len = k * config.data.seq_len
@@ -89,8 +89,8 @@ def eval_sets(config, mesh, model_def, state_shardings, eval_rows) -> list[EvalS
     else:
       longer = ml_collections.ConfigDict(config.to_dict())
       longer.data.seq_len = seq_len
-      rows = pipeline.eval_batches(longer)
-    buckets = pipeline.position_buckets(seq_len, config.eval.bucket_size)
+      rows = loader.eval_batches(longer)
+    buckets = loader.position_buckets(seq_len, config.eval.bucket_size)
     step = jax.jit(make_eval_step(model_def, buckets),
                    in_shardings=(state_shardings.params, batch_shardings),
                    out_shardings=sharding.replicated(mesh))

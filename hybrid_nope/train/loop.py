@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.fingerprint import data_fingerprint
 from hybrid_nope.logs import quiet_library_logs
 from hybrid_nope.errors import RunStopped
@@ -129,7 +129,7 @@ def _resume(config, plan: resume.ResumePlan, ckpt: Checkpointer, state, state_sh
 
 
 def _compile_train_step(config, mesh, model_def, tx, state_shardings):
-  batch_shardings = {k: sharding.batch_sharding(mesh) for k in pipeline.BATCH_KEYS}
+  batch_shardings = {k: sharding.batch_sharding(mesh) for k in loader.BATCH_KEYS}
   return jax.jit(train_step_for(config, model_def, tx),
                  in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
@@ -152,7 +152,7 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   eval_rows, unigram = evaluation.eval_rows(config)
   fingerprint = data_fingerprint(config, eval_rows)
   state, start_row = _resume(config, plan, ckpt, state, state_shardings, fingerprint)
-  data_iter = pipeline.train_iterator(config, process_index=jax.process_index(),
+  data_iter = loader.train_iterator(config, process_index=jax.process_index(),
                                       process_count=jax.process_count(), start_row=start_row)
   start = int(state.step)
   if start >= config.train.steps:
@@ -170,7 +170,7 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
     eval_sets = evaluation.eval_sets(config, mesh, model_def, state_shardings, eval_rows)
     ckpt.checksums(state)  # Compiles the checksums now, not inside the first save.
   run_context = RunContext(config=config, model_def=model_def, eval_batches=eval_rows,
-                           probe_rows=pipeline.probe_pool(config), writer=writer,
+                           probe_rows=loader.probe_pool(config), writer=writer,
                            replicate=_replicator(mesh))
   run = _Run(config=config, mesh=mesh, model_def=model_def, state_shardings=state_shardings,
              data_iter=data_iter, eval_sets=eval_sets, run_context=run_context,
@@ -213,7 +213,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   whether the run stopped early for preemption.
   """
   validate(config)
-  pipeline.check_vocabulary(config)
+  loader.check_vocabulary(config)
   check_workdir(workdir, config.checkpoint.directory)
   quiet_library_logs()
   watcher = PreemptionWatcher()  # From here a signal saves (or, before any state, just stops).

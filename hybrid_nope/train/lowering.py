@@ -14,7 +14,7 @@ import jax
 from jax import export
 
 from hybrid_nope import kernels
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
 from hybrid_nope.train import sharding
 from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import abstract_train_state
@@ -41,8 +41,8 @@ def lower_train_step(config, platform: str) -> export.Exported:
                                                              config.train.seed, mesh)
     batch_sharding = sharding.batch_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct((config.data.batch_size, config.data.seq_len),
-                                     pipeline.BATCH_DTYPES[k], sharding=batch_sharding)
-             for k in pipeline.BATCH_KEYS}
+                                     loader.BATCH_DTYPES[k], sharding=batch_sharding)
+             for k in loader.BATCH_KEYS}
     step = jax.jit(train_step_for(config, model_def, tx),
                    in_shardings=(state_shardings, {k: batch_sharding for k in batch}),
                    out_shardings=(state_shardings, sharding.replicated(mesh)),

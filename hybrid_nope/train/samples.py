@@ -3,7 +3,7 @@ and at the last step, greedy continuations of eval.sample_prompts, up to
 eval.sample_max_new_tokens each, go to metrics.jsonl (a record {"step", "samples": [{"prompt",
 "text"}]}), TensorBoard text and W&B (MetricsWriter.write_samples).
 
-The prompts are tokenised as the training data (data/text_codec.py) and decoded with the cache
+The prompts are tokenised as the training data (data/tokenization/text_codec.py) and decoded with the cache
 (model/decode.py), compiled once for the run. Sampling runs without the activation sharding
 rules: a few prompts need not split over the mesh's batch axes.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from hybrid_nope.data.text_codec import TextCodecError, text_codec
+from hybrid_nope.data.tokenization.text_codec import TextCodecError, text_codec
 from hybrid_nope.errors import UserError
 from hybrid_nope.model import decode
 from hybrid_nope.model.decode_layers import decoder_for

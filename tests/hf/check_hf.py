@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from hybrid_nope.analysis.checkpoint import checkpoints  # noqa: E402
-from hybrid_nope.data.tokenizer import ByteTokenizer  # noqa: E402
+from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer  # noqa: E402
 from hybrid_nope.model import decode, layer_kinds  # noqa: E402
 
 TOLERANCE = 1e-4  # float32 max abs logit difference

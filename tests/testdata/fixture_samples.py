@@ -132,7 +132,7 @@ def describe(value):
   """A JSON-able, exact description of a decoded value: its type, dtype, shape and content.
 
   make_mds_fixtures.py stores this for what streaming's MDSReader decodes; the tests compare
-  it with what hybrid_nope.data.mds decodes.
+  it with what hybrid_nope.data.formats.mds decodes.
   """
   if isinstance(value, np.ndarray):
     return {"type": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),

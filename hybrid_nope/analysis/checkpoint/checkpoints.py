@@ -87,7 +87,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 def tokenizer_path(workdir: str, given: str | None = None) -> str | None:
   """`given` (a --tokenizer), else the tokenizer.json an imported model carries
-  (run_dir.TOKENIZER), else None (the run's data tokenizer, data/text_codec.py)."""
+  (run_dir.TOKENIZER), else None (the run's data tokenizer, data/tokenization/text_codec.py)."""
   carried = RunDir(workdir).tokenizer_file
   return given or (carried if storage.exists(carried) else None)
 

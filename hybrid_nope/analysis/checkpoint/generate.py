@@ -1,5 +1,5 @@
 """Continue text prompts on a checkpoint (`launch/generate.py`): the run's tokenizer
-(data/text_codec.py) and cached decoding (model/decode.py), timed.
+(data/tokenization/text_codec.py) and cached decoding (model/decode.py), timed.
 
 Prompts are tokenised as training saw documents (the byte tokenizer starts each with BOS), so a
 prompt is the beginning of a document. The prompts of one call decode as one batch.
@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from hybrid_nope.analysis.checkpoint import checkpoints
-from hybrid_nope.data.text_codec import text_codec
+from hybrid_nope.data.tokenization.text_codec import text_codec
 from hybrid_nope.model import decode
 
 

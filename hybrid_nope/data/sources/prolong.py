@@ -21,10 +21,10 @@ Without it (ProLong's `single_seq`), a packed sample is one sequence: one segmen
 count from the sample's start, only the sample's first token is never a target; a raw
 domain's row is one sequence (positions count from the row's start).
 
-Mixture: `hybrid_nope.data.mixture` (the domains' rows interleaved by their proportions,
+Mixture: `hybrid_nope.data.pipeline.mixture` (the domains' rows interleaved by their proportions,
 each domain's in a per-epoch shuffled order; element k is a pure function of k).
 
-Integrity (the full list is in `hybrid_nope.data.mds`): token columns must be integer
+Integrity (the full list is in `hybrid_nope.data.formats.mds`): token columns must be integer
 ndarrays (refused at open); each shard's token ids are checked against model.vocab_size
 when a row is first read from it; data.exclude_samples names samples that are never read.
 """
@@ -37,8 +37,9 @@ import os
 import numpy as np
 
 from hybrid_nope import config_values, storage
-from hybrid_nope.data import mds, packing
-from hybrid_nope.data.mixture import Mixture, parse_domains
+from hybrid_nope.data.formats import mds
+from hybrid_nope.data.pipeline import packing
+from hybrid_nope.data.pipeline.mixture import Mixture, parse_domains
 from hybrid_nope.errors import ConfigError
 
 cut_row = packing.cut_row  # Rows are cut in one place, the packing module.

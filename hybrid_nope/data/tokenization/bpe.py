@@ -1,5 +1,5 @@
 """A byte-level BPE tokenizer trained here, with the `tokenizers` package, for a prepared corpus
-(hybrid_nope.data.documents; the English prose corpus's `make prose`).
+(hybrid_nope.data.sources.documents; the English prose corpus's `make prose`).
 
 Byte-level: the text's UTF-8 bytes are the alphabet (GPT-2's ByteLevel pre-tokenizer and
 decoder, no normaliser), so every text encodes and `decode(encode(text)) == text` exactly. The

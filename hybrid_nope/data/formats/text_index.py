@@ -35,8 +35,8 @@ import uuid
 import numpy as np
 
 from hybrid_nope.config_values import VERIFY_ALWAYS
-from hybrid_nope.data import text_ids
-from hybrid_nope.data.text_files import TextDataError
+from hybrid_nope.data.formats import text_ids
+from hybrid_nope.data.formats.text_files import TextDataError
 
 VERSION = 3  # Of the .npz layout, what the index means and its ids; a change builds anew.
 SUBDIR = "text-index"

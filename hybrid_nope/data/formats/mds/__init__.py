@@ -38,20 +38,20 @@ What is verified, and when (each failure one line naming the file):
   first use of a  its sha1 against that sidecar, once per process: a cached copy changed since
   cached copy     it was written is refused (delete it to decompress it again).
   each read       the sample's column sizes and ndarray header against its byte span.
-ProLong rows (hybrid_nope.data.prolong) add: token columns must be integer ndarrays (at open),
+ProLong rows (hybrid_nope.data.sources.prolong) add: token columns must be integer ndarrays (at open),
 each shard's token ids within [0, model.vocab_size) (at its first read; the trainer reads
-the first batch before it writes a record, data/pipeline.py's train_iterator).
+the first batch before it writes a record, data/pipeline/loader.py's train_iterator).
 
 `write_mds` writes exactly what streaming's `MDSWriter` writes (tests compare the bytes with
 files that MDSWriter made); the tests and the benchmark build datasets with it. It writes sha1
 hashes unless told otherwise (MDSWriter's default is none).
 """
 
-from hybrid_nope.data.mds.dataset import MDSDataset
-from hybrid_nope.data.mds.encoding import (COMPRESSIONS, INDEX_BASENAME, Column, MDSFormatError,
+from hybrid_nope.data.formats.mds.dataset import MDSDataset
+from hybrid_nope.data.formats.mds.encoding import (COMPRESSIONS, INDEX_BASENAME, Column, MDSFormatError,
                                            parse_encoding)
-from hybrid_nope.data.mds.index import default_cache_dir
-from hybrid_nope.data.mds.writer import write_mds
+from hybrid_nope.data.formats.mds.index import default_cache_dir
+from hybrid_nope.data.formats.mds.writer import write_mds
 
 __all__ = ["COMPRESSIONS", "INDEX_BASENAME", "Column", "MDSDataset", "MDSFormatError",
            "default_cache_dir", "parse_encoding", "write_mds"]

@@ -1,15 +1,15 @@
 """A prepared directory of tokenised documents (data.source="documents").
 
 Written once by `write` (e.g. launch/prepare_prose.py, the English prose corpus of
-hybrid_nope/data/prose.py), read by the pipeline at config.data.path:
+hybrid_nope/data/sources/prose.py), read by the pipeline at config.data.path:
 
   corpus.json     MANIFEST: the corpus's name, title, licence and source, the split rule and
                   eval_fraction, the vocabulary (vocab_size, and `tokenizer`: its file, sha1,
                   BOS and EOS ids), the documents' sha1 and per split its documents, bytes and
                   tokens.
-  tokenizer.json  TOKENIZER, the one the ids are of (hybrid_nope.data.bpe: byte-level BPE with
+  tokenizer.json  TOKENIZER, the one the ids are of (hybrid_nope.data.tokenization.bpe: byte-level BPE with
                   BOS and EOS tokens; the prose corpus's is trained on its train split).
-  train/          MDS (hybrid_nope.data.mds, `write_mds`): one document per sample, `input_ids`
+  train/          MDS (hybrid_nope.data.formats.mds, `write_mds`): one document per sample, `input_ids`
   eval/           (uint16: BOS, the text's ids, EOS) and `name`, in the order given to `write`.
 
 A directory written before tokenizer.json existed (byte ids, vocab_size 258, no `tokenizer` in
@@ -17,7 +17,7 @@ corpus.json) is refused in one line naming it: remove it and prepare it again.
 
 The split is the stdlib corpus's rule (`is_eval`, on the document's name), so it is fixed by
 the names alone. Train rows pack the train documents exactly as the stdlib corpus's files are
-packed (hybrid_nope.data.packing); eval rows are one document each from its first token,
+packed (hybrid_nope.data.pipeline.packing); eval rows are one document each from its first token,
 padded when shorter (as TextbookChapters's), so a row's index is the position in its document.
 
 Every read checks the directory against corpus.json (counts, token ids, the split of every
@@ -35,7 +35,10 @@ import tempfile
 
 import numpy as np
 
-from hybrid_nope.data import bpe, mds, packing, stdlib_corpus
+from hybrid_nope.data.tokenization import bpe
+from hybrid_nope.data.formats import mds
+from hybrid_nope.data.pipeline import packing
+from hybrid_nope.data.sources import stdlib_corpus
 from hybrid_nope.errors import UserError
 
 MANIFEST = "corpus.json"
@@ -78,7 +81,7 @@ def plan(docs: list[tuple[str, bytes]], eval_fraction: float, corpus: dict,
          tokenizer: str) -> tuple[dict, dict[str, list[tuple[str, np.ndarray]]]]:
   """(the manifest `write` would write, {split: (name, token ids) of its documents in order});
   checks everything `write` needs, so a caller can compare against a directory without writing.
-  `tokenizer` is the text of the tokenizer.json (hybrid_nope.data.bpe) that encodes them."""
+  `tokenizer` is the text of the tokenizer.json (hybrid_nope.data.tokenization.bpe) that encodes them."""
   check_eval_fraction(eval_fraction)
   bad = [k for k in CORPUS_KEYS if not (isinstance(corpus.get(k), str) and corpus[k])]
   if bad:
@@ -159,7 +162,7 @@ def read_manifest(path: str) -> dict:
   file = os.path.join(path, MANIFEST)
   if not os.path.isfile(file):
     raise DocumentsError(f"{file} does not exist: expected a directory written by "
-                         f"hybrid_nope.data.documents.write (e.g. launch/prepare_prose.py: "
+                         f"hybrid_nope.data.sources.documents.write (e.g. launch/prepare_prose.py: "
                          f"make prose)")
   try:
     with open(file, encoding="utf-8") as f:
@@ -172,7 +175,7 @@ def read_manifest(path: str) -> dict:
       raise DocumentsError(f"{file}: expected {what}, got {manifest!r:.300}")
 
   require(isinstance(manifest, dict) and manifest.get("format") == FORMAT,
-          f"format {FORMAT!r} (hybrid_nope.data.documents.write's corpus.json)")
+          f"format {FORMAT!r} (hybrid_nope.data.sources.documents.write's corpus.json)")
   require(all(isinstance(manifest.get(k), str) and manifest[k] for k in CORPUS_KEYS),
           f"non-empty strings {list(CORPUS_KEYS)}")
   fraction = manifest.get("eval_fraction")
@@ -293,7 +296,7 @@ def train_rows(path: str, seq_len: int, *, verify_hashes: bool = True) -> dict[s
 @functools.lru_cache(maxsize=4)
 def _eval_rows(path: str, seq_len: int, verify_hashes: bool) -> dict[str, np.ndarray]:
   # TextbookChapters's row (from its module: one home); imported here, tfds is slow to import.
-  from hybrid_nope.data.textbook_chapters import chapter_row  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.data.sources.textbook_chapters import chapter_row  # pylint: disable=g-import-not-at-top
   rows = [chapter_row(ids_L, seq_len) for ids_L in _read(path, "eval", verify_hashes)]
   return _frozen({k: np.stack([r[k] for r in rows]) for k in packing.ROW_KEYS})
 

@@ -18,8 +18,8 @@ import threading
 import uuid
 from typing import BinaryIO, Callable
 
-from hybrid_nope.data.mds.encoding import MDSFormatError
-from hybrid_nope.data.mds.index import _decompressor, _Shard
+from hybrid_nope.data.formats.mds.encoding import MDSFormatError
+from hybrid_nope.data.formats.mds.index import _decompressor, _Shard
 
 SIDECAR_SUFFIX = ".sha1"
 _CHUNK = 1 << 22

@@ -3,7 +3,7 @@
 `data.path` names a file, a glob or a directory, local or any fsspec URL (gs://, hf://datasets/,
 file://, memory://); `files` lists what it names, sorted. One document is one record's
 `data.text_field` string. A reader per file gives random access to its documents, so a host
-reads only the rows of its shard (pipeline.train_dataset):
+reads only the rows of its shard (loader.train_dataset):
 
   jsonl    one JSON object per line (.jsonl, .json); documents by byte offset (recorded by
            `scan`), each line read by a ranged read; whitespace-only lines are skipped anywhere,
@@ -50,27 +50,28 @@ def _url(fs, path: str) -> str:
   return path if "file" in fs.protocol else fs.unstrip_protocol(path)
 
 
-def files(source: str, path: str) -> list[tuple[object, str]]:
-  """(filesystem, path) of each file `path` names for `source`, in sorted order."""
+def files(kind: str, path: str) -> list[tuple[object, str]]:
+  """(filesystem, path) of each file `path` names for `kind` (jsonl, parquet or hf: a SUFFIXES
+  key, which the text source of that name passes), in sorted order."""
   if not path:
-    raise TextDataError(f"config.data.path is empty: data.source={source} reads a file, a glob "
-                        f"or a directory of {'/'.join(SUFFIXES[source])} files")
+    raise TextDataError(f"config.data.path is empty: data.source={kind} reads a file, a glob "
+                        f"or a directory of {'/'.join(SUFFIXES[kind])} files")
   fs, root = fsspec.core.url_to_fs(path)
-  if source == "hf":
+  if kind == "hf":
     return [(fs, p) for p in _saved_dataset_files(fs, root, path)]
   if any(c in path for c in "*?["):
     found = sorted(fs.glob(root))
     what = "matches no files"
   elif fs.isdir(root):
-    found = sorted(p for p in fs.find(root) if p.endswith(SUFFIXES[source]))
-    what = f"is a directory without {'/'.join(SUFFIXES[source])} files"
+    found = sorted(p for p in fs.find(root) if p.endswith(SUFFIXES[kind]))
+    what = f"is a directory without {'/'.join(SUFFIXES[kind])} files"
   elif fs.exists(root):
     found, what = [root], ""
   else:
     found, what = [], "does not exist"
   if not found:
     raise TextDataError(f"config.data.path={path!r} {what}: expected a file, a glob or a "
-                        f"directory of data.source={source} files")
+                        f"directory of data.source={kind} files")
   return [(fs, p) for p in found]
 
 
@@ -320,9 +321,9 @@ class ArrowFile(_ColumnFile):
 READERS = {"jsonl": JsonlFile, "parquet": ParquetFile, "hf": ArrowFile}
 
 
-def readers(source: str, path: str, field: str) -> list:
+def readers(kind: str, path: str, field: str) -> list:
   """One reader per file of `path` (`files`), schemas checked where the format has one."""
   if not isinstance(field, str) or not field:
     raise TextDataError(f"config.data.text_field={field!r} is invalid: expected the name of "
                         f"the field that holds each document's text, e.g. 'text'")
-  return [READERS[source](fs, p, field) for fs, p in files(source, path)]
+  return [READERS[kind](fs, p, field) for fs, p in files(kind, path)]

@@ -28,10 +28,11 @@ import grain
 import numpy as np
 
 from hybrid_nope import config_values
-from hybrid_nope.data import packing, text_files, text_index
-from hybrid_nope.data.mds import default_cache_dir
-from hybrid_nope.data.stdlib_corpus import is_eval_path
-from hybrid_nope.data.tokenizer import text_tokenizer
+from hybrid_nope.data.pipeline import packing
+from hybrid_nope.data.formats import text_files, text_index
+from hybrid_nope.data.formats.mds import default_cache_dir
+from hybrid_nope.data.sources.stdlib_corpus import is_eval_path
+from hybrid_nope.data.tokenization.tokenizer import text_tokenizer
 from hybrid_nope.errors import ConfigError
 
 SPLITS = ("train", "eval")
@@ -108,8 +109,8 @@ def _cached_corpus(source, path, field, tokenizer, cache_dir, eval_fraction, ver
 
 
 def corpus(config) -> TextCorpus:
-  """The TextCorpus config.data names (data.source one of config_values.TEXT_SOURCES)."""
-  source = config_values.one_of(config, "data.source", config_values.TEXT_SOURCES)
+  """The TextCorpus config.data names (a text source: sources/registry.py dispatches here)."""
+  source = config_values.value(config, "data.source")
   path = config_values.string(config, "data.path", "a file, glob or directory of "
                               f"data.source={source} files (local or a URL)", nonempty=True)
   field = config_values.string(config, "data.text_field", "the field holding each document's "

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from hybrid_nope.data.mds.encoding import INDEX_BASENAME, _encode, parse_encoding
+from hybrid_nope.data.formats.mds.encoding import INDEX_BASENAME, _encode, parse_encoding
 
 DEFAULT_HASHES = ("sha1",)  # What the reader verifies a shard with (the fastest of hashlib's).
 

@@ -27,7 +27,7 @@ import uuid
 
 import numpy as np
 
-from hybrid_nope.data.tokenizer import ByteTokenizer
+from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 
 _log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Prepare once from a local copy (no network, no TensorFlow; array_record files):
 
-  python -m hybrid_nope.data.textbook_chapters --source=/data/TextbookChapters/data \
+  python -m hybrid_nope.data.sources.textbook_chapters --source=/data/TextbookChapters/data \
       --tokenizer=/models/llama3/tokenizer.json --data_dir=/data/tfds
 
 `--source` is a .jsonl / .parquet / .txt file or a directory of them (searched recursively, in
@@ -13,7 +13,7 @@ tokenizer's post-processor defines, e.g. Llama-3's <|begin_of_text|>) or already
 `input_ids`. The command prints the prepared directory, DATA_DIR/textbook_chapters/NAME/1.0.0;
 pass it (or DATA_DIR, if it holds one prepared config) as config.eval.path. The tokenizer.json
 is copied into it, so that the trainer can check model.vocab_size against it at the start
-(`pipeline.check_vocabulary`).
+(`loader.check_vocabulary`).
 
 Eval rows (`eval_rows`) are read back through grain: a fixed-seed shuffle of the chapters
 (the same set whatever data.seed is), one chapter per row from its first token, truncated to
@@ -37,7 +37,8 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from hybrid_nope.data import packing, prolong
+from hybrid_nope.data.pipeline import packing
+from hybrid_nope.data.sources import prolong
 from hybrid_nope.errors import UserError
 
 NAME = "textbook_chapters"
@@ -201,7 +202,7 @@ def dataset_dir(path: str) -> str:
   if len(found) != 1:
     raise EvalDataError(
         f"config.eval.path={path!r} must be a prepared TextbookChapters directory (with "
-        f"dataset_info.json; python -m hybrid_nope.data.textbook_chapters prints it), or hold "
+        f"dataset_info.json; python -m hybrid_nope.data.sources.textbook_chapters prints it), or hold "
         f"exactly one; found {found or 'none'}")
   return found[0]
 
@@ -226,7 +227,7 @@ def eval_rows(path: str, *, seq_len: int, num_rows: int, vocab_size: int,
     raise EvalDataError(f"config.eval.path={path!r}: {directory} is not a readable prepared "
                         f"TextbookChapters set ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); prepare it again "
-                        f"with python -m hybrid_nope.data.textbook_chapters") from None
+                        f"with python -m hybrid_nope.data.sources.textbook_chapters") from None
   if at_most:
     num_rows = min(num_rows, len(source))
   elif num_rows > len(source):

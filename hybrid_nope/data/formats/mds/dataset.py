@@ -15,10 +15,10 @@ import numpy as np
 
 from hybrid_nope import storage
 from hybrid_nope.config_values import VERIFY_ALWAYS
-from hybrid_nope.data.mds import cache
-from hybrid_nope.data.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError, _decode,
+from hybrid_nope.data.formats.mds import cache
+from hybrid_nope.data.formats.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError, _decode,
                                            ndarray_headers, ndarray_itemsizes)
-from hybrid_nope.data.mds.index import _load_index, _Shard, default_cache_dir
+from hybrid_nope.data.formats.mds.index import _load_index, _Shard, default_cache_dir
 
 _log = logging.getLogger(__name__)
 _warned_unhashed: set[str] = set()  # Datasets (cache keys) this process warned about.
