@@ -2,9 +2,9 @@
 
   sources/       where rows come from: one module per source (the embedded stdlib corpus,
                  ProLong's MDS mixture, a prepared documents directory and the prose corpus
-                 that fills one, text files tokenised on the fly, the TextbookChapters eval
-                 set) and `sources.registry`, the one place `data.source` is dispatched on
-  formats/       how data is stored: MDS (`formats.mds`), text files and their length index
+                 that fills one, text files (a BPE's ids cached once), the TextbookChapters
+                 eval set) and `sources.registry`, the one place `data.source` is dispatched on
+  formats/       how data is stored: MDS (`formats.mds`), text files, their length index and ids
   tokenization/  the byte tokenizer, tokenizer.json files, BPE training, text <-> ids for a run
   pipeline/      packing into rows, the mixture of domains, the grain loader (train iterator,
                  eval batches, probe pool)

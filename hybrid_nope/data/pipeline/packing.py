@@ -11,7 +11,7 @@ weight 0. Two forms of the same rule:
                   (the stdlib corpus, prepared byte documents);
   StreamRows      row k on demand, reading only the documents it overlaps; the last row is
                   padded (token 0, segment 0, weight 0) where the stream ends (MDS raw domains,
-                  jsonl / parquet / saved datasets tokenised on the fly), each row by `cut_row`.
+                  jsonl / parquet / saved datasets, from cached ids or bytes), each by `cut_row`.
 """
 
 import logging
