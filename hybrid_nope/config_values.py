@@ -132,3 +132,13 @@ def exclude_samples(config) -> tuple[str, ...]:
   for entry in x:
     split_sample_ref(entry)
   return tuple(x)
+
+
+# train.schedule's names (built by train/lr_schedule.py), here so that config checks need no
+# train code.
+SCHEDULES = ("cosine", "wsd", "linear", "constant")
+
+
+def decay_steps(train_cfg) -> int:
+  """WSD's cooldown length in updates: train.decay_fraction × train.steps, rounded."""
+  return round(train_cfg.decay_fraction * train_cfg.steps)

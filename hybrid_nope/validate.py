@@ -12,8 +12,9 @@ import shutil
 from absl import logging
 
 from hybrid_nope import run_config, storage
-from hybrid_nope.config_values import (is_int, require, boolean, data_seed, int_in, number_in,
-                                       one_of, positive_int, string, value, verify_hashes)
+from hybrid_nope.config_values import (SCHEDULES, boolean, data_seed, decay_steps, int_in,
+                                       is_int, number_in, one_of, positive_int, require,
+                                       string, value, verify_hashes)
 from hybrid_nope.data.sources import registry
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
@@ -21,7 +22,6 @@ from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.delta import GATES as DELTA_GATES, check_shape as check_delta_shape
 from hybrid_nope.model.pattern import layer_kinds, window_of
 from hybrid_nope.model.transformer import DTYPES, LOGITS_DTYPES
-from hybrid_nope.train.lr_schedule import SCHEDULES, decay_steps
 
 
 

@@ -57,6 +57,33 @@ def test_data_does_not_import_the_whole_config_check():
   assert not offenders, f"{offenders} import hybrid_nope.validate; read values through config_values"
 
 
+def _package(module: str) -> str:
+  """A module's top-level room: hybrid_nope.X for a subpackage X, else the root module itself."""
+  parts = module.split(".")
+  if len(parts) > 1 and (PACKAGE / parts[1]).is_dir():
+    return ".".join(parts[:2])
+  return module
+
+
+def test_no_package_imports_itself_through_others():
+  # Modules may be acyclic while their packages are not (train.sharding -> validate ->
+  # train.lr_schedule): a package then cannot be read, tested or moved alone.
+  packages = {}
+  for module, deps in GRAPH.items():
+    packages.setdefault(_package(module), set()).update(
+        _package(d) for d in deps if _package(d) != _package(module))
+  def reachable(start):
+    seen, todo = set(), [start]
+    while todo:
+      for dep in packages.get(todo.pop(), ()):
+        if dep not in seen:
+          seen.add(dep)
+          todo.append(dep)
+    return seen
+  cycles = sorted(p for p in packages if p in reachable(p))
+  assert not cycles, f"package circles through {cycles}"
+
+
 def test_no_module_imports_itself_through_others():
   # Package __init__ files that only document are leaves; the contract aliases point one way.
   cycles = sorted(m for m in GRAPH if m in _reachable(m))

@@ -21,12 +21,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("cosine", "wsd", "linear", "constant")
+from hybrid_nope.config_values import SCHEDULES, decay_steps
 
-
-def decay_steps(train_cfg) -> int:
-  """WSD's cooldown length in updates: train.decay_fraction × train.steps, rounded."""
-  return round(train_cfg.decay_fraction * train_cfg.steps)
 
 
 def one_minus_sqrt(peak: float, floor: float, steps: int) -> optax.Schedule:
