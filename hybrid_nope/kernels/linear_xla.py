@@ -40,44 +40,8 @@ chunk inside the loop from the [B, T] run ids. The per-level block totals are re
 (_levels); taking them as the previous level's prefix at the half's end made XLA re-evaluate the
 whole chain of levels inside every level's fusion (2^level loads per element).
 
-Measured on the 2-core AVX-512 CPU this was written on (benchmarks/attention.py --T
-2048,4096,8192,16384 --windows 256,global --impls xla --no-dense --reps 3; T=8192, B=1, N=K=4,
-H=64, float32; one run per column; SWA w=256 from the ac02d5f run):
-                 8b3269e (the layout above)    ac02d5f (this file)          SWA w=256
-  linear-xla     fwd 45.3  fwd+bwd 143.3 ms    fwd 42.8  fwd+bwd 110.2 ms   151.8 ms
-  linear-xla/2d  fwd 23.3  fwd+bwd  72.2 ms    fwd 17.5  fwd+bwd  54.4 ms    79.1 ms
-  time(T=16384)/time(T=4096) fwd+bwd at ac02d5f: 4.16 (one device), 3.99 (two).
-Against the 254.7 GFLOP/s roofline, counting useful FLOPs as the model does (train/flops.py:
-2.03 GFLOP fwd+bwd), that is 7% (one device) and 15% (two), short of the 20% target. On one core
-with 2 heads (the two-device case), fwd+bwd at T=8192, from 8b3269e: the forward saving each
-chunk's masked A for the backward (a quarter of S_in's size at C=32; no levels' dots or A
-assembly in the backward): -10%; the later chunks' dlog_decay carried as a vector instead of
-rowsum(S_out ⊙ dS_out), which recomputed S_out: -5%; every decay factor a product of a = e^g
-(one exponential per element instead of one per level and factor): -10%; the levels as block
-dots: -3%. Chunk 32 against 16 and 64 after all four: 30.1, 32.3, 32.3 ms (the shared machine
-in a fast phase: its roofline read 358.5 GFLOP/s then, and every row scaled alike); 32 kept. The
-layout before the one above took 274.3 ms; the custom VJP measured 217 vs autodiff's 396 ms
-there, autodiff stacking every chunk's intermediates.
-
-What limits it: per chunk the backward runs ~20 dots of [16..64]-sized operands, which XLA:CPU
-executes at ~40-50 GFLOP/s on a core (a third of its large-matmul rate), and ~300 small fusions
-(transposes into and out of the heads-major chunk, products, scalings, masks, the zero-filled
-scan outputs) at ~2-3 G elements/s. Per-op overhead is not it: at H=4 the same op count takes
-15 of 66 ms, and batching more chunks per scan step (B=8 or 32 rows of shorter sequences) was
-slower, out of cache. Tried and slower or no gain: two or four chunks per scan step, the state
-saved once per step and rebuilt in the backward (+15%, +35%); the whole arrays heads-major
-outside the scan (whole-array transposes: +30%); the state saved transposed for dq's dot (no
-change); the in-chunk reverse cumulative sum as lax.cumsum (reduce-window: +25%) or as
-Hillis-Steele doubling (XLA fused its shifted reads, re-evaluating each level: +5-20%); the
-heads split into two independent scans so that XLA:CPU might run them on two threads (it ran
-them one after the other: +36%); YNNPACK fusions off (no change); all chunks' intra-chunk terms
-batched outside the scan (+10-25% forward: one elementwise pass writing a fresh 32 MB buffer
-took 10 ms against 0.8 ms for 16 MB, the mmap'd allocation page-faulting on every call); a
-time-major chunk layout [C, B·K, H] (+60% forward); the block totals built with where-masks
-(+55% forward); one batched dot stacking all levels (2x forward); optimization barriers
-(XLA:CPU drops them); scan unrolling (no gain). What would change it is one fused kernel per
-chunk; on CPU, JAX has none (Pallas runs there only in interpret mode), so the fused forward
-is linear_pallas's, for TPU.
+How fast it is, what limits it on CPU, what changed since its first version and what was tried
+and found slower: docs/performance.md, "CPU: gated linear attention".
 """
 from __future__ import annotations
 
@@ -88,7 +52,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-CHUNK = 32  # Tuned on CPU (module docstring): 16 and 64 are ~7% slower at T=8192.
+CHUNK = 32  # Tuned on CPU (docs/performance.md): 16 and 64 are ~7% slower at T=8192.
 
 
 def _mm(spec, a, b):
