@@ -42,10 +42,10 @@ def test_a_read_out_inversion_is_said_in_words():
   rows.append(weak)
   for v in rows:
     v.p_adjusted = v.p
-  text = " ".join(page_sections.readout_inversions(rows))
+  text = " ".join(page_sections.readout_inversions(rows, "nope"))
   assert "Against stage 3" in text and "swa16 (-0.2000" in text and "swa64" not in text
   assert "The same sign, not significant: gla." in text
-  assert page_sections.readout_inversions(rows[1:]) == []  # No significant inversion.
+  assert page_sections.readout_inversions(rows[1:], "nope") == []  # No significant inversion.
 
 
 def test_the_causal_table_shows_unsigned_effects_unstable_layers_and_position():

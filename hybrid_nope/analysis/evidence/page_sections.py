@@ -193,10 +193,10 @@ def agreement(cells: list[Verdict]) -> str:
   return "power only" if len(decided) == 1 and len(signs) == 1 else "no"
 
 
-def readout_inversions(rows: list[Verdict]) -> list[str]:
+def readout_inversions(rows: list[Verdict], baseline: str) -> list[str]:
   """A sentence where the data contradict stage 3: a hybrid whose global layers read out less
-  recency than the global-only model's (the "reads out more recency than nope" rows)."""
-  inverted = [v for v in rows if v.finding.endswith("reads out more recency than nope")
+  recency than the global-only model's, `baseline` (its "reads out more recency than" rows)."""
+  inverted = [v for v in rows if v.finding.endswith(f"reads out more recency than {baseline}")
               and v.mean is not None and v.mean < 0]
   significant = [v for v in inverted if v.p_adjusted is not None and v.p_adjusted < ALPHA]
   if not significant:
