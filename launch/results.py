@@ -31,7 +31,7 @@ flags.DEFINE_string("primary", primary.DEFAULT_PATH, "The registered primary fam
                     "first from its own runs; '' = a page of exploratory sweeps only.")
 flags.DEFINE_string("exploratory", exploratory_experiments.DEFAULT_PATH, "Which experiment "
                     "plays which part in the exploratory rows (baseline, local configs, mixer "
-                    "pairs, windows).")
+                    "pairs, windows, RoPE-global controls).")
 flags.DEFINE_string("intro", "docs/results_intro.md", "The page's fixed text ({commit} filled).")
 
 

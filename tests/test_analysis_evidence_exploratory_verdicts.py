@@ -103,7 +103,8 @@ def test_the_experiments_file_names_each_part_and_refuses_a_bad_key(tmp_path):
   assert all(len(pair) == 2 for pair in experiments.mixer_pairs)
   bad = tmp_path / "bad.toml"
   bad.write_text('baseline = "nope"\nlocal = ["swa16"]\nmixer_pairs = []\nnorm_series = []\n'
-                 'windows = {small = "swa16", large = "swa256"}\ntypo = 1\n')
+                 'rope_global_controls = []\nwindows = {small = "swa16", large = "swa256"}\n'
+                 'typo = 1\n')
   with pytest.raises(exploratory_experiments.ExperimentsError, match="typo"):
     exploratory_experiments.load(str(bad))
   with pytest.raises(exploratory_experiments.ExperimentsError, match="small_at_large_flops"):

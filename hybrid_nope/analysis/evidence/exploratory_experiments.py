@@ -1,14 +1,15 @@
 """Which experiment plays which part in docs/results.md's exploratory rows: the global-only
-baseline, the local configs, the mixer pairs, the window comparisons. Declared in a committed
-file (docs/results/exploratory.toml) beside the sweeps' configs, so the evidence code names no
-experiment; `load` reads and checks it (a bad entry fails naming the key)."""
+baseline, the local configs, the mixer pairs, the windows compared, the RoPE-global controls.
+Declared in a committed file (docs/results/exploratory.toml) beside the sweeps' configs, so the
+evidence code names no experiment; `load` reads and checks it (a bad entry fails naming the
+key)."""
 from __future__ import annotations
 
 import dataclasses
 import tomllib
 
 DEFAULT_PATH = "docs/results/exploratory.toml"
-KEYS = ("baseline", "local", "mixer_pairs", "norm_series", "windows")
+KEYS = ("baseline", "local", "mixer_pairs", "norm_series", "rope_global_controls", "windows")
 WINDOW_KEYS = ("small", "large", "small_at_large_flops", "nope_in_swa_large")
 
 
@@ -30,6 +31,7 @@ class Experiments:
   local: tuple[str, ...]                # configs with a local mixer, in the page's order
   mixer_pairs: tuple[tuple[str, str], ...]  # (config, the one it is compared with)
   norm_series: tuple[str, ...]          # configs whose norm effect is traced over training
+  rope_global_controls: tuple[str, ...]  # configs built to fail to extrapolate
   windows: Windows
 
 
@@ -65,4 +67,6 @@ def load(path: str = DEFAULT_PATH) -> Experiments:
   return Experiments(baseline=raw["baseline"], local=_names(raw["local"], f"{path}: local"),
                      mixer_pairs=pairs,
                      norm_series=_names(raw["norm_series"], f"{path}: norm_series"),
+                     rope_global_controls=_names(raw["rope_global_controls"],
+                                                 f"{path}: rope_global_controls"),
                      windows=Windows(**windows))

@@ -124,7 +124,7 @@ class CorpusEvidence:
   transfer_rows: list[dict]
   causal_rows: list[dict]
   figures_dir: str | None
-  baseline: str  # the global-only experiment the hybrids' read-out is compared with
+  experiments: Experiments  # which experiment plays which part in the rows
 
   @property
   def tests(self) -> list[Verdict]:
@@ -148,7 +148,7 @@ def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -
       "is built from the probe's per-document sums, seed alone for eval losses "
       "(hybrid_nope/analysis/evidence/findings.py defines the kinds, two_level.py the error, "
       "published_findings.py the margins' rule).", ev.found, h)
-  lines += sections.readout_inversions(ev.found, ev.baseline)
+  lines += sections.readout_inversions(ev.found, ev.experiments.baseline)
   if ev.swing is not None:
     lines += [f"Sign swing in detail: "
               f"{flip_counts.verdict_text(ev.swing[1], p=ev.swing[0].p_adjusted)}", ""]
@@ -159,7 +159,8 @@ def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -
       "page's Holm family.", ev.mixers, h)
   for name, series in ev.norm_series.items():
     lines += sections.norm_section(name, series, h)
-  lines += sections.extrapolation_section(ev.regressions, ev.corr, h)
+  lines += sections.extrapolation_section(ev.regressions, ev.corr,
+                                          ev.experiments.rope_global_controls, h)
   lines += sections.propagation_section(ev.transfer_rows, h)
   return lines
 
@@ -267,7 +268,7 @@ def corpus_evidence(name: str, records_dirs: Sequence[str], tmp: str, figures_di
   return CorpusEvidence(name, list(records_dirs), result["rows"], found, mixers, swing,
                         regressions, extrapolation_correlation(runs),
                         {e: len(v) for e, v in runs.items()}, norm_series, transfer_rows,
-                        causal_rows(unpacked), figures_dir, experiments.baseline)
+                        causal_rows(unpacked), figures_dir, experiments)
 
 
 def _summary(ev: CorpusEvidence) -> dict:
