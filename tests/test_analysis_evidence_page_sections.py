@@ -42,10 +42,10 @@ def test_a_read_out_inversion_is_said_in_words():
   rows.append(weak)
   for v in rows:
     v.p_adjusted = v.p
-  text = " ".join(page_sections.readout_inversions(rows))
+  text = " ".join(page_sections.readout_inversions(rows, "nope"))
   assert "Against stage 3" in text and "swa16 (-0.2000" in text and "swa64" not in text
   assert "The same sign, not significant: gla." in text
-  assert page_sections.readout_inversions(rows[1:]) == []  # No significant inversion.
+  assert page_sections.readout_inversions(rows[1:], "nope") == []  # No significant inversion.
 
 
 def test_the_causal_table_shows_unsigned_effects_unstable_layers_and_position():
@@ -82,6 +82,7 @@ def test_an_extrapolation_with_no_failure_says_so():
   base = {"n": 5, "slope": 0.1, "low": -0.1, "high": 0.3, "partial_r": 0.2}
   corr = {"points": 10, "groups": 5, "r": 0.1, "low": -0.2, "high": 0.4}
   text = " ".join(page_sections.extrapolation_section(
-      {2: dict(base, ratio_range=[0.95, 1.01]), 4: dict(base, ratio_range=[0.97, 1.4])}, corr))
+      {2: dict(base, ratio_range=[0.95, 1.01]), 4: dict(base, ratio_range=[0.97, 1.4])}, corr,
+      ("rope", "swa64_globalrope")))
   assert "At 2× no config fails to extrapolate (every ratio below 1.05)" in text
   assert "4×" not in text.split("At 2×")[1].split("The configs built")[0]

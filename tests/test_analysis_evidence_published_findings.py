@@ -56,7 +56,7 @@ def test_losses_carry_the_seed_level_only(runs):
 
 
 def test_margins_follow_the_one_rule(runs):
-  ref = pf.References(runs, ["swa16"])
+  ref = pf.References(runs, ["swa16"], "nope")
   m, rule = ref.cosine_margin("swa16")
   assert m == pytest.approx(0.2, abs=0.01) and "swa16" in rule
   assert ref.logit_margin("swa16")[0] == pytest.approx(0.2, abs=0.01)

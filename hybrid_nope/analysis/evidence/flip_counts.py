@@ -105,7 +105,7 @@ def _two_level_bootstrap(flipped_a: np.ndarray, flipped_b: np.ndarray, resamples
   return (rates(flipped_a) - rates(flipped_b)).mean(axis=-1)
 
 
-def compare_flips(runs_a, runs_b, names: tuple[str, str] = ("nopeswa", "swa"),
+def compare_flips(runs_a, runs_b, names: tuple[str, str] = ("a", "b"),
                   resamples: int = 4000, seed: int = 0) -> dict:
   """runs_a, runs_b: seed -> layers (or lists, index = seed), the claim being a > b. Returns the
   per-config fraction of heads that flip (mean ± SE over seeds, and per seed), the paired

@@ -4,6 +4,8 @@ loss, propagation, and where two corpora agree. `h` is the section heading's mar
 ("##" on a one-corpus page, "###" inside a corpus's section)."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from hybrid_nope.analysis.evidence import extrapolation, findings
@@ -47,7 +49,9 @@ def verdicts_section(title: str, intro: str, rows: list[Verdict], h: str = "##")
           *(verdict_row(v) for v in rows), ""]
 
 
-def extrapolation_section(regressions: dict[int, dict], corr: dict, h: str = "##") -> list[str]:
+def extrapolation_section(regressions: dict[int, dict], corr: dict, controls: Sequence[str],
+                          h: str = "##") -> list[str]:
+  """The regression at fixed loss per factor; `controls`: the configs built to fail."""
   lines = [f"{h} Length extrapolation and recency, at fixed loss", "",
            "Per factor k (evaluation length / training length): ratio_k = a + b·gap + c·loss "
            "over configs (seed means), b's 95% interval by a bootstrap over whole configs, and "
@@ -66,7 +70,7 @@ def extrapolation_section(regressions: dict[int, dict], corr: dict, h: str = "##
     lines += ["", f"At {', '.join(f'{k}×' for k in calm)} no config fails to extrapolate (every "
               f"ratio below {extrapolation.FAILURE_RATIO}): the regression has no failure to "
               "explain there. The configs built to fail are configs/small.py's RoPE-global "
-              "controls (rope, swa64_globalrope)."]
+              f"controls ({', '.join(controls)})."]
   lines += ["", f"For comparison, the raw Pearson r of the 2× ratio with the gap over "
             f"{corr.get('points', 0)} runs in {corr['groups']} configs: {fmt(corr['r'], '+.3f')}"
             f", 95% [{fmt(corr['low'], '+.3f')}, {fmt(corr['high'], '+.3f')}] (configs "
@@ -193,10 +197,10 @@ def agreement(cells: list[Verdict]) -> str:
   return "power only" if len(decided) == 1 and len(signs) == 1 else "no"
 
 
-def readout_inversions(rows: list[Verdict]) -> list[str]:
+def readout_inversions(rows: list[Verdict], baseline: str) -> list[str]:
   """A sentence where the data contradict stage 3: a hybrid whose global layers read out less
-  recency than the global-only model's (the "reads out more recency than nope" rows)."""
-  inverted = [v for v in rows if v.finding.endswith("reads out more recency than nope")
+  recency than the global-only model's, `baseline` (its "reads out more recency than" rows)."""
+  inverted = [v for v in rows if v.finding.endswith(f"reads out more recency than {baseline}")
               and v.mean is not None and v.mean < 0]
   significant = [v for v in inverted if v.p_adjusted is not None and v.p_adjusted < ALPHA]
   if not significant:

@@ -13,10 +13,10 @@ from typing import Callable
 
 import numpy as np
 
-from hybrid_nope.analysis.evidence import causal, two_level, verdicts as verdicts_lib
+from hybrid_nope.analysis.evidence import causal, two_level
 from hybrid_nope.analysis.evidence.findings import Verdict
-from hybrid_nope.analysis.evidence.published_findings import (INPUT, Run, by_seed, mixer_most,
-                                                               verdict)
+from hybrid_nope.analysis.evidence.published_findings import (INPUT, Run, against_null, by_seed,
+                                                               mixer_most, verdict)
 
 
 @dataclasses.dataclass
@@ -126,8 +126,7 @@ def _logit_gap_minus_init_null(ev: Evidence, configs: tuple[str, ...], text: str
   pairs = _runs(ev, e)
   if not pairs or not null.get("sd"):
     return _empty(text, f"no packs of {e}, or no init null of its logit gap")
-  return verdicts_lib.against_null(verdict("", text, "", pairs, lambda r: r.logit_gap(r.final)),
-                                   null)
+  return against_null(verdict("", text, "", pairs, lambda r: r.logit_gap(r.final)), null)
 
 
 def _causal(ev: Evidence, configs: tuple[str, ...], text: str) -> Verdict:

@@ -5,22 +5,25 @@ A statistic of the recency records is computed on the probe's per-document sums
 (`two_level.Replicates`: the estimate on all documents and with each one left out), so it
 carries a seed × document error; eval losses are not split by document and carry the seed
 level alone. Each finding names the part the local layers contribute where the claim is about
-them: a config against `nope` (global layers only, same seed, same shapes where they agree) at
-the same layers.
+them: a config against the baseline (global layers only, same seed, same shapes where they
+agree) at the same layers.
 
 Margins follow one rule (`findings.MARGIN_FRACTION` of a reference magnitude), the reference
 being what the local layers themselves do to the statistic's quantity in that config, final
 step, seed mean:
 - cosine statistics: the local mixer's own raise of the gap (mixer output − its input);
-- logit statistics: the config's head- and layer-mean logit gap − nope's (what the local
+- logit statistics: the config's head- and layer-mean logit gap − the baseline's (what the local
   layers add to the read-out);
-- eval losses: nope's loss − the reference config's (what the local layers buy);
-- the configs without a local layer (nope) take the mean of that reference over the page's
-  local configs.
+- eval losses: the baseline's loss − the reference config's (what the local layers buy);
+- the configs without a local layer (the baseline) take the mean of that reference over the
+  page's local configs.
+
+The baseline (global layers only) is named by the caller (`exploratory_experiments`).
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from typing import Callable
 
@@ -33,9 +36,6 @@ from hybrid_nope.analysis.measure import records as records_lib
 from hybrid_nope.run_dir import RunDir
 
 INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
-NOPE = "nope"
-# configs/small.py's experiments with a local mixer, in the page's order.
-LOCAL_EXPERIMENTS = ("swa16", "swa64", "swa256", "nopeswa64", "nopeswa256", "gla", "gdn", "gdn3")
 NORMS = ("pre_mixer_norm", "pre_mlp_norm")
 # The two readings of a residual add: against the stream it adds to, and against the branch.
 RESIDUALS = {"residual_1": ("the mixer's residual add", "input", "mixer"),
@@ -149,15 +149,16 @@ def _seed_mean(values) -> float | None:
 class References:
   """The margins' reference magnitudes (the module docstring's rule), per config."""
 
-  def __init__(self, runs: dict[str, dict[int, Run]], local: list[str]):
+  def __init__(self, runs: dict[str, dict[int, Run]], local: list[str], baseline: str):
+    self.baseline = baseline
     self.cosine = {e: _seed_mean([float(r.change("gap", r.final, "mixer", INPUT,
                                                   r.local_layers)[0])
                                   for r in runs[e].values()]) for e in local}
-    nope = runs.get(NOPE)
+    baseline_runs = runs.get(baseline)
     self.logit, self.loss = {}, {}
     for e in local:
-      if nope:
-        pairs = by_seed(runs[e], nope)
+      if baseline_runs:
+        pairs = by_seed(runs[e], baseline_runs)
         self.logit[e] = _seed_mean([float(a.logit_gap(a.final)[0] - b.logit_gap(b.final)[0])
                                     for a, b in pairs])
         self.loss[e] = _seed_mean([b.summary["eval_loss"] - a.summary["eval_loss"]
@@ -168,21 +169,24 @@ class References:
                         for e, rs in runs.items()} for kind in ("floor", "gap")}
     for table in (self.cosine, self.logit, self.loss):
       known = [abs(v) for v in table.values() if v is not None]
-      table[NOPE] = float(np.mean(known)) if known else None
+      table[baseline] = float(np.mean(known)) if known else None
 
   COSINE_RULE = "10% of {e} local mixer raise of the gap"
-  LOGIT_RULE = "10% of {e} logit gap − nope's"
-  LOSS_RULE = "10% of nope's loss − {e}'s"
+  LOGIT_RULE = "10% of {e} logit gap − {baseline}'s"
+  LOSS_RULE = "10% of {baseline}'s loss − {e}'s"
   POOLED = "the local configs' mean"
 
+  def _whose(self, e: str) -> str:
+    return f"{e}'s" if e != self.baseline else self.POOLED
+
   def cosine_margin(self, e: str) -> tuple[float | None, str]:
-    return self.cosine.get(e), self.COSINE_RULE.format(e=f"{e}'s" if e != NOPE else self.POOLED)
+    return self.cosine.get(e), self.COSINE_RULE.format(e=self._whose(e))
 
   def logit_margin(self, e: str) -> tuple[float | None, str]:
-    return self.logit.get(e), self.LOGIT_RULE.format(e=f"{e}'s" if e != NOPE else self.POOLED)
+    return self.logit.get(e), self.LOGIT_RULE.format(e=self._whose(e), baseline=self.baseline)
 
   def loss_margin(self, e: str) -> tuple[float | None, str]:
-    return self.loss.get(e), self.LOSS_RULE.format(e=e)
+    return self.loss.get(e), self.LOSS_RULE.format(e=e, baseline=self.baseline)
 
   NORM_RULE = "10% of {e}'s {kind} at the norms' inputs (what a norm can move)"
 
@@ -192,7 +196,8 @@ class References:
     return self.norm[kind].get(e), self.NORM_RULE.format(e=e, kind=kind)
 
 
-def _depth(r: Run, layers=None) -> np.ndarray:
+def depth_trend(r: Run, layers=None) -> np.ndarray:
+  """Gap at the last global layer's input − at the first (or of `layers`), final step."""
   layers = r.global_layers if layers is None else layers
   return r.gap(r.final, INPUT, [layers[-1]]) - r.gap(r.final, INPUT, [layers[0]])
 
@@ -249,3 +254,23 @@ def paired_paths(paths: list[str]) -> None:
 def paired_by_seed(a: dict[int, Run], b: dict[int, Run], fn) -> list[float]:
   """Seed-level paired differences of a scalar summary (eval losses)."""
   return paired({s: fn(r) for s, r in a.items()}, {s: fn(r) for s, r in b.items()})
+
+
+def with_null(estimate: two_level.Estimate, values, null: dict) -> two_level.Estimate | None:
+  """A trained mean against the empirical init null of `draws` fresh initialisations: both
+  spreads in the error, Welch–Satterthwaite degrees of freedom."""
+  sd, k = null.get("sd"), null.get("draws")
+  if estimate is None or not sd or not k or k < 2:
+    return None
+  a, b = estimate.se ** 2, sd ** 2 / k
+  df = (a + b) ** 2 / (a ** 2 / estimate.df + b ** 2 / (k - 1))
+  return dataclasses.replace(estimate, mean=estimate.mean - null["mean"], se=math.sqrt(a + b),
+                             df=float(df))
+
+
+def against_null(v: Verdict, null: dict) -> Verdict:
+  """`v`'s trained values read against the empirical init null: its mean subtracted, its
+  spread in the error (`with_null`)."""
+  v.estimate = with_null(v.estimate, v.values, null)
+  v.values = [x - null.get("mean", 0.0) for x in v.values]
+  return v

@@ -3,7 +3,8 @@
 `build(corpora, out_md, figures_dir)` unpacks, per corpus, every `<experiment>/seed<k>.tar.gz`
 (packed by hybrid_nope/sweep.py) of its records dirs, loads the runs as compare.py does, turns
 each published finding into one statistic per seed with its seed × document error and margin
-(`evidence.verdicts`), reads the causal test's files (`evidence.causal`), gives the rows
+(`evidence.exploratory_verdicts`; which experiment plays which part comes from
+`exploratory_experiments`), reads the causal test's files (`evidence.causal`), gives the rows
 Benjamini–Hochberg q-values (they are exploratory: the registered primary family, decided first
 by `primary_page` from its own runs, is the page's only Holm family), and writes it: per corpus
 the sweep table, the verdicts, the causal test, the mixers compared, the sign swing as counts,
@@ -24,19 +25,20 @@ import numpy as np
 
 from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import (causal, compare, compare_table, extrapolation,
-                                           findings, flip_counts, page_sections as sections,
-                                           primary, primary_page, propagation, run_files,
-                                           verdicts)
+                                           exploratory_verdicts, findings, flip_counts,
+                                           page_sections as sections, primary, primary_page,
+                                           propagation, run_files)
+from hybrid_nope.analysis.evidence.exploratory_experiments import Experiments
 from hybrid_nope.analysis.evidence.findings import Verdict
 from hybrid_nope.analysis.evidence.published_findings import NORMS, Run, paired_paths
 
 
-def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, str]]
-               ) -> tuple[Verdict, dict] | None:
+def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, str]],
+               experiments: Experiments) -> tuple[Verdict, dict] | None:
   """NoPE-in-SWA against RoPE-in-SWA at the large window, as counts of heads whose logit gap
   flips sign (`flip_counts`): an exact paired permutation test over seeds, in the page's
   family."""
-  a, b = "nopeswa256", "swa256"
+  a, b = experiments.windows.nope_in_swa_large, experiments.windows.large
   if not (a in runs and b in runs and len(set(runs[a]) & set(runs[b])) >= 2):
     return None
   result = flip_counts.compare_flips(
@@ -44,8 +46,8 @@ def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, str]]
       {s: flip_counts.load_layers(d) for s, d in dirs[b].items()}, names=(a, b))
   diff = result["difference"]
   v = Verdict(f"NoPE-in-SWA with a large window: {flip_counts.CLAIM}", "fraction of global "
-              "heads whose logit gap flips sign significantly over training, nopeswa256 − "
-              "swa256, paired by seed", "exchangeable configs within a seed (exact sign-flip "
+              f"heads whose logit gap flips sign significantly over training, {a} − {b}, "
+              "paired by seed", "exchangeable configs within a seed (exact sign-flip "
               "permutation)", diff["per_seed"], margin=findings.MARGIN_FRACTION,
               margin_rule="a tenth of the heads", p_exact=result["permutation"]["p_two_sided"])
   return v, result
@@ -122,6 +124,7 @@ class CorpusEvidence:
   transfer_rows: list[dict]
   causal_rows: list[dict]
   figures_dir: str | None
+  experiments: Experiments  # which experiment plays which part in the rows
 
   @property
   def tests(self) -> list[Verdict]:
@@ -145,7 +148,7 @@ def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -
       "is built from the probe's per-document sums, seed alone for eval losses "
       "(hybrid_nope/analysis/evidence/findings.py defines the kinds, two_level.py the error, "
       "published_findings.py the margins' rule).", ev.found, h)
-  lines += sections.readout_inversions(ev.found)
+  lines += sections.readout_inversions(ev.found, ev.experiments.baseline)
   if ev.swing is not None:
     lines += [f"Sign swing in detail: "
               f"{flip_counts.verdict_text(ev.swing[1], p=ev.swing[0].p_adjusted)}", ""]
@@ -156,7 +159,8 @@ def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -
       "page's Holm family.", ev.mixers, h)
   for name, series in ev.norm_series.items():
     lines += sections.norm_section(name, series, h)
-  lines += sections.extrapolation_section(ev.regressions, ev.corr, h)
+  lines += sections.extrapolation_section(ev.regressions, ev.corr,
+                                          ev.experiments.rope_global_controls, h)
   lines += sections.propagation_section(ev.transfer_rows, h)
   return lines
 
@@ -229,10 +233,11 @@ def causal_rows(unpacked: Sequence[dict[str, dict[int, str]]]) -> list[dict]:
   return [causal.row(e, rs, causal.verdict(e, rs)) for e, rs in sorted(ablations.items())]
 
 
-def corpus_evidence(name: str, records_dirs: Sequence[str], tmp: str,
-                    figures_dir: str | None) -> CorpusEvidence:
+def corpus_evidence(name: str, records_dirs: Sequence[str], tmp: str, figures_dir: str | None,
+                    experiments: Experiments) -> CorpusEvidence:
   """Everything the page says about one corpus: its first records dir is the sweep every
-  finding reads; later ones (reruns with new measurements) add causal tests and lengths."""
+  finding reads; later ones (reruns with new measurements) add causal tests and lengths.
+  `experiments`: which experiment plays which part in the rows."""
   unpacked = [run_files.unpack_all(d, os.path.join(tmp, name or "corpus", str(i)))
               for i, d in enumerate(records_dirs)]
   dirs = unpacked[0]
@@ -249,21 +254,21 @@ def corpus_evidence(name: str, records_dirs: Sequence[str], tmp: str,
                            command="python launch/results.py", sources=packs)
   nulls = {e: next((r.summary["init_null"] for r in rs.values() if r.summary["init_null"]),
                    None) for e, rs in runs.items()}
-  found, mixers = verdicts.all_verdicts(runs, nulls)
-  swing = sign_swing(runs, dirs)
+  found, mixers = exploratory_verdicts.all_verdicts(runs, nulls, experiments)
+  swing = sign_swing(runs, dirs, experiments)
   if swing is not None:
     found.append(swing[0])
   more = [_runs(u) for u in unpacked[1:]]
   regressions = {k: extrapolation.regression(points)
                  for k, points in extrapolation_points(runs, more).items()}
   norm_series = {e: norm_effect_over_training(rs) for e, rs in runs.items()
-                 if e in ("swa16", "swa64") and len(rs) >= 2}
+                 if e in experiments.norm_series and len(rs) >= 2}
   transfer_rows = propagation.account(
       {e: [propagation.gaps(r.by_step[r.final]) for r in rs.values()] for e, rs in runs.items()})
   return CorpusEvidence(name, list(records_dirs), result["rows"], found, mixers, swing,
                         regressions, extrapolation_correlation(runs),
                         {e: len(v) for e, v in runs.items()}, norm_series, transfer_rows,
-                        causal_rows(unpacked), figures_dir)
+                        causal_rows(unpacked), figures_dir, experiments)
 
 
 def _summary(ev: CorpusEvidence) -> dict:
@@ -275,16 +280,19 @@ def _summary(ev: CorpusEvidence) -> dict:
 
 
 def build(corpora: str | Sequence[tuple[str, Sequence[str]]], out_md: str,
-          figures_dir: str | None, intro: str, registry: primary.Registry | None = None) -> dict:
+          figures_dir: str | None, intro: str, registry: primary.Registry | None = None, *,
+          experiments: Experiments) -> dict:
   """The page from packed records. `registry`: the primary family, decided first from its own
   runs (Holm inside it, `primary_page`). `corpora`: the exploratory sweeps, one records dir (a
   page without corpus sections), or (name, [records dirs]) per corpus, each corpus's figures
-  under figures_dir/<name> but the first's; Benjamini–Hochberg q-values over all of them."""
+  under figures_dir/<name> but the first's; Benjamini–Hochberg q-values over all of them.
+  `experiments`: which experiment plays which part in the exploratory rows."""
   if isinstance(corpora, str):
     corpora = [("", [corpora])]
   with tempfile.TemporaryDirectory() as tmp:
     evidence = [corpus_evidence(name, dirs, tmp, None if figures_dir is None else
-                                figures_dir if i == 0 else os.path.join(figures_dir, name))
+                                figures_dir if i == 0 else os.path.join(figures_dir, name),
+                                experiments)
                 for i, (name, dirs) in enumerate(corpora)]
     primary.adjust_exploratory([v for ev in evidence for v in ev.tests])
     decided = primary_page.decide(registry, tmp) if registry else []

@@ -1,11 +1,15 @@
-"""The verdict table (analysis/evidence/verdicts.py) on synthetic runs whose effects are known:
-the split init findings, both residual readings, the Welch read-out against the init null, and
-one Holm family over the page."""
+"""The exploratory verdict table (analysis/evidence/exploratory_verdicts.py) on synthetic runs
+whose effects are known: the split init findings, both residual readings, the Welch read-out
+against the init null, and one family over the page."""
+import os
+
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.evidence import two_level, verdicts
+from hybrid_nope.analysis.evidence import (exploratory_experiments, exploratory_verdicts,
+                                           published_findings, two_level)
 from hybrid_nope.analysis.evidence.published_findings import Run
+from tests.helpers import REPO
 from tests.measured_runs import measured_run
 
 
@@ -20,7 +24,8 @@ def table(tmp_path_factory):
                                           gaps=(0.02, 0.1), local_raise=(0, 0),
                                           logit_gaps=(0.0, 0.1), loss=2.6), "n")
   nulls = {"swa16": {"logit_gap": {"mean": 0.01, "sd": 0.02, "draws": 10}}}
-  found, mixers = verdicts.all_verdicts(runs, nulls)
+  found, mixers = exploratory_verdicts.all_verdicts(runs, nulls, exploratory_experiments.load(
+      os.path.join(REPO, exploratory_experiments.DEFAULT_PATH)))
   return {v.finding: v for v in found}, mixers
 
 
@@ -60,11 +65,11 @@ def test_one_holm_family_adjusts_every_row(table):
 def test_with_null_is_welch_satterthwaite():
   est = two_level.Estimate(mean=1.0, se=0.1, se_seed=0.1, se_doc=0.0, df=4, seeds=5,
                            documents=30)
-  out = verdicts.with_null(est, [1.0] * 5, {"mean": 0.5, "sd": 0.3, "draws": 9})
+  out = published_findings.with_null(est, [1.0] * 5, {"mean": 0.5, "sd": 0.3, "draws": 9})
   a, b = 0.01, 0.09 / 9
   assert out.mean == pytest.approx(0.5) and out.se == pytest.approx(np.sqrt(a + b))
   assert out.df == pytest.approx((a + b) ** 2 / (a ** 2 / 4 + b ** 2 / 8))
-  assert verdicts.with_null(est, [], {"mean": 0, "sd": None, "draws": 0}) is None
+  assert published_findings.with_null(est, [], {"mean": 0, "sd": None, "draws": 0}) is None
 
 
 def test_norm_rows_take_their_margin_from_what_a_norm_can_move(table):
@@ -88,3 +93,20 @@ def test_the_read_out_against_nope_is_a_row_of_its_own(table):
   v = found["swa16: the hybrid reads out more recency than nope"]
   assert v.mean == pytest.approx(0.3 - 0.1, abs=0.01) and v.sign == 1
   assert "nope: the hybrid reads out more recency than nope" not in found
+
+
+def test_the_experiments_file_names_each_part_and_refuses_a_bad_key(tmp_path):
+  """The committed file declares the parts; a missing or unknown key fails naming it."""
+  experiments = exploratory_experiments.load(os.path.join(REPO,
+                                                          exploratory_experiments.DEFAULT_PATH))
+  assert experiments.baseline == "nope" and experiments.windows.large in experiments.local
+  assert all(len(pair) == 2 for pair in experiments.mixer_pairs)
+  bad = tmp_path / "bad.toml"
+  bad.write_text('baseline = "nope"\nlocal = ["swa16"]\nmixer_pairs = []\nnorm_series = []\n'
+                 'rope_global_controls = []\nwindows = {small = "swa16", large = "swa256"}\n'
+                 'typo = 1\n')
+  with pytest.raises(exploratory_experiments.ExperimentsError, match="typo"):
+    exploratory_experiments.load(str(bad))
+  with pytest.raises(exploratory_experiments.ExperimentsError, match="small_at_large_flops"):
+    bad.write_text(bad.read_text().replace("typo = 1\n", ""))
+    exploratory_experiments.load(str(bad))
