@@ -56,14 +56,14 @@ def test_a_removed_read_out_is_reproduced_and_an_absent_one_is_not(real_counts):
   rng = np.random.default_rng(1)
   v = causal.verdict("swa16", _seeds(real_counts, rng, effect=-0.05))
   assert v.mean < 0 and v.margin == pytest.approx(0.01)
-  causal.findings.adjust([v])
+  causal.verdict_rules.adjust([v])
   assert v.verdict == "reproduced"
   v = causal.verdict("swa16", _seeds(real_counts, rng, effect=+0.05))
-  causal.findings.adjust([v])
+  causal.verdict_rules.adjust([v])
   assert v.verdict == "refuted"
   v = causal.verdict("swa16", _seeds(real_counts, rng, effect=0.0, sd_doc=0.0005,
                                      sd_seed=0.0005, sd_cell=0.0005))
-  causal.findings.adjust([v])
+  causal.verdict_rules.adjust([v])
   assert v.verdict == "refuted"  # Inside the margin with power: the claimed effect is absent.
 
 
@@ -116,7 +116,7 @@ def test_a_read_out_that_favours_far_keys_is_signed_by_its_clean_gap(real_counts
   assert causal.logit_gap_replicates(flipped[0], CLEAN)[0] < 0
   v = causal.verdict("swa16", flipped)
   assert v.mean == pytest.approx(-0.05, abs=0.01)
-  causal.findings.adjust([v])
+  causal.verdict_rules.adjust([v])
   assert v.verdict == "reproduced"
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.evidence import (exploratory_experiments, exploratory_verdicts,
-                                           published_findings, two_level)
-from hybrid_nope.analysis.evidence.published_findings import Run
+                                           finding_statistics, two_level)
+from hybrid_nope.analysis.evidence.finding_statistics import Run
 from tests.helpers import REPO
 from tests.measured_runs import measured_run
 
@@ -65,11 +65,11 @@ def test_one_holm_family_adjusts_every_row(table):
 def test_with_null_is_welch_satterthwaite():
   est = two_level.Estimate(mean=1.0, se=0.1, se_seed=0.1, se_doc=0.0, df=4, seeds=5,
                            documents=30)
-  out = published_findings.with_null(est, [1.0] * 5, {"mean": 0.5, "sd": 0.3, "draws": 9})
+  out = finding_statistics.with_null(est, [1.0] * 5, {"mean": 0.5, "sd": 0.3, "draws": 9})
   a, b = 0.01, 0.09 / 9
   assert out.mean == pytest.approx(0.5) and out.se == pytest.approx(np.sqrt(a + b))
   assert out.df == pytest.approx((a + b) ** 2 / (a ** 2 / 4 + b ** 2 / 8))
-  assert published_findings.with_null(est, [], {"mean": 0, "sd": None, "draws": 0}) is None
+  assert finding_statistics.with_null(est, [], {"mean": 0, "sd": None, "draws": 0}) is None
 
 
 def test_norm_rows_take_their_margin_from_what_a_norm_can_move(table):

@@ -4,7 +4,7 @@ inversion against stage 3 is said in words."""
 import pytest
 
 from hybrid_nope.analysis.evidence import page_sections
-from hybrid_nope.analysis.evidence.findings import Verdict
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 
 
 def _v(values, finding="swa64: x", **kw):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.evidence import multiplicity, primary, primary_statistics
-from hybrid_nope.analysis.evidence.findings import Verdict
-from hybrid_nope.analysis.evidence.published_findings import Run
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict
+from hybrid_nope.analysis.evidence.finding_statistics import Run
 from hybrid_nope.run_dir import RunDir
 from tests.measured_runs import measured_run
 

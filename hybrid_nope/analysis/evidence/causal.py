@@ -12,7 +12,7 @@ existed carry the rotated one (their "control"); a config is compared against th
 control only when every seed has it, otherwise against the rotated one for all seeds (`row`'s
 "control" names it). The statistic is built from the file's per-document sums (`logit_sums`),
 so its error has the seed and the document level (`two_level.combine`, the probe's documents
-shared by every seed). The claim says it is negative; its margin is `findings.MARGIN_FRACTION`
+shared by every seed). The claim says it is negative; its margin is `verdict_rules.MARGIN_FRACTION`
 of the clean |logit gap| (the read-out the ablation should remove), fixed before the ablated
 numbers are read.
 
@@ -31,8 +31,8 @@ import numpy as np
 from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONTROL, LEGACY_CONTROL,
                                                       NOISE, NOISE_MATCHED, OTHER_ROW,
                                                       OTHER_ROW_MATCHED, ROTATED)
-from hybrid_nope.analysis.evidence import findings, two_level
-from hybrid_nope.analysis.evidence.findings import Verdict
+from hybrid_nope.analysis.evidence import two_level, verdict_rules
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 
 FINDING = "global NoPE layers read out the planted recency (causal: local branches ablated)"
 STATISTIC = ("ablated − damage-matched noise control logit gap at the final checkpoint, each "
@@ -163,7 +163,7 @@ def verdict(config: str, results: Sequence[dict]) -> Verdict:
   statistic = STATISTIC if control == CONTROL else STATISTIC.replace(
       "damage-matched noise control", "rotated control (files older than the matched one)")
   return Verdict(f"{config}: {FINDING}", statistic, NULL, [float(d[0]) for d in diffs],
-                 sign=-1, margin=findings.MARGIN_FRACTION * float(np.mean(clean)) if clean
+                 sign=-1, margin=verdict_rules.MARGIN_FRACTION * float(np.mean(clean)) if clean
                  else None, margin_rule=MARGIN_RULE, estimate=estimate)
 
 

@@ -1,13 +1,13 @@
 """Decides the exploratory verdict table of docs/results.md: every published finding the runs
-present can decide, as `findings.Verdict`s built from `published_findings` statistics, adjusted
+present can decide, as `verdict_rules.Verdict`s built from `finding_statistics` statistics, adjusted
 as one family. Which experiment plays which part comes from `exploratory_experiments`."""
 from __future__ import annotations
 
 import numpy as np
 
 from hybrid_nope.analysis.evidence.exploratory_experiments import Experiments
-from hybrid_nope.analysis.evidence.findings import Verdict, adjust
-from hybrid_nope.analysis.evidence.published_findings import (INPUT, RESIDUALS, References, Run,
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict, adjust
+from hybrid_nope.analysis.evidence.finding_statistics import (INPUT, RESIDUALS, References, Run,
                                                                against_null, by_seed,
                                                                data_findings, depth_trend,
                                                                mixer_most, norm_change, verdict)

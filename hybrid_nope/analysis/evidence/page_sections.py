@@ -8,8 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope.analysis.evidence import extrapolation, findings
-from hybrid_nope.analysis.evidence.findings import ALPHA, Verdict
+from hybrid_nope.analysis.evidence import extrapolation, verdict_rules
+from hybrid_nope.analysis.evidence.verdict_rules import ALPHA, Verdict
 
 
 def fmt(v, spec):
@@ -90,7 +90,7 @@ def propagation_section(rows: list[dict], h: str = "##") -> list[str]:
            "type; hybrid_nope/analysis/evidence/propagation.py), fitted on the other configs "
            "(across) or on the config's other seeds (within); mean relative error over its "
            "global layers ± seed SE, final step. It holds within "
-           f"{findings.MARGIN_FRACTION:.0%}.", "",
+           f"{verdict_rules.MARGIN_FRACTION:.0%}.", "",
            "| config | seeds | measured gap | error, transfers from other configs | error, "
            "from its other seeds |", "|---|---|---|---|---|"]
   for r in rows:

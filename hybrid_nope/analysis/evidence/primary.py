@@ -3,7 +3,7 @@
 docs/results/primary.toml lists, per corpus, at most MAX_CLAIMS claims, each with one named
 statistic (`primary_statistics.STATISTICS`), its direction, null, absolute margin and configs,
 and the seeds and init draws every claim gets. `load` reads and checks it (a bad entry fails
-naming the claim and key); `decide` turns one corpus's packs into one `findings.Verdict` per
+naming the claim and key); `decide` turns one corpus's packs into one `verdict_rules.Verdict` per
 claim, Holm-adjusted inside the family alone; `registration` compares the file's last commit
 with the commits that added the packs, so the page can say when the claims were changed after
 the runs that decide them. Every other row of the page is exploratory: `adjust_exploratory`
@@ -19,8 +19,8 @@ from typing import Sequence
 
 import scipy.stats
 
-from hybrid_nope.analysis.evidence import findings, primary_statistics
-from hybrid_nope.analysis.evidence.findings import Verdict
+from hybrid_nope.analysis.evidence import primary_statistics, verdict_rules
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 
 DEFAULT_PATH = "docs/results/primary.toml"
 MAX_CLAIMS = 12   # Per corpus: a family small enough for Holm to leave it power.
@@ -158,7 +158,7 @@ def decide(registry: Registry, evidence: primary_statistics.Evidence) -> list[Ve
   waiting = pending(registry, out)
   decided = [v for v, w in zip(out, waiting) if not w]
   stand_ins = [Verdict("", "", "", [], p_exact=1.0) for w in waiting if w]
-  findings.adjust(decided + stand_ins)
+  verdict_rules.adjust(decided + stand_ins)
   for v, w in zip(out, waiting):
     if w:
       v.p_adjusted = v.p_tost_adjusted = None

@@ -9,9 +9,9 @@ import os
 import numpy as np
 
 from hybrid_nope.analysis.evidence import primary, primary_statistics, run_files
-from hybrid_nope.analysis.evidence.findings import Verdict
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 from hybrid_nope.analysis.evidence.page_sections import fmt
-from hybrid_nope.analysis.evidence.published_findings import Run, paired_paths
+from hybrid_nope.analysis.evidence.finding_statistics import Run, paired_paths
 from hybrid_nope.data import repetition
 
 HEADER = ("| claim | statistic (per seed or draw) | configs | null | n | mean ± SE (df) | margin | "
@@ -102,7 +102,7 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
            f"({len(registry.seeds)} seeds per trained config, {registry.init_draws} init draws), "
            f"Holm-adjusted inside the family of {len(registry.claims)} alone (differences, and "
            "the equivalence tests against each registered margin as a second family). The "
-           "verdict kinds: hybrid_nope/analysis/evidence/findings.py.", ""]
+           "verdict kinds: hybrid_nope/analysis/evidence/verdict_rules.py.", ""]
   for pc in decided:
     wanted = len(registry.seeds) * len(registry.configs)
     have = sum(pc.counts.get(e, 0) for e in registry.configs)

@@ -14,8 +14,8 @@ from typing import Callable
 import numpy as np
 
 from hybrid_nope.analysis.evidence import causal, two_level
-from hybrid_nope.analysis.evidence.findings import Verdict
-from hybrid_nope.analysis.evidence.published_findings import (INPUT, Run, against_null, by_seed,
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict
+from hybrid_nope.analysis.evidence.finding_statistics import (INPUT, Run, against_null, by_seed,
                                                                mixer_most, verdict)
 
 

@@ -15,7 +15,7 @@ account is tested on configs it was not fitted to; a second column fits T within
 (its other seeds) to separate "the kinds do not transfer across configs" from "a product of
 transfers does not describe depth". It holds where the relative error (`relative_error`: the
 absolute errors over the measured gaps, summed over the global layers) is within
-findings.MARGIN_FRACTION.
+verdict_rules.MARGIN_FRACTION.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope.analysis.evidence.findings import MARGIN_FRACTION
+from hybrid_nope.analysis.evidence.verdict_rules import MARGIN_FRACTION
 from hybrid_nope.analysis.measure.records import COMPARED_WITH
 
 STREAM = ("residual_1", "residual_2")

@@ -25,12 +25,12 @@ import numpy as np
 
 from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import (causal, compare, compare_table, extrapolation,
-                                           exploratory_verdicts, findings, flip_counts,
+                                           exploratory_verdicts, flip_counts,
                                            page_sections as sections, primary, primary_page,
-                                           propagation, run_files)
+                                           propagation, run_files, verdict_rules)
 from hybrid_nope.analysis.evidence.exploratory_experiments import Experiments
-from hybrid_nope.analysis.evidence.findings import Verdict
-from hybrid_nope.analysis.evidence.published_findings import NORMS, Run, paired_paths
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict
+from hybrid_nope.analysis.evidence.finding_statistics import NORMS, Run, paired_paths
 
 
 def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, str]],
@@ -48,7 +48,7 @@ def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, str]],
   v = Verdict(f"NoPE-in-SWA with a large window: {flip_counts.CLAIM}", "fraction of global "
               f"heads whose logit gap flips sign significantly over training, {a} − {b}, "
               "paired by seed", "exchangeable configs within a seed (exact sign-flip "
-              "permutation)", diff["per_seed"], margin=findings.MARGIN_FRACTION,
+              "permutation)", diff["per_seed"], margin=verdict_rules.MARGIN_FRACTION,
               margin_rule="a tenth of the heads", p_exact=result["permutation"]["p_two_sided"])
   return v, result
 
@@ -146,8 +146,8 @@ def render_corpus(ev: CorpusEvidence, family: int, h: str, images: str | None) -
       "equivalence tests against each row's margin likewise); a kind read at q < 0.05 is a "
       "lead for a registered test, not a verdict. Errors: seed × document where the statistic "
       "is built from the probe's per-document sums, seed alone for eval losses "
-      "(hybrid_nope/analysis/evidence/findings.py defines the kinds, two_level.py the error, "
-      "published_findings.py the margins' rule).", ev.found, h)
+      "(hybrid_nope/analysis/evidence/verdict_rules.py defines the kinds, two_level.py the error, "
+      "finding_statistics.py the margins' rule).", ev.found, h)
   lines += sections.readout_inversions(ev.found, ev.experiments.baseline)
   if ev.swing is not None:
     lines += [f"Sign swing in detail: "
@@ -199,7 +199,7 @@ def extrapolation_correlation(runs: dict[str, dict[int, Run]]) -> dict:
     pairs = [p for p in pairs if p[0] is not None and p[1] is not None]
     xs.append([p[0] for p in pairs])
     ys.append([p[1] for p in pairs])
-  return findings.clustered_correlation(xs, ys)
+  return verdict_rules.clustered_correlation(xs, ys)
 
 
 def parse_corpora(specs: Sequence[str]) -> list[tuple[str, list[str]]]:

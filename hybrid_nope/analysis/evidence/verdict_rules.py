@@ -1,6 +1,6 @@
 """The `Verdict` on one finding from a multi-seed sweep (docs/results.md): its kinds, margin,
 equivalence test and the page's adjustment (`adjust`). Which findings there are, and their
-statistics, are `exploratory_verdicts` and `published_findings` (`primary` for registered ones).
+statistics, are `exploratory_verdicts` and `finding_statistics` (`primary` for registered ones).
 
 Every finding is one statistic per seed (a paired difference where two numbers share a seed:
 two steps of one run, two configs started from one initialisation, two modules of one forward

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from hybrid_nope.analysis.evidence import findings, flip_counts, multiplicity, two_level
+from hybrid_nope.analysis.evidence import flip_counts, multiplicity, two_level, verdict_rules
 
 
 def verdict(values, sign=1, margin=None):
-  return findings.Verdict("claim", "stat", "null", list(values), sign=sign, margin=margin)
+  return verdict_rules.Verdict("claim", "stat", "null", list(values), sign=sign, margin=margin)
 
 
 def test_mean_se_and_t_are_the_seed_level_ones():
@@ -50,48 +50,48 @@ def test_the_holm_adjusted_p_decides():
   values = [0.1, 0.3, 0.2, 0.4, 0.25]  # t ≈ 5.3 on 4 df: p ≈ 0.006
   lone = verdict(values)
   page = [verdict(values)] + [verdict([0.1, -0.1, 0.05, -0.05, 0.0]) for _ in range(19)]
-  findings.adjust(page)
+  verdict_rules.adjust(page)
   assert lone.verdict == "reproduced" and page[0].p_adjusted > 0.05
   assert page[0].verdict == "inconclusive" and "Holm p" in page[0].note
 
 
 def test_an_exact_p_replaces_the_t_tests():
-  v = findings.Verdict("c", "s", "n", [0.1, 0.2, 0.3, 0.1, 0.2, 0.3, 0.1], p_exact=0.5)
+  v = verdict_rules.Verdict("c", "s", "n", [0.1, 0.2, 0.3, 0.1, 0.2, 0.3, 0.1], p_exact=0.5)
   assert v.p == 0.5 and v.verdict == "inconclusive" and "exact permutation" in v.note
 
 
 def test_smallest_attainable_p_is_the_sign_flip_tests_own():
-  assert findings.smallest_attainable_p(5) == 2 / 32 == 0.0625
-  assert findings.smallest_attainable_p(6) == 2 / 64
-  assert findings.smallest_attainable_p(1) == findings.smallest_attainable_p(0) == 1.0
+  assert verdict_rules.smallest_attainable_p(5) == 2 / 32 == 0.0625
+  assert verdict_rules.smallest_attainable_p(6) == 2 / 64
+  assert verdict_rules.smallest_attainable_p(1) == verdict_rules.smallest_attainable_p(0) == 1.0
   for n, zeros in ((3, 0), (5, 0), (6, 0), (6, 1), (7, 2)):
     d = [0.0] * zeros + [0.1 * (k + 1) for k in range(n - zeros)]  # all one sign: as far as it goes
     assert flip_counts.sign_flip_p(d)["p_two_sided"] == pytest.approx(
-        findings.smallest_attainable_p(n, zeros))
+        verdict_rules.smallest_attainable_p(n, zeros))
   with pytest.raises(ValueError):
-    findings.smallest_attainable_p(3, zeros=4)
+    verdict_rules.smallest_attainable_p(3, zeros=4)
 
 
 def test_an_exact_test_that_cannot_reach_its_level_is_untestable_not_inconclusive():
   """Five seeds all one way: the sign-flip p is 2/32 = 0.0625, the smallest it can be, above 5%:
   no outcome could have reproduced it. Six seeds can reach 0.031 alone, but not the Holm step of
   a page of ten (0.005); where the other p-values are all below it, its step is α again."""
-  five = findings.Verdict("c", "s", "n", [0.3, 0.2, 0.4, 0.1, 0.5], p_exact=0.0625)
+  five = verdict_rules.Verdict("c", "s", "n", [0.3, 0.2, 0.4, 0.1, 0.5], p_exact=0.0625)
   assert five.smallest_p == 0.0625 and five.verdict == "untestable"
   assert five.note == ("untestable at 5 seeds: the smallest attainable p is 0.0625 against "
                        "level 0.05")
   assert five.row()["smallest_p"] == 0.0625 and five.row()["level"] == 0.05
-  six = findings.Verdict("c", "s", "n", [0.3, 0.2, 0.4, 0.1, 0.5, 0.2], p_exact=1 / 32)
+  six = verdict_rules.Verdict("c", "s", "n", [0.3, 0.2, 0.4, 0.1, 0.5, 0.2], p_exact=1 / 32)
   assert six.verdict == "reproduced"
   page = [six] + [verdict([0.1, -0.1, 0.05, -0.05, 0.0]) for _ in range(9)]
-  findings.adjust(page)
+  verdict_rules.adjust(page)
   assert six.level == pytest.approx(0.005) and six.verdict == "untestable"
   assert "untestable at 6 seeds" in six.note and "level 0.005 (its Holm step" in six.note
   strong = [verdict([1.0, 1.1, 0.9, 1.05, 0.95]) for _ in range(9)]  # p ≈ 1e-6 each
-  findings.adjust([six] + strong)
+  verdict_rules.adjust([six] + strong)
   assert six.level == pytest.approx(0.05) and six.verdict == "reproduced"
   # A zero difference flips to itself: six seeds with one tie reach only 2/32.
-  tie = findings.Verdict("c", "s", "n", [0.3, 0.2, 0.4, 0.1, 0.5, 0.0], p_exact=1 / 16)
+  tie = verdict_rules.Verdict("c", "s", "n", [0.3, 0.2, 0.4, 0.1, 0.5, 0.0], p_exact=1 / 16)
   assert tie.smallest_p == 0.0625 and tie.verdict == "untestable"
   # t tests attain any p: never untestable.
   assert verdict([0.3, 0.2]).smallest_p is None
@@ -100,7 +100,7 @@ def test_an_exact_test_that_cannot_reach_its_level_is_untestable_not_inconclusiv
 def _row(mean, se, margin, df=4.0):
   est = two_level.Estimate(mean=mean, se=se, se_seed=se, se_doc=0.0, df=df, seeds=5,
                            documents=63)
-  return findings.Verdict("claim", "stat", "null", [mean] * 5, margin=margin, estimate=est)
+  return verdict_rules.Verdict("claim", "stat", "null", [mean] * 5, margin=margin, estimate=est)
 
 
 def _family_around(mean, se, m=10, tost_p=0.0053, df=4.0):
@@ -118,14 +118,14 @@ def test_tost_is_holm_adjusted_over_the_page_and_decides():
   negligible and fails here; so does a non-significant row 'refuted' by an unadjusted TOST."""
   a, _, family = _family_around(0.0170, 0.0012)
   assert a.p_tost == pytest.approx(0.0053) and a.verdict == "negligible"
-  findings.adjust(family)
+  verdict_rules.adjust(family)
   assert [v.p_tost_adjusted for v in family] == pytest.approx(
       multiplicity.holm([v.p_tost for v in family]))
   assert a.p_tost_adjusted > 0.05 and a.verdict == "reproduced"
   assert a.tost_level == pytest.approx(0.05 * a.p_tost / a.p_tost_adjusted)
   quiet = _row(0.001, 0.004, 0.001 + scipy.stats.t.isf(0.0053, 4) * 0.004)
   assert quiet.verdict == "refuted"
-  findings.adjust([quiet] + family[1:])
+  verdict_rules.adjust([quiet] + family[1:])
   assert quiet.verdict == "inconclusive"
 
 
@@ -134,13 +134,13 @@ def test_nearly_identical_rows_in_one_family_get_the_same_label():
   α/(m − 1); a raw TOST p between the two (0.0053 in a family of 10) would label the first
   reproduced and the second negligible by rank alone. Both get the first's adjusted p."""
   a, b, family = _family_around(0.0170, 0.0012)
-  findings.adjust(family)
+  verdict_rules.adjust(family)
   assert a.p_tost < b.p_tost < 0.05 / 9  # ranked 1 and 2; the second alone would pass its step
   assert a.p_tost_adjusted == b.p_tost_adjusted
   assert a.verdict == b.verdict == "reproduced"
   # Inside, the note prints the interval that decides, at the row's Holm level.
   a2, b2, family2 = _family_around(0.0170, 0.0012, tost_p=0.001)
-  findings.adjust(family2)
+  verdict_rules.adjust(family2)
   assert a2.verdict == b2.verdict == "negligible"
   lo, hi = a2.equivalence_interval
   assert -a2.margin < lo and hi < a2.margin and "interval" in a2.note
@@ -155,7 +155,7 @@ def test_labels_follow_each_rows_own_tost_p_on_random_pages():
     family = [_row(float(rng.uniform(0.005, 0.03)), float(rng.uniform(0.0005, 0.002)),
                    float(rng.uniform(0.01, 0.05)), df=float(rng.uniform(2, 30)))
               for _ in range(m)]
-    findings.adjust(family)
+    verdict_rules.adjust(family)
     sig = [(v.p_tost, v.verdict) for v in family]
     sig = [(p, label) for p, label in sig if label in ("reproduced", "negligible")]
     least_inside = max((p for p, label in sig if label == "negligible"), default=-1.0)
@@ -165,7 +165,7 @@ def test_labels_follow_each_rows_own_tost_p_on_random_pages():
 def test_a_statistic_of_the_probe_alone_says_documents_decide_it():
   data = [0.1, 0.2, 0.15, 0.12, 0.3, 0.05, 0.2, 0.1]
   est = two_level.across_documents(np.array([0.01] + [0.01 + d for d in data]), seeds=5)
-  v = findings.Verdict("data", "s", "n", [0.01] * 5, estimate=est)
+  v = verdict_rules.Verdict("data", "s", "n", [0.01] * 5, estimate=est)
   assert v.levels == "document" and v.df == 7 and v.verdict == "inconclusive"
   assert "more documents" in v.note and "seeds would decide" not in v.note
 
@@ -173,7 +173,7 @@ def test_a_statistic_of_the_probe_alone_says_documents_decide_it():
 def test_a_satterthwaite_df_is_a_float_on_the_page():
   est = two_level.Estimate(mean=0.02, se=0.004, se_seed=0.003, se_doc=0.002, df=4.734,
                            seeds=3, documents=63)
-  v = findings.Verdict("c", "s", "n", [0.02] * 3, estimate=est)
+  v = verdict_rules.Verdict("c", "s", "n", [0.02] * 3, estimate=est)
   assert v.critical == pytest.approx(scipy.stats.t.ppf(0.975, 4.734))
   assert "on 4.7 df" in v.note
 
@@ -194,23 +194,23 @@ def test_false_reproduction_rate_under_the_null_is_about_two_and_a_half_percent(
 
 
 def test_paired_uses_common_seeds_only():
-  assert findings.paired({0: 1.0, 1: 2.0, 2: 3.0}, {1: 0.5, 2: 1.0, 3: 9.0}) == [1.5, 2.0]
+  assert verdict_rules.paired({0: 1.0, 1: 2.0, 2: 3.0}, {1: 0.5, 2: 1.0, 3: 9.0}) == [1.5, 2.0]
 
 
 def test_clustered_correlation_does_not_count_seeds_as_independent_configs():
   """Two configs, many seeds each, and a correlation that lives only between configs: with
   configs resampled whole, the interval is wide (3 configs minimum, else undefined)."""
   rng = np.random.default_rng(1)
-  assert findings.clustered_correlation([[1, 2]], [[1, 2]])["r"] is None
+  assert verdict_rules.clustered_correlation([[1, 2]], [[1, 2]])["r"] is None
   xs = [rng.normal(m, 0.01, 10) for m in (0.0, 1.0, 2.0)]
   ys = [rng.normal(m, 0.01, 10) for m in (0.0, 1.0, 2.0)]
-  c = findings.clustered_correlation(xs, ys, resamples=500)
+  c = verdict_rules.clustered_correlation(xs, ys, resamples=500)
   assert c["r"] > 0.99 and c["groups"] == 3 and c["points"] == 30
   # Within configs x and y are independent: with only the between-config signal gone
   # (all configs at one mean) the correlation vanishes.
   xs0 = [rng.normal(0, 1, 10) for _ in range(6)]
   ys0 = [rng.normal(0, 1, 10) for _ in range(6)]
-  c0 = findings.clustered_correlation(xs0, ys0, resamples=500)
+  c0 = verdict_rules.clustered_correlation(xs0, ys0, resamples=500)
   assert c0["low"] < 0 < c0["high"]
 
 

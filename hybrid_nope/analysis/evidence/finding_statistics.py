@@ -8,7 +8,7 @@ level alone. Each finding names the part the local layers contribute where the c
 them: a config against the baseline (global layers only, same seed, same shapes where they
 agree) at the same layers.
 
-Margins follow one rule (`findings.MARGIN_FRACTION` of a reference magnitude), the reference
+Margins follow one rule (`verdict_rules.MARGIN_FRACTION` of a reference magnitude), the reference
 being what the local layers themselves do to the statistic's quantity in that config, final
 step, seed mean:
 - cosine statistics: the local mixer's own raise of the gap (mixer output − its input);
@@ -31,7 +31,7 @@ import numpy as np
 
 from hybrid_nope import storage
 from hybrid_nope.analysis.evidence import compare, run_files, two_level
-from hybrid_nope.analysis.evidence.findings import Verdict, margin_of, paired
+from hybrid_nope.analysis.evidence.verdict_rules import Verdict, margin_of, paired
 from hybrid_nope.analysis.measure import records as records_lib
 from hybrid_nope.run_dir import RunDir
 

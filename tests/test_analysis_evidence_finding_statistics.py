@@ -1,10 +1,10 @@
-"""Findings' statistics from per-document sums (analysis/evidence/published_findings.py): each
+"""Findings' statistics from per-document sums (analysis/evidence/finding_statistics.py): each
 recovers the gap that made the synthetic sums, carries both error levels, and the margins follow
 the one rule from what the local layers do."""
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.evidence import published_findings as pf
+from hybrid_nope.analysis.evidence import finding_statistics as pf
 from tests.measured_runs import measured_run
 
 
