@@ -20,7 +20,7 @@ from hybrid_nope.errors import ConfigError
 from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
 from hybrid_nope.model.delta import GATES as DELTA_GATES
-from hybrid_nope.model.layer_kinds import KINDS
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds, window_of
 from hybrid_nope.model.transformer import DTYPES, LOGITS_DTYPES
 from hybrid_nope.train.lr_schedule import SCHEDULES, decay_steps

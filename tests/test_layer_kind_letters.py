@@ -1,13 +1,13 @@
-"""A layer kind is one spec (hybrid_nope/model/layer_kinds.py): no other module compares a
+"""A layer kind is one spec (hybrid_nope/model/kind_specs.py): no other module compares a
 pattern letter or keys a table by one, so a new kind is one spec entry, not a hunt through
 `if letter == ...` branches. Read from the source (every module of the package and launch/)."""
 import ast
 import pathlib
 
-from hybrid_nope.model.layer_kinds import KINDS
+from hybrid_nope.model.kind_specs import KINDS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SPEC = "hybrid_nope/model/layer_kinds.py"
+SPEC = "hybrid_nope/model/kind_specs.py"
 # The Hugging Face remote code runs where hybrid_nope is not installed: it reads
 # config.layer_kinds and keeps its own table of the mixers SmolLM3 lacks.
 STANDALONE = {"hybrid_nope/export/modeling_hybrid_nope.py"}

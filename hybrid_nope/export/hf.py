@@ -62,7 +62,7 @@ import numpy as np
 from hybrid_nope.errors import UserError
 from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.model import gla
-from hybrid_nope.model.layer_kinds import KINDS
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds
 
 ARCHITECTURE = "SmolLM3ForCausalLM"

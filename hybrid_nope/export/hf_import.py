@@ -45,7 +45,7 @@ from hybrid_nope.errors import UserError
 from hybrid_nope.export import hf
 from hybrid_nope.export.safetensors_dir import Weights
 from hybrid_nope.model.definition import abstract_params
-from hybrid_nope.model.layer_kinds import LETTER_OF_HF_ATTENTION
+from hybrid_nope.model.kind_specs import LETTER_OF_HF_ATTENTION
 
 SIZES = {"vocab_size": "vocab_size", "hidden_size": "d_model", "intermediate_size": "mlp_dim",
          "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",

@@ -37,7 +37,7 @@ from flax import nnx
 
 from hybrid_nope.model import sampling
 from hybrid_nope.model.decode_layers import DecodeError
-from hybrid_nope.model.layer_kinds import KINDS
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.transformer import LanguageModel
 
 PAD_ID = 0  # Fills the left padding; masked, so any id would do.

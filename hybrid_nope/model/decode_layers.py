@@ -1,7 +1,7 @@
 """Incremental decoding, one layer kind at a time: what each token mixer keeps between tokens.
 
 Every kind has a decoder with two functions (model/decode.py calls them; a new kind adds one
-class here and names it in its spec, model/layer_kinds.py):
+class here and names it in its spec, model/kind_specs.py):
 
   prefill(mixer, x_BTD, positions_BT, start_B, capacity) -> cache
       the cache after the prompt, from the mixer's input x over the whole (left-padded) prompt

@@ -1,5 +1,5 @@
 """What one layer's token mixer costs per token: its matmul parameters and its forward FLOPs
-beside them. The layer-kind specs (model/layer_kinds.py) point at these; train/flops.py sums them."""
+beside them. The layer-kind specs (model/kind_specs.py) point at these; train/flops.py sums them."""
 from __future__ import annotations
 
 import numpy as np

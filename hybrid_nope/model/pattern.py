@@ -1,8 +1,8 @@
-"""`model.pattern`: the layer letters repeated to the model's depth (model/layer_kinds.py holds
+"""`model.pattern`: the layer letters repeated to the model's depth (model/kind_specs.py holds
 what each letter is)."""
 from __future__ import annotations
 
-from hybrid_nope.model.layer_kinds import KINDS
+from hybrid_nope.model.kind_specs import KINDS
 
 
 def layer_kinds(pattern: str, num_layers: int) -> str:

@@ -7,7 +7,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_nope.model.head import head_logits
-from hybrid_nope.model.layer_kinds import KINDS
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init,
                                       logical_axes, param)

@@ -17,7 +17,7 @@ from hybrid_nope.data import check
 from hybrid_nope.errors import UserError
 from hybrid_nope.kernels.delta_xla import CHUNK as DELTA_CHUNK
 from hybrid_nope.model.definition import abstract_model
-from hybrid_nope.model.layer_kinds import KINDS
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.transformer import compute_dtype, parameter_counts
 from hybrid_nope.train import memory_fit, sharding

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_nope.model.layer_kinds import KINDS
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds
 
 # Dense bf16 peak per device, from vendor datasheets; keyed by a substring of device_kind.

@@ -54,7 +54,7 @@ from hybrid_nope.analysis.checkpoint.controls import (  # noqa: F401  (the modul
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure import records as records_lib
-from hybrid_nope.model.layer_kinds import kinds_where
+from hybrid_nope.model.kind_specs import kinds_where
 from hybrid_nope.model.pattern import layer_kinds, layer_type
 
 ABLATE_CHOICES = ("local",)  # What --ablate may name: the local mixers' outputs.

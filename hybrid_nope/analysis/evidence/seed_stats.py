@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.stats
 
-from hybrid_nope.model.layer_kinds import has_local_mixer
+from hybrid_nope.model.kind_specs import has_local_mixer
 
 
 

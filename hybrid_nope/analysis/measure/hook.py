@@ -24,7 +24,7 @@ from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure import records as records_lib
 from hybrid_nope.analysis.measure.records import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE  # noqa: F401
-from hybrid_nope.model.layer_kinds import KINDS, kinds_where
+from hybrid_nope.model.kind_specs import KINDS, kinds_where
 from hybrid_nope.model.pattern import layer_kinds, layer_type, window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.run_dir import RECENCY, RunDir

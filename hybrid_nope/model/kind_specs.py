@@ -63,13 +63,14 @@ class LayerKind:
   hf_remote_config: Callable[[Any], dict] = _no_remote_config  # config.json's extra fields
 
   def position(self, m) -> str | None:
-    """"rope" or "nope" for an attention kind, None for a recurrent one."""
-    return m[self.position_key] if self.position_key else None
+    """The position encoding ("rope" or "nope") of an attention kind; None for a recurrent one."""
+    return getattr(m, self.position_key) if self.position_key else None
 
 
 def _attention(window_key: str | None, position_key: str):
   def build(cfg, shape: dict) -> nnx.Module:
-    return Attention(window=cfg[window_key] if window_key else None, position=cfg[position_key],
+    return Attention(window=getattr(cfg, window_key) if window_key else None,
+                     position=getattr(cfg, position_key),
                      rope_theta=cfg.rope_theta, impl=cfg.attention_impl, **shape)
   return build
 
