@@ -23,7 +23,7 @@ over --dense-budget-gb (estimated from its T² score tensors) or predicted to ex
 Rows "linear-IMPL" (w column "gla") time the gated linear attention mixer
 (kernels.linear_attention, log decays uniform in [-1, 0]) at the same T, heads and dtype. Its
 useful FLOPs are the chunked algorithm's at the kernel's chunk C, counted as the model counts
-them (train/flops.linear_attention_flops_per_token): within a chunk q·k and A·v over the causal
+them (model/mixer_costs.linear_attention_flops_per_token): within a chunk q·k and A·v over the causal
 pairs only (as the attention rows count in-window pairs only), across chunks q·S per query head
 and kᵀv per kv head; three times that forward+backward; masked and recomputed work is not
 counted. --linear-impls none leaves them out.
@@ -31,7 +31,7 @@ counted. --linear-impls none leaves them out.
 Rows "delta-IMPL" time the gated delta rule (kernels.delta_attention) the same way: w column
 "gdn" for one gate per head (Gated DeltaNet; log decays uniform in [-1, 0], β uniform in
 [0, 1]), "kda" for one per key channel (--delta-gates head,channel). Useful FLOPs are the
-model's count, train/flops.delta_attention_flops_per_token (linear attention's plus the delta
+model's count, model/mixer_costs.delta_attention_flops_per_token (linear attention's plus the delta
 rule's own: k·kᵀ, the triangular inverse, the transformed keys and values, S k), at the kernel's
 chunk. --delta-impls none leaves them out. Summary lines compare each mixer with the attention
 windows timed and the delta rule with linear attention, and give time(16384)/time(4096).
@@ -58,8 +58,9 @@ import numpy as np  # noqa: E402
 
 from hybrid_nope import kernels  # noqa: E402
 from hybrid_nope.kernels import delta_xla, linear_xla  # noqa: E402
-from hybrid_nope.train.flops import (  # noqa: E402
-    delta_attention_flops_per_token, linear_attention_flops_per_token, peak_flops_per_device)
+from hybrid_nope.model.mixer_costs import (  # noqa: E402
+    delta_attention_flops_per_token, linear_attention_flops_per_token)
+from hybrid_nope.train.flops import peak_flops_per_device  # noqa: E402
 
 PRESETS = {
     "cpu": dict(T="2048,4096,8192,16384", windows="64,256,1024", impls="available",

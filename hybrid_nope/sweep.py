@@ -203,10 +203,10 @@ def trained_steps(workdir: str) -> tuple[int, int]:
 def has_local_mixer(workdir: str) -> bool:
   """Whether the run's pattern (its config in force, config.json) has a local mixer (S, L or
   D): what --ablate=local ablates. The global-only baseline (pattern G) has none."""
-  from hybrid_nope.model.pattern import KINDS  # pylint: disable=import-outside-toplevel
+  from hybrid_nope.model import kind_specs  # pylint: disable=import-outside-toplevel
   with open(RunDir(workdir).config) as f:
     pattern = run_config.current(workdir, json.load(f))["model"]["pattern"]
-  return any(KINDS[k].local for k in pattern)
+  return kind_specs.has_local_mixer(pattern)
 
 
 def execute(run: Run, *, threads: int, log: Callable[[str], None],

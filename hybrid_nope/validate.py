@@ -19,7 +19,8 @@ from hybrid_nope.data.sources import registry
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.kernels import DELTA_IMPLS, IMPLS, LINEAR_IMPLS
 from hybrid_nope.model.attention import POSITION_ENCODINGS
-from hybrid_nope.model.delta import GATES as DELTA_GATES, check_shape as check_delta_shape
+from hybrid_nope.model.delta import GATES as DELTA_GATES
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds, window_of
 from hybrid_nope.model.transformer import DTYPES, LOGITS_DTYPES
 
@@ -61,14 +62,8 @@ def validate(config, *, check_paths: bool = True) -> None:
           f"one of {LINEAR_IMPLS}")
   one_of(config, "model.delta_impl", DELTA_IMPLS)
   one_of(config, "model.delta_gate", DELTA_GATES)
-  if "D" in layer_kinds(m.pattern, m.num_layers):
-    boolean(config, "model.delta_allow_neg_eigval")
-    try:
-      check_delta_shape(gate_form=m.delta_gate_form, gate=m.delta_gate, num_heads=m.num_heads,
-                        num_kv_heads=m.num_kv_heads, v_heads=m.delta_v_heads,
-                        expand_v=m.delta_expand_v, qk_scale=m.delta_qk_scale)
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
+  for kind in sorted(set(layer_kinds(m.pattern, m.num_layers))):
+    KINDS[kind].check_config(config)  # The kind's own keys (its spec's checks).
   require(m.dtype == "auto" or m.dtype in DTYPES, "model.dtype", m.dtype,
           f"'auto' or one of {sorted(DTYPES)}")
   require(isinstance(config.metrics.far_lag, int) and 1 <= config.metrics.far_lag < d.seq_len,

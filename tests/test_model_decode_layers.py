@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hybrid_nope.model import decode_layers
+from hybrid_nope.model import decode, decode_layers
 from hybrid_nope.model.delta import DeltaAttention
 
 
@@ -28,7 +28,7 @@ def test_the_delta_decoder_gives_the_layers_outputs_with_a_per_channel_gate_and_
                          gate="channel", impl="xla", dtype=jnp.float32, rngs=nnx.Rngs(params=0))
   x_BTD = jax.random.normal(jax.random.key(1), (2, T, D))
   start_B = jnp.asarray([2, 0])  # Row 0's first two columns are padding.
-  decoder = decode_layers.decoder_for("D")
+  decoder = decode.decoder_for("D")
   cache = jax.jit(lambda x: decoder.prefill(mixer, x, None, start_B, T))(x_BTD[:, :P])
   step = jax.jit(lambda cache, x, column: decoder.step(mixer, cache, x, None, column, start_B))
   outputs = []
@@ -45,4 +45,4 @@ def test_the_delta_decoder_gives_the_layers_outputs_with_a_per_channel_gate_and_
 
 def test_a_kind_without_a_decoder_is_refused_by_letter():
   with pytest.raises(decode_layers.DecodeError, match="'X'"):
-    decode_layers.decoder_for("X")
+    decode.decoder_for("X")

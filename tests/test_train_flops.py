@@ -1,7 +1,8 @@
 import jax
 import pytest
 
-from hybrid_nope.train.flops import attended_pairs_per_query, flops_per_token, matmul_params
+from hybrid_nope.model.mixer_costs import attended_pairs_per_query
+from hybrid_nope.train.flops import flops_per_token, matmul_params
 from tests.helpers import tiny_config
 
 
@@ -18,8 +19,8 @@ def weights_read_off_the_model(m) -> int:
 
 
 def test_attended_pairs():
-  assert attended_pairs_per_query("G", window=0, seq_len=4) == pytest.approx((1 + 2 + 3 + 4) / 4)
-  assert attended_pairs_per_query("S", window=2, seq_len=4) == pytest.approx((1 + 2 + 2 + 2) / 4)
+  assert attended_pairs_per_query(None, seq_len=4) == pytest.approx((1 + 2 + 3 + 4) / 4)
+  assert attended_pairs_per_query(2, seq_len=4) == pytest.approx((1 + 2 + 2 + 2) / 4)
 
 
 def test_flops_per_token_by_hand():
@@ -35,7 +36,7 @@ def test_flops_per_token_by_hand():
 
 
 def test_a_gated_linear_attention_layer_counts_its_matmul_parameters_and_chunked_mixing():
-  from hybrid_nope.train.flops import LINEAR_CHUNK, linear_attention_flops_per_token
+  from hybrid_nope.model.mixer_costs import LINEAR_CHUNK, linear_attention_flops_per_token
   m = tiny_config(model__pattern="LG", model__num_layers=2).model
   assert matmul_params(m) == weights_read_off_the_model(m)
   N, K, H, C, T = 4, 2, 8, LINEAR_CHUNK, 64
@@ -50,8 +51,8 @@ def test_a_delta_rule_layer_counts_its_matmul_parameters_and_chunked_mixing(gate
   """Every weight of a D layer that multiplies activations, read off the model itself:
   projections, output gate, low-rank decay gate, β, and the short convolutions' taps (one
   multiply-add per tap per token, as for a matmul weight)."""
-  from hybrid_nope.train.flops import (DELTA_CHUNK, delta_attention_flops_per_token,
-                                       linear_attention_flops_per_token)
+  from hybrid_nope.model.mixer_costs import (DELTA_CHUNK, delta_attention_flops_per_token,
+                                              linear_attention_flops_per_token)
   m = tiny_config(model__pattern="DG", model__num_layers=2, model__delta_gate=gate).model
   assert matmul_params(m) == weights_read_off_the_model(m)
   N, K, H, C, T = 4, 2, 8, DELTA_CHUNK, 64
@@ -74,7 +75,7 @@ def test_a_delta_rule_layer_counts_its_matmul_parameters_and_chunked_mixing(gate
 def test_the_published_delta_forms_count_their_matmul_parameters_and_mixing(options):
   """The published forms' parameters read off the model (gate weights, GVA's value heads,
   expand_v's wider values); the mixing by hand for value heads V of dim J read by O heads."""
-  from hybrid_nope.train.flops import DELTA_CHUNK, delta_attention_flops_per_token
+  from hybrid_nope.model.mixer_costs import DELTA_CHUNK, delta_attention_flops_per_token
   m = tiny_config(model__pattern="DG", model__num_layers=2,
                   **{f"model__{k}": v for k, v in options.items()}).model
   assert matmul_params(m) == weights_read_off_the_model(m)

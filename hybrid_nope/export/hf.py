@@ -61,16 +61,14 @@ import numpy as np
 
 from hybrid_nope.errors import UserError
 from hybrid_nope.export import tokenizer as export_tokenizer
-from hybrid_nope.model import delta, gla
-from hybrid_nope.model.pattern import KINDS, layer_kinds
+from hybrid_nope.model import gla
+from hybrid_nope.model.kind_specs import KINDS
+from hybrid_nope.model.pattern import layer_kinds
 
 ARCHITECTURE = "SmolLM3ForCausalLM"
 MODEL_TYPE = "smollm3"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-HF_LAYER_TYPES = {"S": "sliding_attention", "G": "full_attention", "L": "linear_attention",
-                  "D": "linear_attention"}
-RECURRENT_KINDS = ("L", "D")  # Layers SmolLM3 lacks: exported with modeling_hybrid_nope.py.
 REMOTE_ARCHITECTURE = "HybridNopeForCausalLM"
 REMOTE_MODEL_TYPE = "hybrid_nope"
 REMOTE_CODE_FILES = ("configuration_hybrid_nope.py", "modeling_hybrid_nope.py")
@@ -87,10 +85,8 @@ MAPPED_KEYS = {"pattern", "num_layers", "d_model", "num_heads", "num_kv_heads", 
 # loss_block: how training computes the loss (in blocks of positions), not what the model is.
 COMPUTE_KEYS = {"dtype", "remat", "attention_impl", "linear_impl", "delta_impl", "logits_dtype",
                 "param_dtype", "loss_block"}
-# The D layer's options at the values of its first form, the only one modeling_hybrid_nope.py
-# writes (the published forms are tests/hf/check_delta_hf.py's parity, not an export yet).
-DELTA_FIRST_FORM = {"delta_gate_form": "gla", "delta_expand_v": 1, "delta_v_heads": 0,
-                    "delta_qk_scale": "1", "delta_allow_neg_eigval": False}
+# model.* keys the export writes at one value only: the layer kinds' (their specs' hf_fixed_keys).
+FIXED_KEYS = {key for spec in KINDS.values() for key in spec.hf_fixed_keys}
 # model.safetensors' metadata keys of `round_trip_metadata`.
 META_MODEL = "hybrid_nope.model"
 META_FINAL_NORM = "hybrid_nope.final_norm.scale_D"
@@ -106,30 +102,33 @@ class ExportError(UserError):
 def check_exportable(model_cfg) -> str:
   """The layer kinds (pattern repeated to num_layers), or an ExportError naming the model.* key
   the export cannot represent."""
-  unknown = sorted(set(model_cfg.keys()) - MAPPED_KEYS - COMPUTE_KEYS - set(DELTA_FIRST_FORM))
+  unknown = sorted(set(model_cfg.keys()) - MAPPED_KEYS - COMPUTE_KEYS - FIXED_KEYS)
   if unknown:
     raise ExportError(
         f"config.model.{unknown[0]} is not known to the Hugging Face exporter (hybrid_nope/"
         f"export/hf.py maps {sorted(MAPPED_KEYS)}): it may change the forward pass in a way the "
         f"export cannot represent, so the export stops rather than drop it")
   pattern = model_cfg.pattern
-  foreign = [k for k in dict.fromkeys(pattern) if k not in HF_LAYER_TYPES]
+  exportable = sorted(k for k, spec in KINDS.items() if spec.hf_layer_type)
+  foreign = [k for k in dict.fromkeys(pattern) if k not in exportable]
   if foreign:
     name = KINDS[foreign[0]].description if foreign[0] in KINDS else "an unknown layer kind"
     raise ExportError(
         f"config.model.pattern={pattern!r} has {foreign[0]!r} ({name}), which the exporter "
-        f"cannot write: it expects letters from {sorted(HF_LAYER_TYPES)}")
+        f"cannot write: it expects letters from {exportable}")
   try:
     kinds = layer_kinds(pattern, model_cfg.num_layers)
   except ValueError as e:
     raise ExportError(str(e)) from None
-  for key, first in DELTA_FIRST_FORM.items():
-    if "D" in kinds and model_cfg.get(key, first) != first:
-      raise ExportError(
-          f"config.model.{key}={model_cfg[key]!r}: the exporter writes the D layer's first form "
-          f"only ({', '.join(f'{k}={v!r}' for k, v in DELTA_FIRST_FORM.items())}); the "
-          f"published forms have no remote-code counterpart in modeling_hybrid_nope.py yet")
-  if all(k in RECURRENT_KINDS for k in kinds):
+  for spec in (KINDS[k] for k in dict.fromkeys(kinds)):
+    fixed = spec.hf_fixed_keys
+    for key, first in fixed.items():
+      if model_cfg.get(key, first) != first:
+        raise ExportError(
+            f"config.model.{key}={model_cfg[key]!r}: the exporter writes the {spec.letter} "
+            f"layer's first form only ({', '.join(f'{k}={v!r}' for k, v in fixed.items())}); the "
+            f"published forms have no remote-code counterpart in modeling_hybrid_nope.py yet")
+  if all(KINDS[k].recurrent for k in kinds):
     raise ExportError(
         f"config.model.pattern={pattern!r} has no attention layer (S or G): transformers counts "
         f"the tokens a cache has seen on its attention layers (DynamicCache.get_seq_length), so "
@@ -138,7 +137,8 @@ def check_exportable(model_cfg) -> str:
     if model_cfg[key] not in POSITION_ENCODINGS:
       raise ExportError(f"config.model.{key}={model_cfg[key]!r}: expected one of "
                         f"{POSITION_ENCODINGS}")
-  if "S" in kinds and not (isinstance(model_cfg.window, int) and model_cfg.window >= 1):
+  windowed = any(KINDS[k].windowed for k in kinds)
+  if windowed and not (isinstance(model_cfg.window, int) and model_cfg.window >= 1):
     raise ExportError(f"config.model.window={model_cfg.window!r}: sliding-window layers need a "
                       f"positive int window")
   if model_cfg.num_heads % model_cfg.num_kv_heads:
@@ -148,14 +148,13 @@ def check_exportable(model_cfg) -> str:
 
 
 def uses_rope(kind: str, model_cfg) -> bool:
-  """Whether the layer rotates q and k: an attention layer per its *_pos key; L and D never."""
-  if kind in RECURRENT_KINDS:
-    return False
-  return (model_cfg.swa_pos if kind == "S" else model_cfg.global_pos) == "rope"
+  """Whether the layer rotates q and k: an attention layer per its *_pos key; a recurrent
+  layer (L, D) never."""
+  return KINDS[kind].position(model_cfg) == "rope"
 
 
 def needs_remote_code(kinds: str) -> bool:
-  return any(k in RECURRENT_KINDS for k in kinds)
+  return any(KINDS[k].recurrent for k in kinds)
 
 
 def remote_code_config(kinds: str, model_cfg) -> dict:
@@ -163,8 +162,8 @@ def remote_code_config(kinds: str, model_cfg) -> dict:
   out = {"architectures": [REMOTE_ARCHITECTURE], "model_type": REMOTE_MODEL_TYPE,
          "auto_map": dict(AUTO_MAP), "layer_kinds": kinds, "gate_rank": gla.GATE_RANK,
          "gate_temperature": float(gla.GATE_TEMPERATURE)}
-  if "D" in kinds:
-    out.update(delta_gate=model_cfg.delta_gate, conv_width=delta.CONV_WIDTH)
+  for kind in dict.fromkeys(kinds):
+    out.update(KINDS[kind].hf_remote_config(model_cfg))
   return out
 
 
@@ -181,7 +180,7 @@ def hf_config(config, *, bos_token_id: int | None = None, eos_token_id: int | No
   """The config.json of the Hugging Face model equivalent to the run's `config.model`."""
   m = config.model
   kinds = check_exportable(m)
-  sliding = "S" in kinds
+  sliding = any(KINDS[k].windowed for k in kinds)
   out = {
       "architectures": [ARCHITECTURE],
       "model_type": MODEL_TYPE,
@@ -197,7 +196,7 @@ def hf_config(config, *, bos_token_id: int | None = None, eos_token_id: int | No
       # rope_parameters for transformers 5, rope_theta for 4.x (5 accepts both).
       "rope_parameters": {"rope_type": "default", "rope_theta": float(m.rope_theta)},
       "rope_theta": float(m.rope_theta),
-      "layer_types": [HF_LAYER_TYPES[k] for k in kinds],
+      "layer_types": [KINDS[k].hf_layer_type for k in kinds],
       "no_rope_layers": [int(uses_rope(k, m)) for k in kinds],
       "use_sliding_window": sliding,
       "sliding_window": m.window if sliding else None,
@@ -259,7 +258,7 @@ def hf_state_dict(params: dict, model_cfg) -> dict[str, np.ndarray]:
       w_DXH = f32(attn[f"w{name}_D{'N' if name == 'q' else 'K'}H"])
       out[prefix + f"self_attn.{name}_proj.weight"] = _linear(w_DXH)
     out[prefix + "self_attn.o_proj.weight"] = _linear(f32(attn["wo_NHD"]), inputs=2)
-    if kind in RECURRENT_KINDS:
+    if KINDS[kind].recurrent:
       out.update({prefix + "self_attn." + k: v for k, v in _recurrent_mixer(attn, f32).items()})
     out[prefix + "post_attention_layernorm.weight"] = f32(block["mlp_norm"]["scale_D"])
     out[prefix + "mlp.gate_proj.weight"] = f32(mlp["w_gate_DF"]).T

@@ -45,6 +45,7 @@ from hybrid_nope.errors import UserError
 from hybrid_nope.export import hf
 from hybrid_nope.export.safetensors_dir import Weights
 from hybrid_nope.model.definition import abstract_params
+from hybrid_nope.model.kind_specs import LETTER_OF_HF_ATTENTION
 
 SIZES = {"vocab_size": "vocab_size", "hidden_size": "d_model", "intermediate_size": "mlp_dim",
          "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
@@ -162,13 +163,15 @@ def _letters(config: dict, types: list[str], rope: list[bool]) -> tuple[str, dic
   if len({rope[i] for i in full}) <= 1:
     if full:
       keys["global_pos"] = pos(rope[full[0]])
-    return "".join("S" if t == "sliding_attention" else "G" for t in types), keys, []
+    return "".join(LETTER_OF_HF_ATTENTION[t] for t in types), keys, []
   if slide:
     _fail("no_rope_layers", [int(r) for r in rope], "one value over the full-attention layers "
           f"{full} where layers {slide} slide: our G layers share one model.global_pos, and the "
           f"RoPE ones could be S layers only without a sliding window of their own")
   window = _int(config, "max_position_embeddings")
-  letters = "".join("S" if r else "G" for r in rope)
+  # RoPE full attention is sliding attention whose window covers every position.
+  letters = "".join(LETTER_OF_HF_ATTENTION["sliding_attention" if r else "full_attention"]
+                    for r in rope)
   note = (f"full-attention layers with RoPE {[i for i in full if rope[i]]} are S layers with "
           f"window = max_position_embeddings = {window} (exactly full attention up to that "
           f"length); the NoPE ones {[i for i in full if not rope[i]]} are G layers")

@@ -36,7 +36,8 @@ import numpy as np
 from flax import nnx
 
 from hybrid_nope.model import sampling
-from hybrid_nope.model.decode_layers import DecodeError, decoder_for
+from hybrid_nope.model.decode_layers import DecodeError
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.transformer import LanguageModel
 
 PAD_ID = 0  # Fills the left padding; masked, so any id would do.
@@ -82,6 +83,16 @@ def step(model: LanguageModel, caches: list, tokens_B, column, start_B):
   logits_B1V = model(tokens_B[:, None], positions_BT=positions_B1, segment_ids_BT=None,
                      observe=observe)
   return logits_B1V[:, 0], updated
+
+
+def decoder_for(letter: str):
+  """The decoder of a pattern letter (its spec's); DecodeError for a kind that has none."""
+  decoder = KINDS[letter].decoder if letter in KINDS else None
+  if decoder is None:
+    decodable = sorted(k for k, spec in KINDS.items() if spec.decoder is not None)
+    raise DecodeError(f"layer kind {letter!r} has no incremental decoder yet (decoding supports "
+                      f"{decodable}; model/decode_layers.py)")
+  return decoder
 
 
 def _check_decodable(model: LanguageModel) -> None:

@@ -1,7 +1,7 @@
 """Incremental decoding, one layer kind at a time: what each token mixer keeps between tokens.
 
 Every kind has a decoder with two functions (model/decode.py calls them; a new kind adds one
-class to DECODERS):
+class here and names it in its spec, model/kind_specs.py):
 
   prefill(mixer, x_BTD, positions_BT, start_B, capacity) -> cache
       the cache after the prompt, from the mixer's input x over the whole (left-padded) prompt
@@ -147,15 +147,3 @@ class DeltaDecoder:
         mixer.beta(x_B1D)[:, 0])
     return mixer.output(out_BNH[:, None], x_B1D), {
         "state": state_BKHH, **{name: w[:, 1:] for name, w in zip(self.STREAMS, windows)}}
-
-
-DECODERS = {"S": AttentionDecoder(), "G": AttentionDecoder(), "L": LinearDecoder(),
-            "D": DeltaDecoder()}
-
-
-def decoder_for(letter: str):
-  """The decoder of a pattern letter; DecodeError for a kind that has none."""
-  if letter not in DECODERS:
-    raise DecodeError(f"layer kind {letter!r} has no incremental decoder yet (decoding supports "
-                      f"{sorted(DECODERS)}; model/decode_layers.py)")
-  return DECODERS[letter]

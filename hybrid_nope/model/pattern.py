@@ -1,30 +1,8 @@
-"""The layer letters of `model.pattern`: the one place each kind is named and described.
-
-  S  sliding-window attention   records' layer_type "swa"     a local mixer (window w)
-  G  global causal attention    "global"                      NoPE by default: reads recency out
-  L  gated linear attention     "linear"                      a local mixer (data-dependent decay)
-  D  gated delta rule           "delta"                       a local mixer (decay and erase)
-"""
+"""`model.pattern`: the layer letters repeated to the model's depth (model/kind_specs.py holds
+what each letter is)."""
 from __future__ import annotations
 
-import dataclasses
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerKind:
-  letter: str
-  layer_type: str    # `layer_type` in recency records (DESIGN.md)
-  description: str
-  local: bool        # a local mixer: plants recency into the residual stream
-  windowed: bool     # reads model.window
-
-
-KINDS = {k.letter: k for k in (
-    LayerKind("S", "swa", "sliding-window attention", local=True, windowed=True),
-    LayerKind("G", "global", "global attention", local=False, windowed=False),
-    LayerKind("L", "linear", "gated linear attention", local=True, windowed=False),
-    LayerKind("D", "delta", "gated delta rule (Gated DeltaNet)", local=True, windowed=False),
-)}
+from hybrid_nope.model.kind_specs import KINDS
 
 
 def layer_kinds(pattern: str, num_layers: int) -> str:

@@ -6,10 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hybrid_nope.model.attention import Attention
-from hybrid_nope.model.delta import DeltaAttention
-from hybrid_nope.model.gla import GatedLinearAttention
 from hybrid_nope.model.head import head_logits
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.layers import (BTD, BTV, Embed, RMSNorm, SwiGLU, constrain, default_init,
                                       logical_axes, param)
@@ -47,22 +45,11 @@ class Block(nnx.Module):
 
   def __init__(self, kind: str, cfg, *, dtype, rngs: nnx.Rngs):
     self.kind = kind
-    sliding = kind == "S"
     self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     shape = dict(d_model=cfg.d_model, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
                  head_dim=cfg.head_dim, dtype=dtype, rngs=rngs)
     # `attn` is the block's token mixer, whatever its kind (one parameter tree layout).
-    if kind == "L":
-      self.attn = GatedLinearAttention(norm_eps=cfg.norm_eps, impl=cfg.linear_impl, **shape)
-    elif kind == "D":
-      self.attn = DeltaAttention(norm_eps=cfg.norm_eps, gate=cfg.delta_gate, impl=cfg.delta_impl,
-                                 gate_form=cfg.delta_gate_form, expand_v=cfg.delta_expand_v,
-                                 v_heads=cfg.delta_v_heads, qk_scale=cfg.delta_qk_scale,
-                                 allow_neg_eigval=cfg.delta_allow_neg_eigval, **shape)
-    else:
-      self.attn = Attention(window=cfg.window if sliding else None,
-                            position=cfg.swa_pos if sliding else cfg.global_pos,
-                            rope_theta=cfg.rope_theta, impl=cfg.attention_impl, **shape)
+    self.attn = KINDS[kind].build_mixer(cfg, shape)
     self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     self.mlp = SwiGLU(cfg.d_model, cfg.mlp_dim, dtype=dtype, rngs=rngs)
 

@@ -17,6 +17,7 @@ from hybrid_nope.data import check
 from hybrid_nope.errors import UserError
 from hybrid_nope.kernels.delta_xla import CHUNK as DELTA_CHUNK
 from hybrid_nope.model.definition import abstract_model
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds
 from hybrid_nope.model.transformer import compute_dtype, parameter_counts
 from hybrid_nope.train import memory_fit, sharding
@@ -79,8 +80,9 @@ def activation_bytes(config, mesh_shape: dict[str, int]) -> dict[str, float]:
                + m.num_heads * m.head_dim**2 * 4 / itemsize / DELTA_CHUNK) / tensor
   gathered = (HEAD_SIZED_PER_KV_HEAD * m.num_kv_heads * m.head_dim / tensor * sequence
               if sequence > 1 else 0)  # per local token: the row's keys and values, gathered
-  kept_by_layer = [per_layer + (recurrent if kind in "LD" else 0) + (gathered if kind == "G" else 0)
-                   for kind in layer_kinds(m.pattern, m.num_layers)]
+  specs = [KINDS[kind] for kind in layer_kinds(m.pattern, m.num_layers)]
+  kept_by_layer = [per_layer + (recurrent if spec.recurrent else 0)
+                   + (gathered if spec.global_attention else 0) for spec in specs]
   if m.remat:
     repeat = len(m.pattern)
     kept = len(kept_by_layer) // repeat * m.d_model + max(

@@ -8,10 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_nope.kernels.delta_xla import CHUNK as DELTA_CHUNK
-from hybrid_nope.kernels.linear_xla import CHUNK as LINEAR_CHUNK
-from hybrid_nope.model.delta import CONV_WIDTH
-from hybrid_nope.model.gla import GATE_RANK
+from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds
 
 # Dense bf16 peak per device, from vendor datasheets; keyed by a substring of device_kind.
@@ -29,97 +26,19 @@ CPU_PEAK_FLOPS_PER_CORE = 66.0e9
 CPU_ROOFLINE_COMMAND = "python benchmarks/cpu_roofline.py"
 
 
-def mixer_params(kind: str, model_cfg) -> int:
-  """Matmul parameters of one layer's token mixer: q, k, v, o projections; for a gated linear
-  attention layer (L) also its low-rank decay gate and its output gate; for a gated delta rule
-  layer (D) those, its β projection and its short convolutions' taps (a depthwise tap is one
-  multiply-add per token, as a matmul weight is)."""
-  m = model_cfg
-  D, N, K, H = m.d_model, m.num_heads, m.num_kv_heads, m.head_dim
-  if kind == "D":
-    return _delta_mixer_params(m)
-  params = D * H * (2 * N + 2 * K)
-  if kind == "L":
-    params += D * N * H + GATE_RANK * (D + K * H)
-  return params
-
-
-def _delta_heads(m) -> tuple[int, int, int]:
-  """(V value heads, J = d_v, O output heads) of a D layer (model/delta.py's head layout)."""
-  V = m.delta_v_heads or m.num_kv_heads
-  return V, m.delta_expand_v * m.head_dim, (V if V != m.num_kv_heads else m.num_heads)
-
-
-def _delta_mixer_params(m) -> int:
-  """A D layer's: q, k, v, o, the output gate, the forget gate of its form, β and the taps."""
-  D, N, K, H = m.d_model, m.num_heads, m.num_kv_heads, m.head_dim
-  V, J, O = _delta_heads(m)
-  params = D * H * (N + K) + D * V * J + O * J * D + D * V + CONV_WIDTH * (N * H + K * H + V * J)
-  params += D * J + J * O * J if m.delta_gate_form == "kda" else D * O * J  # output gate
-  gate_channels = V * H if m.delta_gate == "channel" else V
-  params += {"gla": GATE_RANK * (D + gate_channels), "mamba2": D * V,
-             "kda": H * (D + V * H)}[m.delta_gate_form]
-  return params
-
-
 def matmul_params(model_cfg) -> int:
   """Parameters that take part in a matmul per token: projections, MLPs and the output head."""
   m = model_cfg
   mlp = 3 * m.d_model * m.mlp_dim
-  return (sum(mixer_params(kind, m) + mlp for kind in layer_kinds(m.pattern, m.num_layers))
+  return (sum(KINDS[kind].mixer_params(m) + mlp for kind in layer_kinds(m.pattern, m.num_layers))
           + m.d_model * m.vocab_size)
-
-
-def attended_pairs_per_query(kind: str, window: int, seq_len: int) -> float:
-  """Mean number of keys a query attends to in a causal sequence of length seq_len."""
-  i = np.arange(seq_len)
-  keys = i + 1 if kind == "G" else np.minimum(i + 1, window)
-  return float(keys.mean())
-
-
-def linear_attention_flops_per_token(num_heads: int, num_kv_heads: int, head_dim: int,
-                                     chunk: int = LINEAR_CHUNK) -> float:
-  """Forward FLOPs per token of chunked linear attention, counted as useful work: within a
-  chunk the causal half of q·k and of the weighted sum of v ((chunk + 1) / 2 keys on average),
-  across chunks the read-out q·S per query head and the state update k vᵀ per kv head."""
-  H = head_dim
-  return num_heads * (4 * H * (chunk + 1) / 2 + 2 * H * H) + num_kv_heads * 2 * H * H
-
-
-def delta_attention_flops_per_token(num_heads: int, num_kv_heads: int, head_dim: int,
-                                    chunk: int = DELTA_CHUNK, *, v_heads: int = 0,
-                                    v_dim: int = 0) -> float:
-  """Forward FLOPs per token of the chunked gated delta rule, counted as useful work: linear
-  attention's (above: per read-out head the causal halves of q·k and of the weighted values and
-  q·S, per state k vᵀ), and per state (value head) the delta rule's own: the strictly lower half
-  of k·kᵀ, the unit-lower-triangular inverse (C³/3 per chunk of C), the transformed keys and
-  values (causal halves) and the state's prediction of each value, S k. v_heads / v_dim: value
-  heads and their dim when they differ from the kv heads and head_dim (GVA, expand_v)."""
-  H, C = head_dim, chunk
-  V, J = v_heads or num_kv_heads, v_dim or head_dim
-  O = V if V != num_kv_heads else num_heads  # read-out heads
-  linear = O * ((2 * H + 2 * J) * (C + 1) / 2 + 2 * H * J) + V * 2 * H * J
-  delta_rule = 2 * H * (C - 1) / 2 + C * C / 3 + (2 * H + 2 * J) * (C + 1) / 2 + 2 * H * J
-  return linear + V * delta_rule
-
-
-def mixer_flops_per_token(kind: str, model_cfg, seq_len: int) -> float:
-  """Forward FLOPs per token of a layer's token mixing, beside its projections."""
-  m = model_cfg
-  if kind == "L":
-    return linear_attention_flops_per_token(m.num_heads, m.num_kv_heads, m.head_dim)
-  if kind == "D":
-    V, J, _ = _delta_heads(m)
-    return delta_attention_flops_per_token(m.num_heads, m.num_kv_heads, m.head_dim, v_heads=V,
-                                           v_dim=J)
-  return 4 * m.num_heads * m.head_dim * attended_pairs_per_query(kind, m.window, seq_len)
 
 
 def flops_per_token(model_cfg, seq_len: int) -> float:
   """Training FLOPs per token: 6 × matmul params plus 3 × the mixers' forward FLOPs (QKᵀ and
   AV over attended pairs; the chunked recurrences of linear attention and the delta rule)."""
   m = model_cfg
-  mixing = sum(mixer_flops_per_token(kind, m, seq_len)
+  mixing = sum(KINDS[kind].mixing_flops(m, seq_len)
                for kind in layer_kinds(m.pattern, m.num_layers))
   return 6 * matmul_params(m) + 3 * mixing
 

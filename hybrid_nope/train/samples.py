@@ -14,7 +14,6 @@ import flax.linen as nn
 from hybrid_nope.data.tokenization.text_codec import TextCodecError, text_codec
 from hybrid_nope.errors import UserError
 from hybrid_nope.model import decode
-from hybrid_nope.model.decode_layers import decoder_for
 from hybrid_nope.model.pattern import layer_kinds
 
 
@@ -33,7 +32,7 @@ class TrainingSamples:
       raise UserError(f"config.eval.sample_every_steps={self.every} needs the data's tokenizer "
                       f"to tokenise eval.sample_prompts: {error}") from None
     for kind in set(layer_kinds(config.model.pattern, config.model.num_layers)):
-      decoder_for(kind)  # A kind without a decoder fails now, not at the first sample.
+      decode.decoder_for(kind)  # A kind without a decoder fails now, not at the first sample.
     self.prompt_ids = [self.codec.encode(p) for p in self.prompts]
 
   def __call__(self, step: int, params) -> None:

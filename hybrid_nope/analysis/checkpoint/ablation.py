@@ -54,7 +54,8 @@ from hybrid_nope.analysis.checkpoint.controls import (  # noqa: F401  (the modul
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure import records as records_lib
-from hybrid_nope.model.pattern import KINDS, layer_kinds, layer_type
+from hybrid_nope.model.kind_specs import kinds_where
+from hybrid_nope.model.pattern import layer_kinds, layer_type
 
 ABLATE_CHOICES = ("local",)  # What --ablate may name: the local mixers' outputs.
 CLEAN = "clean"
@@ -88,11 +89,11 @@ def check(ablate: str, model_cfg) -> list[int]:
                         f"(local: the outputs of the local mixers S, L and D)")
   pattern = model_cfg.pattern
   kinds = layer_kinds(pattern, model_cfg.num_layers)
-  local = [i for i, k in enumerate(kinds) if KINDS[k].local]
+  local = kinds_where(kinds, lambda spec: spec.local)
   if not local:
     raise AnalysisError(f"--ablate={ablate}: model.pattern={pattern!r} has no local mixer "
                         f"(S, L or D) to ablate; the causal test needs a hybrid such as 'SG'")
-  if "G" not in kinds:
+  if not kinds_where(kinds, lambda spec: spec.global_attention):
     raise AnalysisError(f"--ablate={ablate}: model.pattern={pattern!r} has no global layer (G) "
                         f"whose read-out the causal test measures")
   return local
@@ -261,11 +262,11 @@ def measure(hook, params, eval_batches: Sequence[dict], evaluate: Callable, *, s
              for c, s in sums.items()}
   lags, far = hook.lags, hook.far
   globals_out = []
-  for layer in [i for i, k in enumerate(hook.kinds) if k == "G"]:
+  for layer in kinds_where(hook.kinds, lambda spec: spec.global_attention):
     fields = {c: _condition_fields(records[c][(layer, READ_AT)], sums[c], layer, lags, far)
               for c in ALL_CONDITIONS}
     sign = float(np.sign(fields[CLEAN].get("logit_gap", 0.0)))
-    globals_out.append({"layer": layer, "layer_type": layer_type("G"),
+    globals_out.append({"layer": layer, "layer_type": layer_type(hook.kinds[layer]),
                         "nope": layer in hook.readout_layers, **fields,
                         **{name: _difference_fields(fields[a], fields[b], sums[a], sums[b],
                                                     layer, lags, far, sign)

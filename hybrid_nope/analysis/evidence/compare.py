@@ -31,6 +31,7 @@ from hybrid_nope.analysis.evidence import run_files, seed_stats
 from hybrid_nope.analysis.present import sweep_plots
 from hybrid_nope.analysis.evidence.compare_table import cell, table
 from hybrid_nope.analysis.evidence.run_files import read_jsonl
+from hybrid_nope.model.pattern import layer_type, window_of
 from hybrid_nope.run_dir import RunDir
 
 TABLE_FILE = "compare.md"
@@ -88,7 +89,8 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   config = checkpoints.load_config(workdir)
   seed, config_key = seed_and_config_key(config)
   m = config.model
-  swa = "S" in m.pattern
+  swa = window_of(m) is not None
+  linear = "linear" in {layer_type(k) for k in m.pattern}
   rd = RunDir(workdir)
   evals = [r for r in read_jsonl(rd.metrics) if "eval_loss" in r]
   by_step_records = collections.defaultdict(list)
@@ -108,7 +110,7 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
       "num_layers": m.num_layers, "d_model": m.d_model, "window": int(m.window) if swa else None,
       "swa_pos": m.swa_pos if swa else None, "global_pos": m.global_pos,
       "series": (f"{size} {ENCODINGS.get(m.swa_pos, m.swa_pos)}-in-SWA" if swa
-                 else f"{size} GLA" if "L" in m.pattern else f"{size} no SWA"),
+                 else f"{size} GLA" if linear else f"{size} no SWA"),
       "train_seq_len": int(config.data.seq_len),
       "eval_step": last_eval["step"] if last_eval else None,
       "eval_loss": last_eval["eval_loss"] if last_eval else None,

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.stats
 
+from hybrid_nope.model.kind_specs import has_local_mixer
+
 
 
 def known(value) -> bool:
@@ -48,7 +50,7 @@ def paired_difference(row: dict, reference: dict, key: str) -> dict[str, Any]:
 
 def reference_row(rows: Sequence[dict]) -> dict | None:
   """The global-only baseline (pattern G) if there is one with several seeds, else None."""
-  return next((r for r in rows if r["pattern"] == "G" and r["n_seeds"] > 1), None)
+  return next((r for r in rows if not has_local_mixer(r["pattern"]) and r["n_seeds"] > 1), None)
 
 
 def welch(values: Sequence[float | None], null_mean: float, null_sd: float,

@@ -24,6 +24,7 @@ from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure import records as records_lib
 from hybrid_nope.analysis.measure.records import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE  # noqa: F401
+from hybrid_nope.model.kind_specs import KINDS, kinds_where
 from hybrid_nope.model.pattern import layer_kinds, layer_type, window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.run_dir import RECENCY, RunDir
@@ -76,10 +77,15 @@ class RecencyHook:
       raise ValueError(f"lags {self.lags} must include 1 and metrics.far_lag={self.far}")
     self.positions = recency.query_positions(config.data.seq_len, metrics.query_positions)
     # Logit read-out is only meaningful where attention carries no position encoding.
-    self.readout_layers = {i for i, k in enumerate(self.kinds)
-                           if k == "G" and m.global_pos == "nope"}
-    self.linear_layers = {i for i, k in enumerate(self.kinds) if k == "L"}
-    self.delta_layers = {i for i, k in enumerate(self.kinds) if k == "D"}
+    self.readout_layers = set(kinds_where(
+        self.kinds, lambda spec: spec.global_attention and spec.position(m) == "nope"))
+    # The layers' gates whose token means the records carry (their specs' recorded_gates):
+    # decay alone gives the linear law's fields, decay and beta the delta law's.
+    self.recorded_gates = {i: KINDS[k].recorded_gates for i, k in enumerate(self.kinds)
+                           if KINDS[k].recorded_gates}
+    gate_names = {i: {name for name, _ in gates} for i, gates in self.recorded_gates.items()}
+    self.delta_layers = {i for i, names in gate_names.items() if "beta" in names}
+    self.linear_layers = set(gate_names) - self.delta_layers
     self.head_dim = m.head_dim  # The delta rule's key dimension H (analysis.theory.delta_cosine).
     self.d_model = m.d_model
     rows = _concat(eval_batches)
@@ -147,11 +153,10 @@ class RecencyHook:
         parts = {**dict(zip(records_lib.M_PARTS, recency.m_parts(wq, wk))),
                  **dict(zip(records_lib.DELTA_PARTS, recency.matrix_parts(delta_DD)))}
         out.update({f"{layer}/{part}": value for part, value in parts.items()})
-      if name == "pre_mixer_norm" and layer in self.linear_layers | self.delta_layers:
+      if name == "pre_mixer_norm" and layer in self.recorded_gates:
         mixer, seg = model.blocks[layer].attn, batch["segment_ids"]
-        out[f"{layer}/decay"] = _token_mean(jnp.exp(mixer.log_decay(x_BTD)), seg)
-        if layer in self.delta_layers:
-          out[f"{layer}/beta"] = _token_mean(mixer.beta(x_BTD), seg)
+        for gate, read in self.recorded_gates[layer]:
+          out[f"{layer}/{gate}"] = _token_mean(read(mixer, x_BTD), seg)
       return x_BTD
 
     def observe_shuffled(layer, name, x_BTD):
