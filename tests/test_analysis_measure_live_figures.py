@@ -20,7 +20,7 @@ from hybrid_nope.model.definition import init_model
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from tests.helpers import tiny_config
 
-PANEL = (270, 340)  # plots._grid's 2.7 x 3.4 inch panels at live_figures.DPI.
+PANEL = (270, 340)  # plots.panel_grid's 2.7 x 3.4 inch panels at live_figures.DPI.
 HEAT, FLOOR = "recency/gap_heatmap", "recency/floor_heatmap"
 INPUTS, LOGITS = "recency/global_input_profiles", "recency/logit_profiles"
 

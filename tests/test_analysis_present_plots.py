@@ -117,9 +117,9 @@ def _lines(ax):
 
 def test_data_record_is_no_layer():
   a = _synthetic_analysis(4)
-  assert sorted(plots._by(a["records"], "residual_2")) == [0, 1, 2, 3]
-  assert plots._by(a["records"], DATA_MODULE) == {}
-  assert sorted(plots._readout(a["records"])) == [1, 3]
+  assert sorted(plots.records_by_layer(a["records"], "residual_2")) == [0, 1, 2, 3]
+  assert plots.records_by_layer(a["records"], DATA_MODULE) == {}
+  assert sorted(plots.readout_by_layer(a["records"])) == [1, 3]
   assert plots._data(a)["layer"] == DATA_LAYER
 
 
@@ -159,7 +159,7 @@ def test_profiles_draw_the_data_control_and_a_noise_band(tmp_path, figures):
                                 np.array(data["profile"], float))
   assert lines[plots.DATA_LABEL].get_linestyle() == ":"
   # The band spans profile ± 2 stderr at a measured lag.
-  r = plots._by(a["records"], "residual_2")[0]
+  r = plots.records_by_layer(a["records"], "residual_2")[0]
   (band,) = ax.collections
   vertices = band.get_paths()[0].vertices
   at_lag1 = vertices[np.isclose(vertices[:, 0], 1.0), 1]
@@ -170,7 +170,7 @@ def test_profiles_draw_the_data_control_and_a_noise_band(tmp_path, figures):
 def test_heat_maps_hatch_what_noise_explains(tmp_path, figures):
   a = _synthetic_analysis(4)
   _assert_drawn(plots.logit_gap_alignment(a, str(tmp_path / "h.png")))
-  readout = plots._readout(a["records"])
+  readout = plots.readout_by_layer(a["records"])
   alignment = np.array([readout[l]["alignment"] for l in sorted(readout)])
   gap = np.array([readout[l]["logit_gap"] for l in sorted(readout)])
   gap_se = np.array([readout[l]["logit_gap_stderr"] for l in sorted(readout)])

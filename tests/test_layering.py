@@ -108,3 +108,59 @@ def test_train_and_analysis_never_import_each_other():
 def test_the_run_directory_layout_stands_on_storage_alone():
   # train and analysis both ask run_dir for paths: it must reach neither.
   assert GRAPH["hybrid_nope.run_dir"] <= {"hybrid_nope.storage"}
+
+
+def _is_private(name: str) -> bool:
+  return name.startswith("_") and not name.startswith("__")
+
+
+def _private_uses(source: str, where: str) -> set[str]:
+  """`where: name` for each _private name of another hybrid_nope module that `source` imports
+  (`from hybrid_nope.x import _name`) or reads as an attribute of an imported name
+  (`x._name`, `hybrid_nope.x._name`)."""
+  tree = ast.parse(source)
+  imported, found = set(), set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+        "hybrid_nope"):
+      for alias in node.names:
+        if _is_private(alias.name):
+          found.add(f"{where}: {alias.name}")
+        imported.add(alias.asname or alias.name)
+    elif isinstance(node, ast.Import):
+      imported |= {a.asname or a.name.split(".")[0] for a in node.names
+                   if a.name.startswith("hybrid_nope")}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute) and _is_private(node.attr):
+      base = node.value
+      while isinstance(base, ast.Attribute):
+        base = base.value
+      if isinstance(base, ast.Name) and base.id in imported:
+        found.add(f"{where}: {node.attr}")
+  return found
+
+
+def test_the_private_name_reader_sees_imports_and_attributes():
+  source = ("from hybrid_nope.kernels import linear_xla\n"
+            "import hybrid_nope.storage as st\n"
+            "import hybrid_nope.run_dir\n"
+            "from hybrid_nope.data.formats.mds.index import _Shard\n"
+            "linear_xla._levels(1)\nst._open\nhybrid_nope.run_dir._layout\n"
+            "self._own = 1\nlinear_xla.__name__\n")
+  assert _private_uses(source, "m.py") == {"m.py: _Shard", "m.py: _levels", "m.py: _open",
+                                           "m.py: _layout"}
+
+
+# verdicts.py's use of published_findings._depth is fixed on another branch (issue 49): once
+# that lands, remove it here, so that the allowance cannot hide a new one.
+ALLOWED_PRIVATE_USES = {"hybrid_nope/analysis/evidence/verdicts.py: _depth"}
+
+
+def test_no_module_imports_or_uses_another_modules_private_name():
+  # A helper one module shares with another is part of its interface: a public name says so,
+  # and a rename inside its module cannot break a reader the module does not know of.
+  offenders = set().union(*(_private_uses(p.read_text(), p.relative_to(ROOT).as_posix())
+                            for p in PACKAGE.rglob("*.py")))
+  assert offenders <= ALLOWED_PRIVATE_USES, (
+      f"private names used across modules: {sorted(offenders - ALLOWED_PRIVATE_USES)}; give "
+      f"each a public name where it belongs, or move it to a module its users share")

@@ -235,8 +235,8 @@ def delta_attention(q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1, *, segment_ids=No
   q, k = delta_xla.l2norm(q_BTNH), delta_xla.l2norm(k_BTKH)
   v, g, beta = (x.astype(_F32) for x in (v_BTKJ, g_BTKX, beta_BTK1))
   if segment_ids is not None:
-    runs = (x[:, :, None, None] for x in delta_xla._runs(segment_ids))
-    q, k, v, g, beta = delta_xla._gate(q, k, v, g, beta, *runs)
+    runs = (x[:, :, None, None] for x in delta_xla.run_starts(segment_ids))
+    q, k, v, g, beta = delta_xla.fold_segments(q, k, v, g, beta, *runs)
   g = jnp.maximum(g, delta_xla.LOG_ZERO)
   if g.shape[-1] == 1:
     g = g[..., 0]

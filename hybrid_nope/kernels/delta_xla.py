@@ -105,14 +105,14 @@ def step(S_RJH, q_RGH, k_RH, v_RJ, g_RH, beta_R):
   return S, jnp.einsum("...vd,...gd->...gv", S, q_RGH)
 
 
-def _runs(segment_ids):
+def run_starts(segment_ids):
   """(start, valid) [B, T]: a run of equal nonzero ids starts here; not padding."""
   seg = segment_ids.astype(jnp.int32)
   start = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
   return start, seg != 0
 
 
-def _gate(q, k, v, g, beta, start, valid):
+def fold_segments(q, k, v, g, beta, start, valid):
   """The segments folded into the gates (module docstring); start, valid broadcast."""
   g = jnp.where(valid, jnp.where(start, LOG_ZERO, g), 0.0)
   zero = lambda x: jnp.where(valid, x, 0.0)
@@ -127,8 +127,8 @@ def sequential(q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1, *, segment_ids=None):
   q, k = l2norm(q_BTNH), l2norm(k_BTKH)
   v, g, beta = (x.astype(jnp.float32) for x in (v_BTKJ, g_BTKX, beta_BTK1))
   if segment_ids is not None:
-    q, k, v, g, beta = _gate(q, k, v, g, beta,
-                             *(x[:, :, None, None] for x in _runs(segment_ids)))
+    q, k, v, g, beta = fold_segments(q, k, v, g, beta,
+                                     *(x[:, :, None, None] for x in run_starts(segment_ids)))
   q = q.reshape(B, T, K, N // K, H)
 
   def body(S, xs):
@@ -180,9 +180,9 @@ def _intra_weights(q, k, g, pairwise, C):
     qk = _mm("rgid,rjd->rgij", q, k) * decay[:, None]
     kk = _mm("rid,rjd->rij", k, k) * jnp.where(jnp.tri(C, k=-1, dtype=bool), decay, 0.0)
     return qk, kk
-  levels, _, _ = linear_xla._levels(g, C)
-  A = linear_xla._intra(jnp.concatenate([jnp.swapaxes(q, 1, 2), k[:, :, None]], axis=2), k,
-                        levels, C)  # [R, C, G + 1, C]
+  levels, _, _ = linear_xla.decay_levels(g, C)
+  qk_rows = jnp.concatenate([jnp.swapaxes(q, 1, 2), k[:, :, None]], axis=2)
+  A = linear_xla.intra_chunk_weights(qk_rows, k, levels, C)  # [R, C, G + 1, C]
   return jnp.swapaxes(A[:, :, :-1], 1, 2), A[:, :, -1] * jnp.tri(C, k=-1, dtype=jnp.float32)
 
 
@@ -269,7 +269,7 @@ def _chunk(h, xs, *, B, K, C):
   q, k = l2norm(q), l2norm(k)
   v, g, beta = (x.astype(jnp.float32) for x in (v, g, beta))
   if runs:
-    q, k, v, g, beta = _gate(q, k, v, g, beta, *(x[:, :, None, None] for x in runs))
+    q, k, v, g, beta = fold_segments(q, k, v, g, beta, *(x[:, :, None, None] for x in runs))
   q = q.reshape(B, C, K, -1, q.shape[-1])
   q, k, v, g, beta = (_heads_major(x, B, K) for x in (q, k, v, g, beta))
   qk, q_state, w, u_tilde, k_write, decay = _chunk_terms(q, k, v, g, beta[..., 0], C)
@@ -300,7 +300,7 @@ def chunked(q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1, *, segment_ids=None, chun
           B, n, C, *x.shape[2:]), 1, 0)
   xs = [chunks(x) for x in (q_BTNH, k_BTKH, v_BTKJ, g_BTKX, beta_BTK1)]
   if segment_ids is not None:
-    xs += [chunks(x) for x in _runs(segment_ids)]
+    xs += [chunks(x) for x in run_starts(segment_ids)]
   body = jax.checkpoint(functools.partial(_chunk, B=B, K=K, C=C))
   h, out = lax.scan(body, jnp.zeros((B * K, H, J), jnp.float32), tuple(xs))
   out = jnp.moveaxis(out, 0, 1).reshape(B, Tp, N, J)[:, :T].astype(q_BTNH.dtype)

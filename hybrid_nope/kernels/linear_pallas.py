@@ -116,7 +116,8 @@ def _forward(q, k, v, g, segment_ids, C, interpret):
               tile(lambda h: h), *[tile(lambda h: lax.div(h, jnp.int32(G)))] * 3]  # no sign op
   args = [consts, pad(q), pad(k), pad(v), pad(g)]
   if segment_ids is not None:
-    m = linear_xla._masks(segment_ids, B, 1, n, C)  # [n, B, ...]: one row per batch row
+    # [n, B, ...]: one row per batch row.
+    m = linear_xla.all_chunk_masks(segment_ids, B, 1, n, C)
     col = lambda x: x.swapaxes(0, 1).astype(jnp.float32)[..., None]
     args += [m.pair.swapaxes(0, 1).astype(jnp.float32), col(m.read), col(m.write),
              m.carry.swapaxes(0, 1).astype(jnp.float32)[..., None, None]]
@@ -147,13 +148,13 @@ def _gla(q, k, v, g, segment_ids, C, interpret):
 
 def _gla_fwd(q, k, v, g, segment_ids, C, interpret):
   out, S_in = _forward(q, k, v, g, segment_ids, C, interpret)
-  xs, masks = linear_xla._prepare(q, k, v, g, segment_ids, C)
+  xs, masks = linear_xla.chunked_operands(q, k, v, g, segment_ids, C)
   return out, (xs, masks, (S_in,))
 
 
 def _gla_bwd(C, interpret, residuals, dout):
   del interpret
-  return linear_xla._gla_bwd(C, residuals, dout)
+  return linear_xla.gla_backward(C, residuals, dout)
 
 
 _gla.defvjp(_gla_fwd, _gla_bwd)

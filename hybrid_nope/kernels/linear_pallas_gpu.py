@@ -181,7 +181,7 @@ class _Masks(NamedTuple):
 
 
 def _masks(segment_ids, Tp, C) -> _Masks:
-  run, valid = linear_xla._runs(segment_ids, Tp)
+  run, valid = linear_xla.run_ids(segment_ids, Tp)
   B, n = run.shape[0], Tp // C
   last = run[:, C - 1::C]                                            # [B, n]
   prev = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32), last[:, :-1]], axis=1)

@@ -37,8 +37,8 @@ Data movement: each scan step slices its chunk straight out of the caller's [B, 
 scan's stacked ys, which for B = 1 already are the caller's layout: no whole-array transposes in
 or out, forward or backward, and no pad when T is a multiple of C. Segment masks are built per
 chunk inside the loop from the [B, T] run ids. The per-level block totals are reductions of g
-(_levels); taking them as the previous level's prefix at the half's end made XLA re-evaluate the
-whole chain of levels inside every level's fusion (2^level loads per element).
+(decay_levels); taking them as the previous level's prefix at the half's end made XLA
+re-evaluate the whole chain of levels inside every level's fusion (2^level loads per element).
 
 How fast it is, what limits it on CPU, what changed since its first version and what was tried
 and found slower: docs/performance.md, "CPU: gated linear attention".
@@ -59,7 +59,7 @@ def _mm(spec, a, b):
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 
 
-def _levels(g_RCH, C):
+def decay_levels(g_RCH, C):
   """[(e^pre_h, e^suf_h) for h = 1, 2, ..., C/2] and (e^P, e^U) for the whole chunk: pre_h[i] =
   Σ g over [start of i's aligned h-block, i], suf_h[j] = Σ g over (j, end of j's h-block].
 
@@ -121,7 +121,7 @@ def _extract(dA, h, C):
   return jnp.sum(X * jnp.eye(nb, dtype=dA.dtype)[:, None, None, :, None], axis=4)
 
 
-def _intra(q_RCGH, k_RCH, levels, C):
+def intra_chunk_weights(q_RCGH, k_RCH, levels, C):
   """A [R, C, G, C] for j <= i (no segment mask): the diagonal plus each level's pairs, each
   level's as nb = C/2h batched [h, H] x [H, h] block dots (one [C/2, C/2] dot per level kept
   only its block diagonal: 3% slower forward+backward)."""
@@ -142,8 +142,8 @@ def _scatter_half(x, h, half, C):
 
 
 class _Masks(NamedTuple):
-  """Run masks of one chunk, [R, ...] (or [n, R, ...] for all chunks, from _masks); None
-  without segment ids: one run, all valid."""
+  """Run masks of one chunk, [R, ...] (or [n, R, ...] for all chunks, from
+  all_chunk_masks); None without segment ids: one run, all valid."""
   pair: jax.Array   # [R, C, C] j <= i in one run, i not padding
   read: jax.Array   # [R, C]    reads the state entering the chunk
   write: jax.Array  # [R, C]    writes the state leaving it (the chunk's last run)
@@ -151,9 +151,9 @@ class _Masks(NamedTuple):
   start: jax.Array  # [R, C]    a run starts here, or padding: dlog_decay is 0
 
 
-def _masks(segment_ids, B, K, n, C) -> _Masks:
+def all_chunk_masks(segment_ids, B, K, n, C) -> _Masks:
   """All chunks' [n, B·K, ...] masks at once (linear_pallas's forward reads them)."""
-  run_all, valid_all = _runs(segment_ids, n * C)
+  run_all, valid_all = run_ids(segment_ids, n * C)
   per_chunk = lambda x: jnp.repeat(x.reshape(B, n, C).swapaxes(0, 1), K, axis=1)
   change = jnp.concatenate([jnp.ones((B, 1), bool), run_all[:, 1:] != run_all[:, :-1]], axis=1)
   run, valid, change = per_chunk(run_all), per_chunk(valid_all), per_chunk(change)
@@ -164,7 +164,7 @@ def _masks(segment_ids, B, K, n, C) -> _Masks:
                 run[..., -1] == prev, change | ~valid)
 
 
-def _runs(segment_ids, Tp):
+def run_ids(segment_ids, Tp):
   """Run ids [B, Tp] (a cumsum of id changes; tail padding is id 0) and valid [B, Tp]."""
   B = segment_ids.shape[0]
   seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, Tp - segment_ids.shape[1])))
@@ -195,9 +195,9 @@ def _chunk(q, k, v, g, m, C, A=None):
   where the state is read, e^U where it is written, the state decay (0 where a run starts in
   the chunk)."""
   q, k, v, g = (x.astype(jnp.float32) for x in (q, k, v, g))
-  levels, ep, eu = _levels(g, C)
+  levels, ep, eu = decay_levels(g, C)
   if A is None:
-    A = _intra(q, k, levels, C)
+    A = intra_chunk_weights(q, k, levels, C)
     if m is not None:
       A = jnp.where(m.pair[:, :, None, :], A, 0.0)
   decay = ep[:, -1]
@@ -325,29 +325,31 @@ def _gla(q, k, v, g, segment_ids, C):
   return _gla_fwd(q, k, v, g, segment_ids, C)[0]
 
 
-def _prepare(q, k, v, g, segment_ids, C):
+def chunked_operands(q, k, v, g, segment_ids, C):
   """(q, k, v, g padded to whole chunks, run ids or None): with the per-chunk residuals, what
-  _gla_bwd takes (linear_pallas's forward builds them this way too)."""
+  gla_backward takes (linear_pallas's forward builds them this way too)."""
   Tp = -(-q.shape[1] // C) * C
   xs = tuple(_pad(x, Tp) for x in (q, k, v, g))
-  return xs, None if segment_ids is None else _runs(segment_ids, Tp)
+  return xs, None if segment_ids is None else run_ids(segment_ids, Tp)
 
 
 def _gla_fwd(q, k, v, g, segment_ids, C):
   B, T, N, H = q.shape
-  xs, runs = _prepare(q, k, v, g, segment_ids, C)
+  xs, runs = chunked_operands(q, k, v, g, segment_ids, C)
   out, chunk_residuals = _forward(*xs, runs, C, H**-0.5)
   return out[:, :T], (xs, runs, chunk_residuals)
 
 
-def _gla_bwd(C, residuals, dout):
+def gla_backward(C, residuals, dout):
+  """_gla's custom-VJP backward from residuals (padded operands, run ids, per-chunk residuals:
+  (S_in, A) from this forward, or (S_in,) from linear_pallas's, A then recomputed)."""
   xs, runs, chunk_residuals = residuals
   B, T, N, H = dout.shape
   grads = _backward(xs, runs, chunk_residuals, _pad(dout, xs[0].shape[1]), C, H**-0.5)
   return (*(x[:, :T] for x in grads), None)
 
 
-_gla.defvjp(_gla_fwd, _gla_bwd)
+_gla.defvjp(_gla_fwd, gla_backward)
 
 
 def linear_attention(q_BTNH, k_BTKH, v_BTKH, log_decay_BTKH, *, segment_ids=None,

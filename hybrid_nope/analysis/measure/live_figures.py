@@ -24,7 +24,7 @@ from hybrid_nope.analysis.present.plots import NOISE_SE, nan_array
 from hybrid_nope.model.pattern import window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 
-DPI = 100  # Grid figures (plots._grid) are 340 x 270 pixels a panel at this DPI.
+DPI = 100  # Grid figures (plots.panel_grid) are 340 x 270 pixels a panel at this DPI.
 MODULES = BOUNDARIES + (FINAL_BOUNDARY,)
 HEATMAP_WIDTH, HEATMAP_BASE, HEATMAP_ROW = 800, 130, 24  # Pixels: width, height = base + rows.
 CMAPS = {"gap": "RdBu_r", "floor": "viridis"}  # The gap's sign matters: diverging about 0.
@@ -66,7 +66,7 @@ def heatmap_figure(records, key: str) -> Figure:
   for r in layered:
     cell = layers.index(r["layer"]), MODULES.index(r["module"])
     values[cell] = np.nan if r[key] is None else r[key]
-    se[cell] = plots._floor_gap_se(r, key, r["far_lag"])
+    se[cell] = plots.floor_gap_se(r, key, r["far_lag"])
   height, width = heatmap_pixels(len(layers))
   fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
   ax = fig.subplots()
@@ -149,11 +149,12 @@ def theory_curves(records, config, layer: int) -> dict[str, tuple[str, np.ndarra
 def global_input_figure(records, config) -> Figure | None:
   """f(d) ± NOISE_SE se at the input of every global layer, the laws of `theory_curves`, and
   the data control where measured; None without global layers."""
-  inputs = {l: r for l, r in plots._by(records, "input").items() if r["layer_type"] == "global"}
+  inputs = {l: r for l, r in plots.records_by_layer(records, "input").items()
+            if r["layer_type"] == "global"}
   if not inputs:
     return None
   data = _data_control(records)
-  fig, axes = plots._grid(len(inputs))
+  fig, axes = plots.panel_grid(len(inputs))
   for ax, layer in zip(axes, sorted(inputs)):
     r = inputs[layer]
     profile, band = nan_array(r["profile"]), NOISE_SE * nan_array(r["stderr"])
@@ -165,7 +166,7 @@ def global_input_figure(records, config) -> Figure | None:
     if data is not None:
       ax.plot(data["lags"], nan_array(data["profile"]), label=plots.DATA_LABEL,
               **plots.DATA_STYLE)
-    plots._log2_lag_axis(ax, r["lags"])
+    plots.log2_lag_axis(ax, r["lags"])
     ax.set_title(f"layer {layer} (global) input: gap {r['gap']:.3f}", fontsize=9)
     ax.set_xlabel("lag d")
   axes[-1].legend(fontsize=6)  # The deepest panel: the most kinds of mixer below it.
@@ -178,23 +179,23 @@ def global_input_figure(records, config) -> Figure | None:
 def logit_figure(records) -> Figure | None:
   """ℓ(d) per global NoPE layer: heads thin grey, the head mean black, the band ℓ(L) ±
   NOISE_SE standard errors of the logit gap; None without read-out records."""
-  readout = plots._readout(records)
+  readout = plots.readout_by_layer(records)
   if not readout:
     return None
-  fig, axes = plots._grid(len(readout))
+  fig, axes = plots.panel_grid(len(readout))
   for ax, layer in zip(axes, sorted(readout)):
     r = readout[layer]
-    logit = plots._nan_rows(r["logit_profile"])
+    logit = plots.nan_rows(r["logit_profile"])
     ax.plot(r["lags"], logit.T, color="0.7", linewidth=0.6)
     mean = logit.mean(0)
     ax.plot(r["lags"], mean, color="k", linewidth=1.8, label="head mean")
-    se = plots._head_mean_se(r)
+    se = plots.head_mean_se(r)
     far = mean[r["lags"].index(r["far_lag"])]
     if se is not None:
       ax.axhspan(far - NOISE_SE * se, far + NOISE_SE * se, color="C1", alpha=0.25,
                  linewidth=0, label=f"ℓ(L) ± {NOISE_SE} se")
     ax.axhline(0, color="0.6", linewidth=0.8)
-    plots._log2_lag_axis(ax, r["lags"])
+    plots.log2_lag_axis(ax, r["lags"])
     null = np.mean(r["alignment_null"]) if "alignment_null" in r else float("nan")
     ax.set_title(f"layer {layer}: gap {np.mean(r['logit_gap']):+.3f} ± {np.nan if se is None else se:.3f}, "
                  f"align {np.mean(r['alignment']):+.3f} (null {null:.3f})", fontsize=8)

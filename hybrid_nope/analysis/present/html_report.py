@@ -152,7 +152,7 @@ def module_table(records: Sequence[dict], far_lag: int) -> str:
   """One row per (layer, module) record in depth order: floor and gap ± se; the logit
   read-out (head means) on global NoPE layers' read-out rows; GLA and delta layers' gate keys
   where present."""
-  layered = sorted((r for r in records if r["layer"] != DATA_LAYER), key=plots._depth)
+  layered = sorted((r for r in records if r["layer"] != DATA_LAYER), key=plots.depth_order)
   extra = [k for k in report.GATE_KEYS if any(k in r for r in layered)]
   header = ["layer", "type", "module", "floor f(L)", "gap f(1) − f(L)",
             "effect on gap (vs what it receives)", "shuffled-token gap", *extra,
@@ -165,11 +165,11 @@ def module_table(records: Sequence[dict], far_lag: int) -> str:
               f"(vs {r['compared_with']})" if "gap_change" in r else "")
     rows.append([
         r["layer"], r["layer_type"], r["module"],
-        _pm(r, "floor", plots._floor_gap_se(r, "floor", far_lag)),
-        _pm(r, "gap", plots._floor_gap_se(r, "gap", far_lag)), change,
+        _pm(r, "floor", plots.floor_gap_se(r, "floor", far_lag)),
+        _pm(r, "gap", plots.floor_gap_se(r, "gap", far_lag)), change,
         _pm(r, "shuffled_gap", r.get("shuffled_gap_stderr")),
         *(plots.fmt(_mean(r.get(k)), ".4g") for k in extra),
-        cell(_mean(r["logit_gap"]), "+.4f", plots._head_mean_se(r)) if readout else "",
+        cell(_mean(r["logit_gap"]), "+.4f", plots.head_mean_se(r)) if readout else "",
         cell(r.get("logit_gap_mean_null"), ".3g") if readout else "",
         cell(_mean(r["alignment"]), "+.4f", _mean(r.get("alignment_stderr")))
         if readout else "",
@@ -286,7 +286,7 @@ def _recency_sections(run: Run, fig: Figures) -> list[str]:
            f"<h3>Floor and gap by layer and module (step {a['step']}, ± 1 standard error over "
            f"probe documents)</h3>", module_table(a["records"], a["far_lag"]),
            _null_line(run, a["records"]), "<h3>Logit gap and alignment</h3>"]
-  if not plots._readout(a["records"]):
+  if not plots.readout_by_layer(a["records"]):
     return parts + [_missing("logit gap and alignment: the model has no global NoPE layer")]
   return parts + [fig(training_plots.readout_over_steps, run.recency, alt="read-out over steps"),
                   fig(plots.logit_profiles, a, alt="logit profiles"),

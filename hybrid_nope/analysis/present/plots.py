@@ -40,7 +40,8 @@ def save_figure(fig: Figure, path: str) -> str:
   return path
 
 
-def _grid(n: int, width: float = 3.4, height: float = 2.7, max_cols: int = 4):
+def panel_grid(n: int, width: float = 3.4, height: float = 2.7, max_cols: int = 4):
+  """(figure, n axes): panels of width x height inches, at most max_cols to a row."""
   cols = min(n, max_cols)
   rows = math.ceil(n / cols)
   fig = Figure(layout="constrained", figsize=(width * cols, height * rows))
@@ -50,7 +51,7 @@ def _grid(n: int, width: float = 3.4, height: float = 2.7, max_cols: int = 4):
   return fig, axes[:n]
 
 
-def _by(records: Sequence[dict], module: str) -> dict[int, dict]:
+def records_by_layer(records: Sequence[dict], module: str) -> dict[int, dict]:
   """Layer -> record at `module`; the data control (layer DATA_LAYER) is no layer."""
   return {r["layer"]: r for r in records if r["module"] == module and r["layer"] != DATA_LAYER}
 
@@ -78,7 +79,8 @@ def _se_at(r: dict, lag: int) -> float:
   return float("nan") if value is None else float(value)
 
 
-def _log2_lag_axis(ax, lags):
+def log2_lag_axis(ax, lags):
+  """A log2 x axis spanning `lags`, with a light grid."""
   ax.set_xscale("log", base=2)
   ax.set_xlim(min(lags), max(lags))
   ax.grid(True, alpha=0.3)
@@ -87,9 +89,10 @@ def _log2_lag_axis(ax, lags):
 def cosine_profiles(analysis: dict, path: str, module: str = "residual_2") -> str:
   """f(d) per layer at `module` (default: the block's output): init dashed, this step solid
   with a band of ± NOISE_SE standard errors, the data control P(t_i = t_{i-d}) dotted."""
-  now, init = _by(analysis["records"], module), _by(analysis["init_records"], module)
+  now = records_by_layer(analysis["records"], module)
+  init = records_by_layer(analysis["init_records"], module)
   data = _data(analysis)
-  fig, axes = _grid(len(now))
+  fig, axes = panel_grid(len(now))
   for ax, layer in zip(axes, sorted(now)):
     r = now[layer]
     color = "C3" if r["layer_type"] == "global" else "C0"  # Local mixers (swa, linear) blue.
@@ -103,7 +106,7 @@ def cosine_profiles(analysis: dict, path: str, module: str = "residual_2") -> st
     if data is not None:
       ax.plot(data["lags"], nan_array(data["profile"]), label=DATA_LABEL, **DATA_STYLE)
     ax.axvline(analysis["far_lag"], color="0.8", linewidth=0.8)
-    _log2_lag_axis(ax, r["lags"])
+    log2_lag_axis(ax, r["lags"])
     ax.set_title(f"layer {layer} ({r['layer_type']}): gap {init[layer]['gap']:.3f} → "
                  f"{r['gap']:.3f}", fontsize=9)
     ax.set_xlabel("lag d")
@@ -115,7 +118,7 @@ def cosine_profiles(analysis: dict, path: str, module: str = "residual_2") -> st
   return save_figure(fig, path)
 
 
-def _depth(r: dict) -> int:
+def depth_order(r: dict) -> int:
   """x position of a record in depth order: the block boundaries of each layer in turn, the
   final norm after the last layer's residual_2."""
   if r["module"] == FINAL_BOUNDARY:
@@ -123,7 +126,7 @@ def _depth(r: dict) -> int:
   return r["layer"] * len(BOUNDARIES) + BOUNDARIES.index(r["module"])
 
 
-def _floor_gap_se(r: dict, key: str, far_lag: int) -> float:
+def floor_gap_se(r: dict, key: str, far_lag: int) -> float:
   """Standard error of the floor f(L), or of the gap f(1) − f(L): the record's paired
   per-document `gap_stderr` (records older than it: the two errors added in quadrature)."""
   if key == "floor":
@@ -137,21 +140,21 @@ def floor_gap_by_boundary(analysis: dict, path: str) -> str:
   """Floor and gap at every module boundary in depth order (the final norm last), init vs this
   step ± NOISE_SE standard errors, and the data control's floor and gap as a dotted line."""
   def layered(records):
-    return sorted((r for r in records if r["layer"] != DATA_LAYER), key=_depth)
+    return sorted((r for r in records if r["layer"] != DATA_LAYER), key=depth_order)
 
   records, init = layered(analysis["records"]), layered(analysis["init_records"])
   data = _data(analysis)
   num_layers = 1 + max(r["layer"] for r in records)
-  positions = [_depth(r) for r in records]
-  labels = {_depth(r): BOUNDARY_LABELS[r["module"]] for r in records}
+  positions = [depth_order(r) for r in records]
+  labels = {depth_order(r): BOUNDARY_LABELS[r["module"]] for r in records}
   fig = Figure(layout="constrained", figsize=(min(16, max(8, 0.32 * len(positions))), 6))
   axes = fig.subplots(2, 1, sharex=True)
   kinds = {r["layer"]: r["layer_type"] for r in records}
   for ax, key in zip(axes, ("floor", "gap")):
-    ax.plot([_depth(r) for r in init], [r[key] for r in init], marker=".", label="init",
+    ax.plot([depth_order(r) for r in init], [r[key] for r in init], marker=".", label="init",
             **INIT_STYLE)
     values = np.array([r[key] for r in records], float)
-    band = NOISE_SE * np.array([_floor_gap_se(r, key, analysis["far_lag"]) for r in records])
+    band = NOISE_SE * np.array([floor_gap_se(r, key, analysis["far_lag"]) for r in records])
     ax.plot(positions, values, marker="o", markersize=3, color="C0",
             label=f"step {analysis['step']}")
     ax.fill_between(positions, values - band, values + band, color="C0", alpha=0.2,
@@ -182,12 +185,13 @@ def floor_gap_by_boundary(analysis: dict, path: str) -> str:
   return save_figure(fig, path)
 
 
-def _readout(records):
+def readout_by_layer(records):
+  """Layer -> the record that carries the logit read-out (global NoPE layers, pre_mixer_norm)."""
   return {r["layer"]: r for r in records if r["module"] == "pre_mixer_norm" and "logit_gap" in r
           and r["layer"] != DATA_LAYER}
 
 
-def _head_mean_se(r: dict) -> float | None:
+def head_mean_se(r: dict) -> float | None:
   """Standard error of the head-mean logit gap: the mean of the per-head standard errors (the
   bound for fully correlated heads, as `report.summarize`), None where not recorded."""
   se = r.get("logit_gap_stderr")
@@ -198,24 +202,24 @@ def logit_profiles(analysis: dict, path: str) -> str:
   """ℓ_h(d) per global NoPE layer, one thin line per head, the head mean thick with the noise
   band ℓ(L) ± NOISE_SE standard errors of the logit gap (points of the mean profile outside
   it differ from the far lag by more than noise), and the init head mean dashed."""
-  now, init = _readout(analysis["records"]), _readout(analysis["init_records"])
-  fig, axes = _grid(len(now))
+  now, init = readout_by_layer(analysis["records"]), readout_by_layer(analysis["init_records"])
+  fig, axes = panel_grid(len(now))
   for ax, layer in zip(axes, sorted(now)):
     r = now[layer]
-    logit = _nan_rows(r["logit_profile"])
+    logit = nan_rows(r["logit_profile"])
     for h, row in enumerate(logit):
       ax.plot(r["lags"], row, color=f"C{h % 10}", linewidth=0.7, alpha=0.8, label=f"head {h}")
     mean = logit.mean(0)
     ax.plot(r["lags"], mean, color="k", linewidth=1.8, label="head mean")
-    se = _head_mean_se(r)
+    se = head_mean_se(r)
     far = mean[r["lags"].index(analysis["far_lag"])]
     if se is not None:
       ax.axhspan(far - NOISE_SE * se, far + NOISE_SE * se, color="0.5", alpha=0.2, linewidth=0,
                  label=f"ℓ(L) ± {NOISE_SE} se")
-    ax.plot(r["lags"], _nan_rows(init[layer]["logit_profile"]).mean(0),
+    ax.plot(r["lags"], nan_rows(init[layer]["logit_profile"]).mean(0),
             label="init (head mean)", **INIT_STYLE)
     ax.axhline(0, color="0.7", linewidth=0.8)
-    _log2_lag_axis(ax, r["lags"])
+    log2_lag_axis(ax, r["lags"])
     se_text = "" if se is None else f" ± {se:.3f}"
     ax.set_title(f"layer {layer}: logit gap {np.mean(r['logit_gap']):+.3f}{se_text} "
                  f"(head mean)", fontsize=9)
@@ -228,7 +232,8 @@ def logit_profiles(analysis: dict, path: str) -> str:
   return save_figure(fig, path)
 
 
-def _nan_rows(rows) -> np.ndarray:
+def nan_rows(rows) -> np.ndarray:
+  """nan_array of each row: a [rows, lags] float array (per-head logit profiles)."""
   return np.array([nan_array(row) for row in rows], float)
 
 
@@ -272,7 +277,7 @@ def logit_gap_alignment(analysis: dict, path: str) -> str:
   """Heat maps [global layer x head] of the logit gap and the alignment, init vs this step;
   hatched cells are within NOISE_SE noise standard deviations of zero (logit gap: its standard
   error; alignment: the null of a random M), i.e. not significant."""
-  now, init = _readout(analysis["records"]), _readout(analysis["init_records"])
+  now, init = readout_by_layer(analysis["records"]), readout_by_layer(analysis["init_records"])
   layers = sorted(now)
   fig = Figure(layout="constrained", figsize=(10, 1.0 + 2 * max(1.6, 0.4 * len(layers))))
   axes = fig.subplots(2, 2)
@@ -310,7 +315,8 @@ def _bucket_x(ev: dict) -> np.ndarray:
   return (np.arange(len(ev["loss_by_position"])) + 0.5) * ev["bucket_size"]
 
 
-def _plot_loss(ax, ev, **kw):
+def plot_position_loss(ax, ev, **kw):
+  """Eval loss by context position (bucket centres) on `ax`; unmeasured buckets undrawn."""
   y = np.array([np.nan if l is None else l for l in ev["loss_by_position"]], float)
   ax.plot(_bucket_x(ev), y, marker=".", **kw)
 
@@ -319,7 +325,7 @@ def loss_by_position(analysis: dict, path: str) -> str:
   ev = analysis["eval"]
   fig = Figure(layout="constrained", figsize=(7, 4))
   ax = fig.subplots()
-  _plot_loss(ax, ev, color="C0")
+  plot_position_loss(ax, ev, color="C0")
   ax.axvline(analysis["train_seq_len"], color="0.6", linestyle=":", label="training length")
   ax.set_xlabel(f"context position (bucket centre, {ev['bucket_size']} positions per bucket)")
   ax.set_ylabel("eval loss (nats/token)")
@@ -334,7 +340,7 @@ def run_figures(analysis: dict, out_dir: str, suffix: str = "") -> list[str]:
   """Every figure of one analysis; the logit figures only where there are global NoPE layers."""
   files = [cosine_profiles(analysis, storage.join(out_dir, f"profiles{suffix}.png")),
            floor_gap_by_boundary(analysis, storage.join(out_dir, f"floor_gap{suffix}.png"))]
-  if _readout(analysis["records"]):
+  if readout_by_layer(analysis["records"]):
     files += [logit_profiles(analysis, storage.join(out_dir, f"logit_profiles{suffix}.png")),
               logit_gap_alignment(analysis,
                                   storage.join(out_dir, f"logit_gap_alignment{suffix}.png"))]
@@ -351,9 +357,9 @@ def extrapolation(ext: dict, path: str) -> str:
   fig = Figure(layout="constrained", figsize=(8, 4.5))
   ax = fig.subplots()
   for i, row in enumerate(ext["lengths"]):
-    _plot_loss(ax, row, color=f"C{i}", markersize=3,
-               label=f"{row['factor']}× ({row['seq_len']}): ratio {fmt(row['ratio'])}, "
-                     f"gap {fmt(row.get('gap'))}, logit gap {fmt(row.get('logit_gap'), '+.3f')}")
+    label = (f"{row['factor']}× ({row['seq_len']}): ratio {fmt(row['ratio'])}, "
+             f"gap {fmt(row.get('gap'))}, logit gap {fmt(row.get('logit_gap'), '+.3f')}")
+    plot_position_loss(ax, row, color=f"C{i}", markersize=3, label=label)
   ax.axvline(ext["train_seq_len"], color="0.5", linestyle=":", label="training length")
   ax.set_xlabel("context position (bucket centre)")
   ax.set_ylabel("eval loss (nats/token)")

@@ -75,9 +75,9 @@ def eval_by_position(evals: Sequence[dict], train_seq_len: int | None, path: str
   cmap = colormaps["viridis"]
   for i, r in enumerate(evals):
     ev = {"loss_by_position": r["eval_loss_by_position"], "bucket_size": r["eval_bucket_size"]}
-    plots._plot_loss(ax, ev, color=cmap(i / max(1, len(evals) - 1)), markersize=3,
-                     linewidth=2 if i == len(evals) - 1 else 1,
-                     label=f"step {r['step']}: mean {r['eval_loss']:.4f}")
+    plots.plot_position_loss(ax, ev, color=cmap(i / max(1, len(evals) - 1)), markersize=3,
+                             linewidth=2 if i == len(evals) - 1 else 1,
+                             label=f"step {r['step']}: mean {r['eval_loss']:.4f}")
   if train_seq_len:
     ax.axvline(train_seq_len, color="0.6", linestyle=":", label="training length")
   ax.set_xlabel(f"context position (bucket centre, {evals[-1]['eval_bucket_size']} positions "
@@ -93,7 +93,7 @@ def _layer_series(by_step: dict[int, list[dict]], module: str) -> dict[int, list
   """Layer -> its record at `module`, step by step."""
   out: dict[int, list[dict]] = {}
   for step in sorted(by_step):
-    for layer, r in sorted(plots._by(by_step[step], module).items()):
+    for layer, r in sorted(plots.records_by_layer(by_step[step], module).items()):
       out.setdefault(layer, []).append(r)
   return out
 
@@ -115,7 +115,7 @@ def floor_gap_over_steps(by_step: dict[int, list[dict]], far_lag: int, path: str
     for layer, records in series.items():
       steps = [r["step"] for r in records]
       values = np.array([r[key] for r in records], float)
-      se = np.array([plots._floor_gap_se(r, key, far_lag) for r in records])
+      se = np.array([plots.floor_gap_se(r, key, far_lag) for r in records])
       _band(ax, steps, values, plots.NOISE_SE * se, f"C{layer % 10}",
             f"layer {layer} ({records[0]['layer_type']})")
     ax.set_xlabel("step")
@@ -129,7 +129,7 @@ def floor_gap_over_steps(by_step: dict[int, list[dict]], far_lag: int, path: str
 
 def readout_over_steps(by_step: dict[int, list[dict]], path: str) -> str:
   """Head-mean logit gap and alignment of each global NoPE layer against step. Logit gap band:
-  ± NOISE_SE x the mean head standard error (`plots._head_mean_se`); alignment: the grey band
+  ± NOISE_SE x the mean head standard error (`plots.head_mean_se`); alignment: the grey band
   is ± NOISE_SE x the null (the alignment a random M has), around zero."""
   series = {layer: [r for r in records if "logit_gap" in r]
             for layer, records in _layer_series(by_step, "pre_mixer_norm").items()}
@@ -140,7 +140,7 @@ def readout_over_steps(by_step: dict[int, list[dict]], path: str) -> str:
     if not records:
       continue
     steps, color = [r["step"] for r in records], f"C{layer % 10}"
-    se = plots.nan_array([plots._head_mean_se(r) for r in records])
+    se = plots.nan_array([plots.head_mean_se(r) for r in records])
     _band(gap_ax, steps, np.array([np.mean(r["logit_gap"]) for r in records]),
           plots.NOISE_SE * se, color, f"layer {layer}")
     align_ax.plot(steps, [np.mean(r["alignment"]) for r in records], color=color, marker=".",

@@ -19,7 +19,7 @@ import uuid
 from typing import BinaryIO, Callable
 
 from hybrid_nope.data.formats.mds.encoding import MDSFormatError
-from hybrid_nope.data.formats.mds.index import _decompressor, _Shard
+from hybrid_nope.data.formats.mds.index import Shard, decompressor
 
 SIDECAR_SUFFIX = ".sha1"
 _CHUNK = 1 << 22
@@ -62,7 +62,7 @@ def _check_copy(target: str, sidecar: str, zipped: str) -> bool:
       f"(rm {target}) and it is decompressed again from {zipped}")
 
 
-def cached_copy(shard: _Shard, zipped: str, target: str, index_path: str,
+def cached_copy(shard: Shard, zipped: str, target: str, index_path: str,
                 open_source: Callable[[], BinaryIO] | None = None,
                 compressed: bool = True) -> str:
   """The verified uncompressed copy of `zipped` (shard `shard` of `index_path`) at `target`.
@@ -78,7 +78,7 @@ def cached_copy(shard: _Shard, zipped: str, target: str, index_path: str,
   sha1 = hashers.setdefault("sha1", hashlib.sha1())  # The sidecar's, whatever index.json lists.
   try:
     with (open_source or (lambda: open(zipped, "rb")))() as src, open(tmp, "wb") as dst:
-      reader = _decompressor(shard.compression)(src) if compressed else src
+      reader = decompressor(shard.compression)(src) if compressed else src
       written = 0
       while chunk := reader.read(_CHUNK):
         dst.write(chunk)

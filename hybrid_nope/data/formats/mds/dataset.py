@@ -16,9 +16,10 @@ import numpy as np
 from hybrid_nope import storage
 from hybrid_nope.config_values import VERIFY_ALWAYS
 from hybrid_nope.data.formats.mds import cache
-from hybrid_nope.data.formats.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError, _decode,
-                                           ndarray_headers, ndarray_itemsizes)
-from hybrid_nope.data.formats.mds.index import _load_index, _Shard, default_cache_dir
+from hybrid_nope.data.formats.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError,
+                                                   decode_value, ndarray_headers,
+                                                   ndarray_itemsizes)
+from hybrid_nope.data.formats.mds.index import Shard, default_cache_dir, load_index
 
 _log = logging.getLogger(__name__)
 _warned_unhashed: set[str] = set()  # Datasets (cache keys) this process warned about.
@@ -51,7 +52,7 @@ class MDSDataset:
     self.path = os.path.abspath(local) if local is not None else os.fspath(path).rstrip("/")
     # A URL (gs://, ...): each shard is fetched whole into the cache at its first open.
     self._remote = None if local is not None else fsspec.core.url_to_fs(self.path)
-    columns, self._shards, index_bytes = _load_index(self.path)
+    columns, self._shards, index_bytes = load_index(self.path)
     self.columns = {c.name: c for c in columns}
     self._column_list = columns
     self._num_variable = sum(c.size is None for c in columns)
@@ -93,7 +94,7 @@ class MDSDataset:
           f"{path} is {size} bytes but {self._file(INDEX_BASENAME)} says {expected} ({field}): "
           "the shard is truncated or from another write")
 
-  def _check_files(self, shard: _Shard, remote_sizes: dict | None) -> None:
+  def _check_files(self, shard: Shard, remote_sizes: dict | None) -> None:
     """Size checks against index.json, before anything is read; a remote shard's from the
     listing (`remote_sizes`), its raw file preferred (nothing to decompress)."""
     if remote_sizes is not None:
@@ -123,7 +124,7 @@ class MDSDataset:
                            f"{self._file(INDEX_BASENAME)}) is missing")
     self._check_size(zipped, shard.zip_bytes, f"shards[{shard.number}].zip_data.bytes")
 
-  def _decompressed_path(self, shard: _Shard) -> str:
+  def _decompressed_path(self, shard: Shard) -> str:
     """The cached uncompressed copy of a compressed or remote shard, made once and checked
     (cache.py)."""
     target = os.path.join(self._cache_root, shard.raw_basename)
@@ -136,7 +137,7 @@ class MDSDataset:
                              open_source=lambda: fs.open(remote, "rb"),
                              compressed=shard.remote != shard.raw_basename)
 
-  def _verify(self, shard: _Shard, path: str) -> None:
+  def _verify(self, shard: Shard, path: str) -> None:
     """Hashes an uncompressed shard with one algorithm index.json lists (the first hashlib
     has, sha1 and md5 first: they are the fastest); a stamp in the cache skips it next time."""
     fastest = ("sha1", "md5")
@@ -190,7 +191,7 @@ class MDSDataset:
         self._open.popitem(last=False)  # views into it keep the map alive until dropped
       return buf
 
-  def _read_offsets(self, shard: _Shard, path: str, buf, size: int) -> np.ndarray:
+  def _read_offsets(self, shard: Shard, path: str, buf, size: int) -> np.ndarray:
     if size < 4:
       raise MDSFormatError(f"{path} is {size} bytes: too short for an MDS shard header")
     count = int(np.frombuffer(buf, np.uint32, 1, 0)[0])
@@ -267,7 +268,7 @@ class MDSDataset:
     for column, start, size in spans:
       if wanted is None or column.name in wanted:
         try:
-          sample[column.name] = _decode(column, buf, start, size)
+          sample[column.name] = decode_value(column, buf, start, size)
         except (ValueError, UnicodeDecodeError) as e:
           raise MDSFormatError(f"{self.describe(index)}: {e}") from None
     return sample

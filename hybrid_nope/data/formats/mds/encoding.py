@@ -140,7 +140,7 @@ def ndarray_itemsizes(column: Column, codes) -> np.ndarray | int:
   return column.dtype.itemsize if codes is None else _ITEMSIZES[codes]
 
 
-def _decode(column: Column, buf, start: int, size: int) -> Any:
+def decode_value(column: Column, buf, start: int, size: int) -> Any:
   """Decodes one column value at buf[start:start+size]. ValueError if the bytes are malformed."""
   end = start + size
   kind = column.kind
@@ -181,7 +181,7 @@ def _decode(column: Column, buf, start: int, size: int) -> Any:
   return decimal.Decimal(text)  # str_decimal
 
 
-def _encode(column: Column, value: Any) -> bytes:
+def encode_value(column: Column, value: Any) -> bytes:
   """MDSWriter's encoding of one value (mds_encode; bytes values pass through unchanged)."""
   if isinstance(value, bytes):
     return value

@@ -15,7 +15,8 @@ from hybrid_nope.data.formats.mds.encoding import (COMPRESSIONS, INDEX_BASENAME,
                                            parse_encoding)
 
 @dataclasses.dataclass
-class _Shard:
+class Shard:
+  """One shard as index.json lists it, and what the reader learns of it on opening."""
   number: int
   samples: int
   raw_basename: str
@@ -29,7 +30,7 @@ class _Shard:
   offsets: np.ndarray | None = None  # int64 [samples + 1], once the shard was opened
 
 
-def _load_index(directory: str) -> tuple[list[Column], list[_Shard], bytes]:
+def load_index(directory: str) -> tuple[list[Column], list[Shard], bytes]:
   """index.json of `directory` (a local path or an fsspec URL), checked field by field."""
   index_path = storage.join(directory, INDEX_BASENAME)
   if not storage.isdir(directory):
@@ -110,7 +111,7 @@ def _load_index(directory: str) -> tuple[list[Column], list[_Shard], bytes]:
                 f"{', '.join(COMPRESSIONS)}, with an optional :level); decompress the shards "
                 f"with mosaicml-streaming first")
     raw, zipped = infos["raw_data"], infos["zip_data"]
-    shards.append(_Shard(
+    shards.append(Shard(
         number=number, samples=samples, raw_basename=raw["basename"], raw_bytes=raw["bytes"],
         raw_hashes=dict(raw.get("hashes") or {}),
         zip_basename=zipped["basename"] if zipped else None,
@@ -128,7 +129,8 @@ def default_cache_dir() -> str:
   return os.path.join(base, "hybrid_nope", "mds")
 
 
-def _decompressor(compression: str):
+def decompressor(compression: str):
+  """A function of a binary file object to a reader of its decompressed bytes."""
   family = compression.partition(":")[0]
   if family == "zstd":
     import zstandard  # pylint: disable=g-import-not-at-top

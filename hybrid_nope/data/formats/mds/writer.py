@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from hybrid_nope.data.formats.mds.encoding import INDEX_BASENAME, _encode, parse_encoding
+from hybrid_nope.data.formats.mds.encoding import INDEX_BASENAME, encode_value, parse_encoding
 
 DEFAULT_HASHES = ("sha1",)  # What the reader verifies a shard with (the fastest of hashlib's).
 
@@ -66,7 +66,7 @@ def write_mds(out: str, columns: dict[str, str], samples: Iterable[dict[str, Any
   for sample in samples:
     sizes, data = [], []
     for column in parsed:
-      datum = _encode(column, sample[column.name])
+      datum = encode_value(column, sample[column.name])
       if column.size is None:
         sizes.append(len(datum))
       elif len(datum) != column.size:
