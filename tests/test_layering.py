@@ -151,16 +151,11 @@ def test_the_private_name_reader_sees_imports_and_attributes():
                                            "m.py: _layout"}
 
 
-# verdicts.py's use of published_findings._depth is fixed on another branch (issue 49): once
-# that lands, remove it here, so that the allowance cannot hide a new one.
-ALLOWED_PRIVATE_USES = {"hybrid_nope/analysis/evidence/verdicts.py: _depth"}
-
-
 def test_no_module_imports_or_uses_another_modules_private_name():
   # A helper one module shares with another is part of its interface: a public name says so,
   # and a rename inside its module cannot break a reader the module does not know of.
   offenders = set().union(*(_private_uses(p.read_text(), p.relative_to(ROOT).as_posix())
                             for p in PACKAGE.rglob("*.py")))
-  assert offenders <= ALLOWED_PRIVATE_USES, (
-      f"private names used across modules: {sorted(offenders - ALLOWED_PRIVATE_USES)}; give "
+  assert not offenders, (
+      f"private names used across modules: {sorted(offenders)}; give "
       f"each a public name where it belongs, or move it to a module its users share")
