@@ -5,7 +5,7 @@ orbax's, grain's and tensorflow_datasets' INFO chatter, jax's probe for a TPU ba
 warnings about a checkpoint opened read-only are dropped (`--verbosity=1` shows them all).
 `LibraryErrors` moves what orbax's save threads print when a save fails (a full disk: a
 traceback per thread, and tensorstore's callbacks into a closed event loop) into a file of the
-run, announced once; the save's own error names the file (`train/checkpoint.py`).
+run, announced once; the save's own error names the file (`run/checkpoint.py`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import threading
 
 from absl import logging
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 
 _LIBRARIES = ("/orbax/", "/grain/", "/tensorflow_datasets/")  # tfds: "Load dataset info ..."
 # (where a record comes from, how its message starts): noise that hides the one line. jax

@@ -31,8 +31,8 @@ import tarfile
 import tempfile
 import time
 
-from hybrid_nope import run_config, run_dir, storage
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run import run_config, run_dir, storage
+from hybrid_nope.run.run_dir import RunDir
 from concurrent import futures
 from typing import Callable, Sequence
 

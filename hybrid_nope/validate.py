@@ -11,7 +11,7 @@ import shutil
 
 from absl import logging
 
-from hybrid_nope import run_config, storage
+from hybrid_nope.run import run_config, storage
 from hybrid_nope.config_values import (DATA_SOURCES, TEXT_SOURCES, is_int, require, boolean,
                                        data_seed, eval_fraction, exclude_samples, int_in,
                                        number_in, one_of, positive_int, string, text_tokenizer,

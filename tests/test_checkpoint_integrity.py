@@ -1,4 +1,4 @@
-"""hybrid_nope/checkpoint_integrity.py: the keys a params leaf has in meta's checksums, the
+"""hybrid_nope/run/checkpoint_integrity.py: the keys a params leaf has in meta's checksums, the
 comparison of saved and computed checksums, the one-line messages every reader gives, which
 steps a reader beside a live trainer counts as finished, and a read's noise held back."""
 import logging as std_logging

@@ -9,7 +9,7 @@ import pytest
 
 from hybrid_nope.data.fingerprint import data_fingerprint
 from hybrid_nope.data import pipeline, text_files, text_index, text_rows
-from hybrid_nope.train.checkpoint import changed_data
+from hybrid_nope.run.checkpoint import changed_data
 from tests import text_sources
 from tests.helpers import tiny_config
 

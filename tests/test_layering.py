@@ -80,4 +80,12 @@ def test_train_and_analysis_never_import_each_other():
 
 def test_the_run_directory_layout_stands_on_storage_alone():
   # train and analysis both ask run_dir for paths: it must reach neither.
-  assert GRAPH["hybrid_nope.run_dir"] <= {"hybrid_nope.storage"}
+  assert GRAPH["hybrid_nope.run.run_dir"] <= {"hybrid_nope.run.storage"}
+
+
+def test_the_run_package_imports_no_model_train_or_analysis():
+  # Everything else reads a workdir through run/: run/ reaching back would make circles.
+  offenders = sorted((m, d) for m, deps in GRAPH.items() if m.startswith("hybrid_nope.run")
+                     for d in deps if d.startswith(("hybrid_nope.model", "hybrid_nope.train",
+                                                    "hybrid_nope.analysis")))
+  assert not offenders, f"run/ imports {offenders}"

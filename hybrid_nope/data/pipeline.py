@@ -23,7 +23,8 @@ from typing import Callable, Union
 import grain
 import numpy as np
 
-from hybrid_nope import config_values, storage
+from hybrid_nope import config_values
+from hybrid_nope.run import storage
 from hybrid_nope.errors import ConfigError
 from hybrid_nope.data import packing
 from hybrid_nope.data import stdlib_corpus

@@ -36,7 +36,8 @@ import os
 
 import numpy as np
 
-from hybrid_nope import config_values, storage
+from hybrid_nope import config_values
+from hybrid_nope.run import storage
 from hybrid_nope.data import mds, packing
 from hybrid_nope.data.mixture import Mixture, parse_domains
 from hybrid_nope.errors import ConfigError

@@ -17,7 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from hybrid_nope import config_values, storage
+from hybrid_nope import config_values
+from hybrid_nope.run import storage
 from hybrid_nope.data import pipeline
 from hybrid_nope.data.tokenizer import ByteTokenizer
 from hybrid_nope.errors import UserError

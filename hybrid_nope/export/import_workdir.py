@@ -1,7 +1,7 @@
 """A transformers checkpoint of the SmolLM3 layout written as a workdir that launch/analyze.py,
 score.py, generate.py and export_hf.py read (launch/import_hf.py; hf_import.py maps the model):
 
-  WORKDIR/checkpoints/1/   the params, by the trainer's own Checkpointer (train/checkpoint.py:
+  WORKDIR/checkpoints/1/   the params, by the trainer's own Checkpointer (run/checkpoint.py:
                            a checksum of every leaf in meta, which every reader verifies); the
                            TrainState has no optimizer state, so it is not a run to resume
   WORKDIR/tokenizer/       the directory's tokenizer files (run_dir.TOKENIZER), unless they are
@@ -28,11 +28,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from hybrid_nope import config_values, run_dir, storage
+from hybrid_nope import config_values
+from hybrid_nope.run import run_dir, storage
 from hybrid_nope.data import tokenizer as byte_tokenizer
 from hybrid_nope.export import hf_import
 from hybrid_nope.export import tokenizer as export_tokenizer
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 
 IMPORTED_STEP = 1
 BYTE_PROBE = "def f(x):\n    return x + 1  # héllo ✓ 😀\t\x00\xff"  # Every byte class.
@@ -93,7 +94,7 @@ def _check_out(out: str) -> None:
 
 def _save(out: str, config, params: dict, hf_dir: str) -> str:
   """The params as checkpoint IMPORTED_STEP, by the trainer's Checkpointer; returns its path."""
-  from hybrid_nope.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.run.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   from hybrid_nope.train.state import TrainState  # pylint: disable=g-import-not-at-top
   # Host numpy leaves, saved as they are: no second copy, and no accelerator memory needed.
   state = TrainState(step=np.int32(IMPORTED_STEP), params=params, opt_state=())

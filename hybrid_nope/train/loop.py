@@ -15,21 +15,22 @@ from hybrid_nope.logs import quiet_library_logs
 from hybrid_nope.errors import RunStopped
 from hybrid_nope.model import parameter_counts
 from hybrid_nope.model.loss import UNIGRAM_ENTROPY_KEY
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 from hybrid_nope.train import sharding
 from hybrid_nope.train.hooks import HookFactory, RunContext
-from hybrid_nope.train.checkpoint import Checkpointer
-from hybrid_nope.train.metrics_writer import MetricsWriter
-from hybrid_nope.train.wandb_sink import WandbSink
+from hybrid_nope.run.checkpoint import Checkpointer
+from hybrid_nope.run.metrics_writer import MetricsWriter
+from hybrid_nope.run.wandb_sink import WandbSink
 from hybrid_nope.train.optimizer import make_optimizer
-from hybrid_nope.train import evaluation, resume, run_identity, samples, schedule
+from hybrid_nope.train import evaluation, samples, schedule
+from hybrid_nope.run import resume, run_identity
 from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
 from hybrid_nope.train.profiling import StepProfiler
 from hybrid_nope.train.schedule import on_every_process
 from hybrid_nope.train.progress import Progress
 from hybrid_nope.train.state import sharded_train_state
 from hybrid_nope.train.step import train_step_for
-from hybrid_nope.train.workdir_lock import WorkdirLock
+from hybrid_nope.run.workdir_lock import WorkdirLock
 from hybrid_nope.validate import check_workdir, validate
 
 
@@ -206,7 +207,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   step, as entries of the one schedule of side work (`train/schedule.py`). A preempted step
   skips eval and hooks; the resumed run redoes what its first step owed and is not on record.
   Before anything is built, the workdir is locked to this trainer and the resume is planned
-  (`train/resume.py`): a config that would make it another run, or a fresh start over another
+  (`run/resume.py`): a config that would make it another run, or a fresh start over another
   run's records, is refused.
 
   Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time, and

@@ -9,8 +9,8 @@ import tempfile
 import jax
 from absl import logging
 
-from hybrid_nope import storage
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run import storage
+from hybrid_nope.run.run_dir import RunDir
 
 
 class StepProfiler:

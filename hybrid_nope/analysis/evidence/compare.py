@@ -25,13 +25,14 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.stats
 
-from hybrid_nope import run_config, storage
-from hybrid_nope.analysis.checkpoint import checkpoints, report
+from hybrid_nope.run import run_config, storage
+from hybrid_nope.analysis.checkpoint import report
+from hybrid_nope.run import checkpoints
 from hybrid_nope.analysis.evidence import run_files, seed_stats
 from hybrid_nope.analysis.present import sweep_plots
 from hybrid_nope.analysis.evidence.compare_table import cell, table
 from hybrid_nope.analysis.evidence.run_files import read_jsonl
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}

@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 
 SIGNIFICANT_SE = 2  # compare.SIGNIFICANT_SE (compare imports JAX; a test pins the two equal).
 MODULE = "pre_mixer_norm"  # The normalised input global attention reads (report.SUMMARY_MODULE).

@@ -26,11 +26,11 @@ from typing import Callable
 
 import numpy as np
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.analysis.evidence import compare, run_files, two_level
 from hybrid_nope.analysis.evidence.findings import Verdict, margin_of, paired
 from hybrid_nope.analysis.measure import records as records_lib
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 
 INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
 NOPE = "nope"

@@ -11,10 +11,12 @@ from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope import run_dir, storage, sweep
-from hybrid_nope.analysis.checkpoint import checkpoints, report
+from hybrid_nope import sweep
+from hybrid_nope.run import run_dir, storage
+from hybrid_nope.analysis.checkpoint import report
+from hybrid_nope.run import checkpoints
 from hybrid_nope.analysis.measure import records
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.analysis.measure import live_figures
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
@@ -26,7 +26,7 @@ from hybrid_nope.analysis.measure import records as records_lib
 from hybrid_nope.analysis.measure.records import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE  # noqa: F401
 from hybrid_nope.model.pattern import layer_kinds, layer_type, window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
-from hybrid_nope.run_dir import RECENCY, RunDir
+from hybrid_nope.run.run_dir import RECENCY, RunDir
 
 SHUFFLE_SEED = 0  # The shuffled control's permutation: fixed, so runs and steps pair.
 
