@@ -17,7 +17,7 @@ import tokenizers
 from configs import base
 from hybrid_nope.run import run_dir
 from hybrid_nope.analysis.checkpoint import report
-from hybrid_nope.run import checkpoints
+from hybrid_nope.run import checkpoints, imported
 from hybrid_nope.model import checkpointed
 from hybrid_nope.errors import USAGE_EXIT_CODE
 from hybrid_nope.export import hf, hf_import, import_workdir
@@ -130,7 +130,8 @@ def test_a_checkpoint_with_non_finite_params_is_refused_by_its_readers(tiny_hf, 
   wq[0, 0, :2] = np.nan
   nan_params = {**params, "blocks": {**params["blocks"], 1: {
       **params["blocks"][1], "attn": {**params["blocks"][1]["attn"], "wq_DNH": wq}}}}
-  import_workdir._save(broken, loaded, nan_params, hf_dir)  # pylint: disable=protected-access
+  imported.write_imported(broken, loaded, nan_params, step=import_workdir.IMPORTED_STEP,
+                          meta={"imported_from": hf_dir})
   with open(RunDir(broken).config, "w") as f:
     f.write(open(RunDir(workdir).config).read())
   with pytest.raises(checkpoints.NonFiniteParamsError) as e:

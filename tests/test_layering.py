@@ -89,3 +89,9 @@ def test_the_run_package_imports_no_model_train_or_analysis():
                      for d in deps if d.startswith(("hybrid_nope.model", "hybrid_nope.train",
                                                     "hybrid_nope.analysis")))
   assert not offenders, f"run/ imports {offenders}"
+
+
+def test_export_reads_a_run_through_run_not_analysis_or_train():
+  offenders = sorted((m, d) for m, deps in GRAPH.items() if m.startswith("hybrid_nope.export")
+                     for d in deps if d.startswith(("hybrid_nope.analysis", "hybrid_nope.train")))
+  assert not offenders, f"export imports {offenders}"

@@ -11,7 +11,7 @@ import pytest
 
 from hybrid_nope.run import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.validate import check_workdir
+from hybrid_nope.run.workdir_check import check_workdir
 
 
 @pytest.fixture(params=["local", "file", "memory"])

@@ -28,6 +28,7 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from flax import struct
 
 from hybrid_nope.run import storage
 from hybrid_nope.run.checkpoint_integrity import (SETTLE_SECONDS, corrupt_message,
@@ -39,6 +40,15 @@ from hybrid_nope.run.run_dir import CHECKPOINT_DATA, CHECKPOINT_META, CHECKPOINT
 from hybrid_nope.run import run_identity
 
 ITEMS = (CHECKPOINT_STATE, CHECKPOINT_DATA, CHECKPOINT_META)  # DATA: only in pre-meta ones.
+
+
+@struct.dataclass
+class TrainState:
+  """A checkpoint's "state" item: the trainer's state (train/state.py builds it), whose field
+  names are the checksum keys' and the readers' ("params")."""
+  step: jax.Array          # Number of optimizer updates applied so far.
+  params: dict
+  opt_state: object        # optax.OptState; () in an imported workdir.
 
 
 class CheckpointError(UserError):

@@ -41,7 +41,7 @@ from hybrid_nope.analysis.measure.hook import DATA_LAYER_TYPE, RecencyHook
 from hybrid_nope.data import pipeline
 from hybrid_nope.model.definition import ModelDef, init_model
 from hybrid_nope.model.pattern import window_of
-from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 
 DEFAULT_LENGTHS = (1, 2, 4)
 SUMMARY_MODULE = "pre_mixer_norm"  # Where the run gap is read: global attention's input.
@@ -250,7 +250,7 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
   init_params = jax.device_put(init_model(config.model, config.train.seed)[1],
                                jax.tree.leaves(params)[0].sharding)
 
-  out_dir = out_dir or RunDir(workdir).analysis_dir(step)
+  out_dir = out_dir or open_readonly(workdir).layout.analysis_dir(step)
   storage.makedirs(out_dir)
   main = measure(config, seq_len, model_def, params, step=step, init_params=init_params,
                  train_seq_len=train_T, rows_per_call=rows_per_call)

@@ -32,7 +32,7 @@ from hybrid_nope.analysis.evidence import run_files, seed_stats
 from hybrid_nope.analysis.present import sweep_plots
 from hybrid_nope.analysis.evidence.compare_table import cell, table
 from hybrid_nope.analysis.evidence.run_files import read_jsonl
-from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
@@ -90,7 +90,7 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   seed, config_key = seed_and_config_key(config)
   m = config.model
   swa = "S" in m.pattern
-  rd = RunDir(workdir)
+  rd = open_readonly(workdir).layout
   evals = [r for r in read_jsonl(rd.metrics) if "eval_loss" in r]
   by_step_records = collections.defaultdict(list)
   for r in read_jsonl(rd.recency):

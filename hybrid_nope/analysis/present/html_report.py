@@ -34,7 +34,8 @@ from hybrid_nope.analysis.evidence.compare_table import cell
 from hybrid_nope.analysis.present.html_tables import esc as _esc, markdown_html, missing as _missing
 from hybrid_nope.analysis.present.html_tables import table as _table
 from hybrid_nope.analysis.measure.records import DATA_LAYER
-from hybrid_nope.run.run_dir import CONFIG, METRICS, RECENCY, RECENCY_PROBE, RunDir
+from hybrid_nope.run.run_dir import CONFIG, METRICS, RECENCY, RECENCY_PROBE
+from hybrid_nope.run.reader import open_readonly
 
 READOUT_MODULE = "pre_mixer_norm"  # Where the logit read-out of a global NoPE layer is measured.
 # Extra keys of gated linear attention (L) and delta rule (D: mean_beta too) records.
@@ -105,7 +106,7 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   if not storage.listdir(workdir):
     raise checkpoints.WorkdirError(f"workdir {workdir} is empty: expected {METRICS} from "
                                    f"`python launch/train.py --workdir={workdir}`")
-  rd = RunDir(workdir)
+  rd = open_readonly(workdir).layout
   metrics = run_files.read_jsonl(rd.metrics)
   recency, notes = complete_steps(_optional(rd.recency, storage.read_jsonl) or [])
   has_config = storage.exists(rd.config)
