@@ -23,7 +23,7 @@ from configs import base, demo  # noqa: E402
 from hybrid_nope.analysis.measure.hook import RecencyHook  # noqa: E402
 from hybrid_nope.train.optimizer import make_optimizer  # noqa: E402
 from hybrid_nope.train.state import init_train_state  # noqa: E402
-from hybrid_nope.train.metrics_writer import MetricsWriter  # noqa: E402
+from hybrid_nope.run.metrics_writer import MetricsWriter  # noqa: E402
 from hybrid_nope.train.step import train_step_for  # noqa: E402
 
 

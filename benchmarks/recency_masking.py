@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from hybrid_nope.analysis.checkpoint import checkpoints  # noqa: E402
+from hybrid_nope.run import checkpoints  # noqa: E402
+from hybrid_nope.model import checkpointed  # noqa: E402
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import RecencyHook  # noqa: E402
 from hybrid_nope.data.pipeline import loader  # noqa: E402
@@ -65,7 +66,7 @@ def main():
   model_def, init_params = init_model(config.model, config.train.seed)
   hook = RecencyHook(config, model_def, loader.probe_pool(config), writer=None)
   for step in (int(s) for s in args.steps.split(",")):
-    params = init_params if step == 0 else checkpoints.restore_params(args.workdir, config,
+    params = init_params if step == 0 else checkpointed.restore_params(args.workdir, config,
                                                                       step)[2]
     rows(hook, params, step)
 

@@ -31,8 +31,8 @@ import tarfile
 import tempfile
 import time
 
-from hybrid_nope import run_config, run_dir, storage
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run import run_config, run_dir, storage
+from hybrid_nope.run.reader import open_readonly
 from concurrent import futures
 from typing import Callable, Sequence
 
@@ -62,7 +62,7 @@ class Run:
 
   @property
   def done(self) -> bool:
-    return os.path.exists(RunDir(self.workdir).sweep_done)
+    return os.path.exists(open_readonly(self.workdir).layout.sweep_done)
 
 
 def plan(config_file: str, experiments: Sequence[str], seeds: Sequence[int],
@@ -96,7 +96,7 @@ def record_files(workdir: str) -> list[str]:
   """The run's record files, relative to its workdir, sorted. Of the per-cluster sums only
   step 0's and the last step's are kept (~120 kB each at the small sweep's size): they pair
   init with trained, and runs with runs; the records of every step are in recency.jsonl."""
-  found, rd = set(), RunDir(workdir)
+  found, rd = set(), open_readonly(workdir).layout
   for pattern in RECORD_PATTERNS:
     found |= {os.path.relpath(p, workdir) for p in glob.glob(rd.path(pattern))}
   sums = sorted(f for f in found if fnmatch.fnmatchcase(f, SUMS_PATTERN))
@@ -113,7 +113,7 @@ def pack_records(workdir: str, out_path: str) -> str:
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=9) as tar:
     for rel in files:
-      with open(RunDir(workdir).path(rel), "rb") as f:
+      with open(open_readonly(workdir).layout.path(rel), "rb") as f:
         data = f.read()
       info = tarfile.TarInfo(rel)
       info.size, info.mtime = len(data), 0
@@ -193,7 +193,7 @@ def claimed_cores(threads: int, *, lock_dir: str = CORE_LOCKS,
 
 def trained_steps(workdir: str) -> tuple[int, int]:
   """(last step with a training loss in metrics.jsonl, train.steps of config.json)."""
-  rd = RunDir(workdir)
+  rd = open_readonly(workdir).layout
   with open(rd.config) as f:
     steps = int(run_config.current(workdir, json.load(f))["train"]["steps"])
   records = storage.read_jsonl(rd.metrics)
@@ -204,7 +204,7 @@ def has_local_mixer(workdir: str) -> bool:
   """Whether the run's pattern (its config in force, config.json) has a local mixer (S, L or
   D): what --ablate=local ablates. The global-only baseline (pattern G) has none."""
   from hybrid_nope.model import kind_specs  # pylint: disable=import-outside-toplevel
-  with open(RunDir(workdir).config) as f:
+  with open(open_readonly(workdir).layout.config) as f:
     pattern = run_config.current(workdir, json.load(f))["model"]["pattern"]
   return kind_specs.has_local_mixer(pattern)
 
@@ -218,7 +218,7 @@ def execute(run: Run, *, threads: int, log: Callable[[str], None],
   where `ablate_experiments` names some, only for those (the test costs a few minutes a run)."""
   ablate = ablate and (not ablate_experiments or run.experiment in ablate_experiments)
   os.makedirs(run.workdir, exist_ok=True)
-  log_path = RunDir(run.workdir).sweep_log
+  log_path = open_readonly(run.workdir).layout.sweep_log
   with claimed_cores(threads, lock_dir=lock_dir, log=log) as cores, open(log_path, "a") as out:
     start = time.time()
     for index, command in enumerate(commands(run, **command_args)):
@@ -240,7 +240,7 @@ def execute(run: Run, *, threads: int, log: Callable[[str], None],
 
 
 def mark_done(run: Run, seconds: float) -> None:
-  with open(RunDir(run.workdir).sweep_done, "w") as f:
+  with open(open_readonly(run.workdir).layout.sweep_done, "w") as f:
     json.dump({"seconds": seconds, "experiment": run.experiment, "seed": run.seed}, f)
 
 

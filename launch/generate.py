@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
 
-from hybrid_nope import cli, storage  # noqa: E402
+from hybrid_nope import cli  # noqa: E402
+from hybrid_nope.run import storage
 from hybrid_nope.analysis.checkpoint import generate  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")

@@ -91,7 +91,7 @@ def committed_probe_counts(tmp_dir: str) -> np.ndarray:
   probe: the real cluster sizes the evidence tests simulate under."""
   from hybrid_nope import sweep  # pylint: disable=g-import-not-at-top
   from hybrid_nope.analysis.measure import records  # pylint: disable=g-import-not-at-top
-  from hybrid_nope.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  from hybrid_nope.run.run_dir import RunDir  # pylint: disable=g-import-not-at-top
   pack = os.path.join(REPO, "docs/results/runs/swa16/seed0.tar.gz")
   workdir = sweep.unpack_records(pack, tmp_dir)
   with open(RunDir(workdir).recency_sums_file(0), "rb") as f:

@@ -8,12 +8,12 @@ import zlib
 
 import numpy as np
 
-from hybrid_nope import run_dir
+from hybrid_nope.run import run_dir
 from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONDITIONS, CONTROL
 from hybrid_nope.analysis.measure import records
 from hybrid_nope.model.pattern import layer_kinds, layer_type
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 from tests.helpers import tiny_config
 
 LAGS, FAR, DOCS, HEADS = (1, 4, 16), 16, 24, 2  # 16: the steepness f(1) − f(16)

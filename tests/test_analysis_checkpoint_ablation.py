@@ -16,14 +16,13 @@ import jax
 import numpy as np
 import pytest
 
-from hybrid_nope import run_dir
-from hybrid_nope.analysis.checkpoint import (ablation, checkpoints, context_loss, controls,
-                                             report)
+from hybrid_nope.analysis.checkpoint import ablation, context_loss, controls, report
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.data.pipeline import loader
 from hybrid_nope.errors import UserError
 from hybrid_nope.model.definition import init_model
+from hybrid_nope.run import checkpoints, run_dir
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO, tiny_config
 

@@ -33,8 +33,9 @@ import orbax.checkpoint as ocp
 import pytest
 import tensorstore as ts
 
-from hybrid_nope import checkpoint_integrity as integrity
-from hybrid_nope.analysis.checkpoint import checkpoints
+from hybrid_nope.run import checkpoint_integrity as integrity
+from hybrid_nope.run import checkpoints
+from hybrid_nope.model import checkpointed
 from hybrid_nope.errors import USAGE_EXIT_CODE
 from hybrid_nope.model.definition import init_model
 from hybrid_nope.train.optimizer import make_optimizer
@@ -64,7 +65,7 @@ def test_no_checkpoints(tmp_path):
   (tmp_path / "config.json").write_text(tiny_config().to_json_best_effort())
   config = checkpoints.load_config(str(tmp_path))
   with pytest.raises(checkpoints.WorkdirError, match=f"no checkpoints in {tmp_path}/checkpoints"):
-    checkpoints.restore_params(str(tmp_path), config)
+    checkpointed.restore_params(str(tmp_path), config)
   assert not (tmp_path / "checkpoints").exists()  # Analysis never creates directories there.
 
 
@@ -82,14 +83,14 @@ def test_missing_step_lists_available(run):
   assert checkpoints.available_steps(run, config) == [4, 8]
   with pytest.raises(checkpoints.StepNotFoundError,
                      match=r"step 5 has no checkpoint in .*checkpoints; available steps: \[4, 8\]"):
-    checkpoints.restore_params(run, config, step=5)
+    checkpointed.restore_params(run, config, step=5)
 
 
 @pytest.mark.integration
 def test_restore_latest_and_given_step(run):
   config = checkpoints.load_config(run)
-  step, model_def, params = checkpoints.restore_params(run, config)
-  step4, _, params4 = checkpoints.restore_params(run, config, step=4)
+  step, model_def, params = checkpointed.restore_params(run, config)
+  step4, _, params4 = checkpointed.restore_params(run, config, step=4)
   assert (step, step4) == (8, 4)
   _, init = init_model(config.model, config.train.seed)
   assert jax.tree.structure(params) == jax.tree.structure(init)
@@ -106,7 +107,7 @@ def test_restore_latest_and_given_step(run):
 def test_incompatible_config_names_the_parameter(run):
   config = checkpoints.apply_overrides(checkpoints.load_config(run), {"model.d_model": 48})
   with pytest.raises(checkpoints.IncompatibleCheckpointError) as e:
-    checkpoints.restore_params(run, config, step=8)
+    checkpointed.restore_params(run, config, step=8)
   message = str(e.value)
   assert "checkpoints/8" in message
   assert "params/blocks/0/attn/wk_DKH has shape (32, 2, 8) in the checkpoint but (48, 2, 8)" \
@@ -115,7 +116,7 @@ def test_incompatible_config_names_the_parameter(run):
   deeper = checkpoints.apply_overrides(checkpoints.load_config(run), {"model.num_layers": 4})
   with pytest.raises(checkpoints.IncompatibleCheckpointError,
                      match=r"checkpoint lacks: \['blocks/2/attn/wk_DKH'"):
-    checkpoints.restore_params(run, deeper)
+    checkpointed.restore_params(run, deeper)
 
 
 @pytest.mark.integration
@@ -172,7 +173,7 @@ def flipped_copy(run: str, directory: str, step: int = 8) -> str:
   shutil.copytree(run, workdir)
   path, offset, length = _stored_value(workdir, step, EMBEDDING)
   original = open(path, "rb").read()
-  _, _, clean = checkpoints.restore_params(run, checkpoints.load_config(run), step)
+  _, _, clean = checkpointed.restore_params(run, checkpoints.load_config(run), step)
   for fraction in (0.5, 0.3, 0.7):  # A byte of zstd's framing would fail to decode instead.
     data = bytearray(original)
     data[offset + int(length * fraction)] ^= 0x01
@@ -197,13 +198,13 @@ def flipped(run, tmp_path_factory):
 @pytest.mark.integration
 def test_a_flipped_byte_in_the_params_is_refused_naming_the_step_and_leaf(flipped):
   with pytest.raises(checkpoints.CorruptCheckpointError) as e:
-    checkpoints.restore_params(flipped, checkpoints.load_config(flipped), step=8)
+    checkpointed.restore_params(flipped, checkpoints.load_config(flipped), step=8)
   assert str(e.value) == (
       f"checkpoint step 8 is corrupt: 1 leaves of {flipped}/checkpoints/8/state differ from the "
       f"checksums saved with them (first: {FLIPPED_LEAF}); other steps with a checkpoint: [4] "
       f"(--step=N picks one)")
   # Step 4 is untouched and still restores.
-  assert checkpoints.restore_params(flipped, checkpoints.load_config(flipped), step=4)[0] == 4
+  assert checkpointed.restore_params(flipped, checkpoints.load_config(flipped), step=4)[0] == 4
 
 
 def _copy(run, tmp_path) -> str:
@@ -219,7 +220,7 @@ def test_a_truncated_state_is_refused_in_one_line(run, tmp_path):
   with open(path, "r+b") as f:
     f.truncate(offset + length // 2)  # The file ends halfway through the embedding.
   with pytest.raises(checkpoints.CorruptCheckpointError) as e:
-    checkpoints.restore_params(workdir, checkpoints.load_config(workdir), step=8)
+    checkpointed.restore_params(workdir, checkpoints.load_config(workdir), step=8)
   message = str(e.value)
   assert "\n" not in message and len(message) < 600, message
   # The embedding, or a leaf stored after it in the same file, is the first read to fail.
@@ -232,8 +233,8 @@ def test_a_truncated_state_is_refused_in_one_line(run, tmp_path):
 def test_a_checkpoint_without_meta_restores_with_one_warning(run, tmp_path, caplog):
   workdir = _copy(run, tmp_path)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "8", "meta"))  # As written before meta.
-  _, _, params = checkpoints.restore_params(workdir, checkpoints.load_config(workdir), step=8)
-  _, _, clean = checkpoints.restore_params(run, checkpoints.load_config(run), step=8)
+  _, _, params = checkpointed.restore_params(workdir, checkpoints.load_config(workdir), step=8)
+  _, _, clean = checkpointed.restore_params(run, checkpoints.load_config(run), step=8)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(clean)):
     np.testing.assert_array_equal(a, b)
   assert caplog.text.count("predates checksums") == 1, caplog.text
@@ -269,7 +270,7 @@ def test_analyze_without_the_state_item_says_so_in_one_line(run, tmp_path):
   shutil.rmtree(os.path.join(workdir, "checkpoints", "8", "state"))
   with pytest.raises(checkpoints.CorruptCheckpointError,
                      match=r"checkpoint step 8 has no state/ in .*/checkpoints/8: expected"):
-    checkpoints.restore_params(workdir, checkpoints.load_config(workdir))
+    checkpointed.restore_params(workdir, checkpoints.load_config(workdir))
   proc = _analyze(workdir)
   assert proc.returncode == USAGE_EXIT_CODE, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -283,7 +284,7 @@ def test_analyze_without_the_state_item_says_so_in_one_line(run, tmp_path):
 
 def live_run(directory: str, steps=(1, 2)) -> str:
   """A workdir as a trainer leaves it between saves: config.json and finished checkpoints
-  `steps`, written by orbax as train/checkpoint.py writes them (items state and meta, meta
+  `steps`, written by orbax as run/checkpoint.py writes them (items state and meta, meta
   holding the state's checksums)."""
   config = tiny_config()
   workdir = os.path.join(directory, "live")
@@ -335,7 +336,7 @@ def test_a_step_being_written_is_passed_over_for_the_newest_finished(live, tmp_p
   unfinished_copy(workdir, of=2, step=3, name=name)
   config = checkpoints.load_config(workdir)
   assert checkpoints.available_steps(workdir, config) == [1, 2]
-  step, _, params = checkpoints.restore_params(workdir, config)
+  step, _, params = checkpointed.restore_params(workdir, config)
   assert step == 2 and jax.tree.leaves(params)
   assert caplog.text.count("step 3 is being written; reading step 2") == 1, caplog.text
 
@@ -346,11 +347,11 @@ def test_a_step_being_written_asked_for_by_number_is_refused_naming_the_finished
   unfinished_copy(workdir, of=2, step=3)
   config = checkpoints.load_config(workdir)
   with pytest.raises(checkpoints.StepNotFoundError) as e:
-    checkpoints.restore_params(workdir, config, step=3)
+    checkpointed.restore_params(workdir, config, step=3)
   assert str(e.value) == (
       f"step 3 is being written in {workdir}/checkpoints (it has no commit_success.txt yet); "
       f"rerun when it is finished, or pick a finished step: [1, 2]")
-  assert checkpoints.restore_params(workdir, config, step=2)[0] == 2  # The advice, followed.
+  assert checkpointed.restore_params(workdir, config, step=2)[0] == 2  # The advice, followed.
 
 
 def test_a_first_save_still_being_written_says_so(live, tmp_path):
@@ -361,7 +362,7 @@ def test_a_first_save_still_being_written_says_so(live, tmp_path):
   with pytest.raises(checkpoints.WorkdirError, match=(
       r"no checkpoints in .*/checkpoints \(workdir .*\): step 3 is being written; rerun when it "
       r"is finished$")):
-    checkpoints.restore_params(workdir, checkpoints.load_config(workdir))
+    checkpointed.restore_params(workdir, checkpoints.load_config(workdir))
 
 
 def test_the_newest_step_removed_while_read_gives_way_to_the_newest_finished(live, tmp_path,
@@ -371,15 +372,15 @@ def test_the_newest_step_removed_while_read_gives_way_to_the_newest_finished(liv
   checkpoints_dir = os.path.join(workdir, "checkpoints")
   real, reads = checkpoints._restore_step, []
 
-  def trainer_meanwhile(workdir_, config, step, others):
+  def trainer_meanwhile(workdir_, config, wanted, step, others):
     reads.append(step)
     if len(reads) == 1:
       shutil.copytree(os.path.join(checkpoints_dir, "2"), os.path.join(checkpoints_dir, "3"))
       shutil.rmtree(os.path.join(checkpoints_dir, "2", "state"))  # Deleted file by file.
-    return real(workdir_, config, step, others)
+    return real(workdir_, config, wanted, step, others)
 
   monkeypatch.setattr(checkpoints, "_restore_step", trainer_meanwhile)
-  step, _, _ = checkpoints.restore_params(workdir, checkpoints.load_config(workdir))
+  step, _, _ = checkpointed.restore_params(workdir, checkpoints.load_config(workdir))
   assert (step, reads) == (3, [2, 3])
   assert "step 2 was removed or replaced by the trainer while being read; reading step 3" in \
       caplog.text
@@ -407,13 +408,13 @@ def test_a_step_deleted_under_the_read_is_not_said_to_predate_checksums(live, tm
   monkeypatch.setattr(checkpoints, "_saved_checksums", trainer_meanwhile)
   config = checkpoints.load_config(workdir)
   if asked is None:
-    assert checkpoints.restore_params(workdir, config)[0] == 3
+    assert checkpointed.restore_params(workdir, config)[0] == 3
     assert "step 2 was removed or replaced by the trainer while being read; reading step 3" in \
         caplog.text
   else:
     with pytest.raises(checkpoints.CorruptCheckpointError,
                        match=r"^checkpoint step 2 was deleted while being read \("):
-      checkpoints.restore_params(workdir, config, step=asked)
+      checkpointed.restore_params(workdir, config, step=asked)
   assert "predates checksums" not in caplog.text, caplog.text
 
 def test_a_bad_newest_step_nothing_changed_under_is_refused(live, tmp_path):
@@ -423,7 +424,7 @@ def test_a_bad_newest_step_nothing_changed_under_is_refused(live, tmp_path):
   with pytest.raises(checkpoints.CorruptCheckpointError,
                      match=r"^checkpoint step 2 cannot be read \(.*other steps with a "
                            r"checkpoint: \[1\] \(--step=N picks one\)"):
-    checkpoints.restore_params(workdir, checkpoints.load_config(workdir))
+    checkpointed.restore_params(workdir, checkpoints.load_config(workdir))
 
 
 @pytest.mark.integration
@@ -443,7 +444,7 @@ def test_readers_beside_a_real_trainer_saving_every_step(tmp_path):
       if not integrity.list_steps(os.path.join(workdir, "checkpoints")).finished:
         time.sleep(0.5)  # Before the first save commits.
         continue
-      reads.append(checkpoints.restore_params(workdir, checkpoints.load_config(workdir))[0])
+      reads.append(checkpointed.restore_params(workdir, checkpoints.load_config(workdir))[0])
   finally:
     trainer.kill()
     trainer.wait()

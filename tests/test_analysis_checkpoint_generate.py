@@ -15,7 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.checkpoint import checkpoints, generate
+from hybrid_nope.analysis.checkpoint import generate
+from hybrid_nope.run import checkpoints
+from hybrid_nope.model import checkpointed
 from hybrid_nope.data.tokenization.text_codec import text_codec
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO
@@ -33,7 +35,7 @@ def test_greedy_continuations_are_the_forward_pass_argmax_and_the_command_prints
   result = generate.generate_text(run, PROMPTS, max_new_tokens=12)
   config = checkpoints.load_config(run)
   codec = text_codec(config)
-  _, model_def, params = checkpoints.restore_params(run, config)
+  _, model_def, params = checkpointed.restore_params(run, config)
   forward = jax.jit(model_def.bind(params))
   for prompt, sample in zip(PROMPTS, result["samples"]):
     ids, new = codec.encode(prompt), np.array(sample["ids"])

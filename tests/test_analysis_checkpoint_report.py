@@ -19,8 +19,9 @@ import sys
 import numpy as np
 import pytest
 
-from hybrid_nope import run_dir
-from hybrid_nope.analysis.checkpoint import checkpoints, report
+from hybrid_nope.run import run_dir
+from hybrid_nope.analysis.checkpoint import report
+from hybrid_nope.run import checkpoints
 from tests.analysis_runs import analyzed_run, trained_run
 
 

@@ -16,7 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.checkpoint import checkpoints, score
+from hybrid_nope.analysis.checkpoint import score
+from hybrid_nope.run import checkpoints
+from hybrid_nope.model import checkpointed
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO
 
@@ -32,7 +34,7 @@ def reference_nats(workdir, ids):
   """Σ −log p(ids[i] | ids[:i]) from one forward pass over the whole file and a float64
   log-softmax of its logits."""
   config = checkpoints.load_config(workdir)
-  _, model_def, params = checkpoints.restore_params(workdir, config)
+  _, model_def, params = checkpointed.restore_params(workdir, config)
   inputs = np.asarray(ids[:-1])[None]
   logits = np.asarray(jax.device_get(model_def.apply(params, {
       "inputs": inputs, "positions": np.arange(inputs.shape[1])[None],

@@ -20,8 +20,8 @@ import scipy.stats
 
 from matplotlib import image
 
-from hybrid_nope import run_config, run_dir
-from hybrid_nope.analysis.checkpoint import checkpoints
+from hybrid_nope.run import run_config, run_dir
+from hybrid_nope.run import checkpoints
 from hybrid_nope.analysis.evidence import compare, run_files, seed_stats
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE

@@ -70,7 +70,7 @@ def test_runs_on_different_probes_do_not_pair(tmp_path):
   a = measured_run(str(tmp_path), "a")
   b = measured_run(str(tmp_path), "b")
   pf.paired_paths([a, b])
-  with open(pf.RunDir(b).recency_probe, "w") as f:
+  with open(pf.open_readonly(b).layout.recency_probe, "w") as f:
     f.write('{"rows": [9]}')
   with pytest.raises(ValueError, match="different probes"):
     pf.paired_paths([a, b])

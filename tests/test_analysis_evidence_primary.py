@@ -12,7 +12,7 @@ import pytest
 from hybrid_nope.analysis.evidence import multiplicity, primary, primary_statistics
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 from hybrid_nope.analysis.evidence.finding_statistics import Run
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 from tests.measured_runs import measured_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -29,9 +29,9 @@ from hybrid_nope.errors import ConfigError
 from hybrid_nope.model.delta import DeltaAttention
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 from hybrid_nope.train.hooks import RunContext
-from hybrid_nope.train.metrics_writer import MetricsWriter
+from hybrid_nope.run.metrics_writer import MetricsWriter
 from hybrid_nope.model.definition import init_model
-from hybrid_nope.run_dir import RECENCY_PROBE
+from hybrid_nope.run.run_dir import RECENCY_PROBE
 from tests.helpers import REPO, tiny_config
 
 

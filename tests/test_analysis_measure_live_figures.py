@@ -200,7 +200,7 @@ def read_events(path):
 def test_figures_reach_tensorboard_as_hwc_images(hybrid, tmp_path):
   """What MetricsWriter.write_images does: decode, then add_image(dataformats="HWC")."""
   from tensorboardX import SummaryWriter
-  from hybrid_nope.train.wandb_sink import rgb_array
+  from hybrid_nope.run.wandb_sink import rgb_array
   config, records = hybrid
   figs = live_figures.figures(records, config)
   writer = SummaryWriter(str(tmp_path))

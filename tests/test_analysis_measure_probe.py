@@ -7,7 +7,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.checkpoint import checkpoints
+from hybrid_nope.run import checkpoints
 from hybrid_nope.analysis.measure import probe
 from hybrid_nope.data.sources import registry
 from hybrid_nope.data.pipeline import packing, loader

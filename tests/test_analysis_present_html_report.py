@@ -26,7 +26,7 @@ from PIL import Image
 from hybrid_nope.analysis.present import html_report, html_tables
 from hybrid_nope.analysis.measure.hook import DATA_LAYER
 from hybrid_nope.errors import UserError
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 from tests.analysis_runs import trained_run
 from tests.test_analysis_evidence_compare import fake_run
 

@@ -1,4 +1,4 @@
-"""hybrid_nope/checkpoint_integrity.py: the keys a params leaf has in meta's checksums, the
+"""hybrid_nope/run/checkpoint_integrity.py: the keys a params leaf has in meta's checksums, the
 comparison of saved and computed checksums, the one-line messages every reader gives, which
 steps a reader beside a live trainer counts as finished, and a read's noise held back."""
 import logging as std_logging
@@ -11,7 +11,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from hybrid_nope import checkpoint_integrity as integrity
+from hybrid_nope.run import checkpoint_integrity as integrity
 from hybrid_nope.errors import UserError
 from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import init_train_state

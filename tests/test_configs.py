@@ -247,7 +247,7 @@ def test_cli_config_and_workdir_errors_are_one_line_with_exit_code_2(tmp_path, f
 def test_a_workdir_the_system_refuses_to_write_fails_before_set_up(tmp_path, monkeypatch):
   import errno
   import tempfile
-  from hybrid_nope.validate import check_workdir
+  from hybrid_nope.run.workdir_check import check_workdir
 
   def read_only_filesystem(*args, **kwargs):
     raise OSError(errno.EROFS, os.strerror(errno.EROFS))
@@ -258,7 +258,7 @@ def test_a_workdir_the_system_refuses_to_write_fails_before_set_up(tmp_path, mon
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
 def test_a_read_only_workdir_fails_before_set_up(tmp_path):
-  from hybrid_nope.validate import check_workdir
+  from hybrid_nope.run.workdir_check import check_workdir
   tmp_path.chmod(0o500)
   try:
     with pytest.raises(ConfigError, match="not writable"):
@@ -272,19 +272,19 @@ def test_a_workdir_on_a_full_disk_is_refused_before_anything_is_written(tmp_path
   # from the recency hook after step 0; now the start refuses in one line.
   import collections
   import shutil
-  from hybrid_nope import validate as validate_module
+  from hybrid_nope.run import workdir_check
   from hybrid_nope.train import loop
   full, roomy = tmp_path / "full", tmp_path / "roomy"
   real = shutil.disk_usage
   usage = collections.namedtuple("usage", "total used free")
-  monkeypatch.setattr(validate_module.shutil, "disk_usage", lambda p: usage(
+  monkeypatch.setattr(workdir_check.shutil, "disk_usage", lambda p: usage(
       2**30, 2**30 - 2**20, 2**20) if str(p).startswith(str(full)) else real(p))
   with pytest.raises(ConfigError, match=rf"--workdir={full} has 1.0 MiB free: a run's records "
                      r".* need at least 64 MiB there; free space on that disk or use another "
                      r"--workdir"):
     loop.train(tiny_config(), str(full))
   assert os.listdir(full) == []
-  validate_module.check_workdir(str(roomy))  # The advice: another --workdir with room.
+  workdir_check.check_workdir(str(roomy))  # The advice: another --workdir with room.
 
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)

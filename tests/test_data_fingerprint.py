@@ -11,7 +11,7 @@ from hybrid_nope.data.fingerprint import data_fingerprint
 from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.formats import text_files, text_index
 from hybrid_nope.data.sources import text_rows
-from hybrid_nope.train.checkpoint import changed_data
+from hybrid_nope.run.checkpoint import changed_data
 from tests import text_sources
 from tests.helpers import tiny_config
 

@@ -16,7 +16,7 @@ import pytest
 
 from hybrid_nope.data.sources import stdlib_corpus
 from hybrid_nope.train import loop
-from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.run.checkpoint import Checkpointer
 from tests import text_sources
 from tests.helpers import REPO, tiny_config, tiny_flags
 from tests.test_train_loop import losses_by_step as losses, read_metrics, recorded_steps

@@ -383,14 +383,15 @@ def run(tmp_path_factory):
 
 @pytest.mark.integration
 def test_export_writes_what_hf_state_dict_gives(run, tmp_path):
-  from hybrid_nope.analysis.checkpoint import checkpoints
+  from hybrid_nope.run import checkpoints
+  from hybrid_nope.model import checkpointed
   out = str(tmp_path / "hf")
   result = hf.export(run, out, step=4)
   assert result["step"] == 4 and "byte tokenizer" in result["tokenizer"]
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json",
                                      "tokenizer_config.json"]
   config = checkpoints.load_config(run)
-  _, _, params = checkpoints.restore_params(run, config, step=4)
+  _, _, params = checkpointed.restore_params(run, config, step=4)
   header, arrays = hf.read_safetensors(os.path.join(out, "model.safetensors"))
   assert header["__metadata__"] == {"format": "pt", **hf.round_trip_metadata(params,
                                                                             config.model)}

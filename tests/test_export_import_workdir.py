@@ -15,11 +15,13 @@ import pytest
 import tokenizers
 
 from configs import base
-from hybrid_nope import run_dir
-from hybrid_nope.analysis.checkpoint import checkpoints, report
+from hybrid_nope.run import run_dir
+from hybrid_nope.analysis.checkpoint import report
+from hybrid_nope.run import checkpoints, imported
+from hybrid_nope.model import checkpointed
 from hybrid_nope.errors import USAGE_EXIT_CODE
 from hybrid_nope.export import hf, hf_import, import_workdir
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 from tests.helpers import REPO, tiny_config
 from tests.test_export_hf_import import (assert_same_bits, random_params, smollm3_3b_like,
                                          write_hf_dir)
@@ -62,7 +64,7 @@ def test_import_then_analyze_measures_the_nope_layer(tiny_hf, tmp_path):
   assert result["exact"] and "byte tokenizer" in result["notes"][-1]
   loaded = checkpoints.load_config(workdir)
   assert loaded.model.to_dict() == config.model.to_dict() and loaded.data.source == "stdlib"
-  step, _, restored = checkpoints.restore_params(workdir, loaded)
+  step, _, restored = checkpointed.restore_params(workdir, loaded)
   assert step == import_workdir.IMPORTED_STEP
   assert_same_bits(restored, params)
 
@@ -128,16 +130,17 @@ def test_a_checkpoint_with_non_finite_params_is_refused_by_its_readers(tiny_hf, 
   wq[0, 0, :2] = np.nan
   nan_params = {**params, "blocks": {**params["blocks"], 1: {
       **params["blocks"][1], "attn": {**params["blocks"][1]["attn"], "wq_DNH": wq}}}}
-  import_workdir._save(broken, loaded, nan_params, hf_dir)  # pylint: disable=protected-access
+  imported.write_imported(broken, loaded, nan_params, step=import_workdir.IMPORTED_STEP,
+                          meta={"imported_from": hf_dir})
   with open(RunDir(broken).config, "w") as f:
     f.write(open(RunDir(workdir).config).read())
   with pytest.raises(checkpoints.NonFiniteParamsError) as e:
-    checkpoints.restore_params(broken, loaded)
+    checkpointed.restore_params(broken, loaded)
   assert str(e.value) == (
       f"checkpoint step 1 ({broken}/checkpoints/1): parameter params/blocks/1/attn/wq_DNH "
       f"holds 2 non-finite values (NaN or inf) of {wq.size}; a model of them computes NaN; "
       f"no other step has a checkpoint")
-  assert checkpoints.restore_params(workdir, loaded)[0] == import_workdir.IMPORTED_STEP
+  assert checkpointed.restore_params(workdir, loaded)[0] == import_workdir.IMPORTED_STEP
 
 
 @pytest.mark.integration

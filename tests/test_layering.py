@@ -107,7 +107,21 @@ def test_train_and_analysis_never_import_each_other():
 
 def test_the_run_directory_layout_stands_on_storage_alone():
   # train and analysis both ask run_dir for paths: it must reach neither.
-  assert GRAPH["hybrid_nope.run_dir"] <= {"hybrid_nope.storage"}
+  assert GRAPH["hybrid_nope.run.run_dir"] <= {"hybrid_nope.run.storage"}
+
+
+def test_the_run_package_imports_no_model_train_or_analysis():
+  # Everything else reads a workdir through run/: run/ reaching back would make circles.
+  offenders = sorted((m, d) for m, deps in GRAPH.items() if m.startswith("hybrid_nope.run")
+                     for d in deps if d.startswith(("hybrid_nope.model", "hybrid_nope.train",
+                                                    "hybrid_nope.analysis")))
+  assert not offenders, f"run/ imports {offenders}"
+
+
+def test_export_reads_a_run_through_run_not_analysis_or_train():
+  offenders = sorted((m, d) for m, deps in GRAPH.items() if m.startswith("hybrid_nope.export")
+                     for d in deps if d.startswith(("hybrid_nope.analysis", "hybrid_nope.train")))
+  assert not offenders, f"export imports {offenders}"
 
 
 def _is_private(name: str) -> bool:
@@ -142,7 +156,7 @@ def _private_uses(source: str, where: str) -> set[str]:
 
 def test_the_private_name_reader_sees_imports_and_attributes():
   source = ("from hybrid_nope.kernels import linear_xla\n"
-            "import hybrid_nope.storage as st\n"
+            "import hybrid_nope.run.storage as st\n"
             "import hybrid_nope.run_dir\n"
             "from hybrid_nope.data.formats.mds.index import _Shard\n"
             "linear_xla._levels(1)\nst._open\nhybrid_nope.run_dir._layout\n"

@@ -59,36 +59,6 @@ def test_jax_and_orbax_noise_is_quiet_at_the_default_verbosity_and_shown_at_debu
     logging.getLogger("absl").setLevel(before)
 
 
-def test_orbax_errors_and_closed_loop_tracebacks_go_to_the_file_and_writes_that_fail_are_said(
-    tmp_path):
-  import sys
-  from hybrid_nope.logs import LibraryErrors
-  orbax_error = message("/site-packages/orbax/checkpoint/_src/futures/future.py",
-                        logging.ERROR, "_SignalingThread.run() raised an exception")
-  errors = LibraryErrors(str(tmp_path / "library_errors.log")).open()
-  try:
-    assert not errors.filter(orbax_error)  # Kept off stderr...
-    assert errors.filter(message("/work/hybrid_nope/train/loop.py", logging.ERROR, "ours"))
-    try:
-      raise RuntimeError("Event loop is closed")
-    except RuntimeError as e:
-      sys.unraisablehook(type("U", (), {"exc_type": RuntimeError, "exc_value": e,
-                                        "exc_traceback": e.__traceback__})())
-  finally:
-    errors.close()
-  text = (tmp_path / "library_errors.log").read_text()  # ...and in the file.
-  assert "_SignalingThread.run() raised" in text and "Event loop is closed" in text
-  assert errors.where() == f"orbax's tracebacks are in {tmp_path / 'library_errors.log'}"
-  assert sys.unraisablehook is not errors._unraisable  # Closed: the hook restored.
-  (tmp_path / "gone").mkdir()
-  lost = LibraryErrors(str(tmp_path / "gone" / "library_errors.log")).open()
-  (tmp_path / "gone").rmdir()
-  lost.filter(orbax_error)
-  lost.close()
-  assert lost.where().startswith("orbax's tracebacks could not be written to ") \
-      and "(No such file or directory); 0 of 1 were" in lost.where()
-
-
 def test_the_noise_is_quiet_where_no_absl_app_runs(tmp_path):
   """A script or notebook that calls loop.train (which quiets the libraries) without absl's app:
   orbax's records go from the "absl" logger to Python's own handlers, not absl's."""

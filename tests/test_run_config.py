@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from hybrid_nope import run_config, run_dir
+from hybrid_nope.run import run_config, run_dir
 from hybrid_nope.errors import ConfigError, UserError
 from hybrid_nope.train import loop
 from hybrid_nope.validate import validate
@@ -51,7 +51,7 @@ def test_a_bad_config_history_line_fails_in_one_line_naming_the_file_for_every_r
   # reader (train's resume.record, the report, analysis through current) goes through history.
   from hybrid_nope.analysis.present import html_throughput
   from hybrid_nope.errors import UserError
-  from hybrid_nope.train import resume
+  from hybrid_nope.run import resume
 
   class Writer:
     active = True

@@ -11,8 +11,8 @@ import pathlib
 
 import pytest
 
-from hybrid_nope import run_dir, storage
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run import run_dir, storage
+from hybrid_nope.run.run_dir import RunDir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -161,7 +161,7 @@ def test_every_file_of_a_trained_and_analysed_run_is_one_the_layout_names(tmp_pa
       path = os.path.join(where, name)
       found[os.path.relpath(path, workdir)] = rd.describe(path)
   unnamed = sorted(p for p, entry in found.items() if entry is None)
-  assert not unnamed, f"files the layout (hybrid_nope/run_dir.py) does not name: {unnamed}"
+  assert not unnamed, f"files the layout (hybrid_nope/run/run_dir.py) does not name: {unnamed}"
   expected = {"config", "config_history", "metrics", "recency", "recency_probe", "recency_sums",
               "tensorboard", "profile", "checkpoints", "analysis"}
   if "logging__wandb_project" in overrides:

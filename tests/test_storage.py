@@ -1,4 +1,4 @@
-"""hybrid_nope.storage: the same file operations on local paths, file:// and memory:// URLs;
+"""hybrid_nope.run.storage: the same file operations on local paths, file:// and memory:// URLs;
 the records' JSON encoder and reader."""
 import json
 import logging
@@ -9,9 +9,9 @@ import uuid
 import numpy as np
 import pytest
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.validate import check_workdir
+from hybrid_nope.run.workdir_check import check_workdir
 
 
 @pytest.fixture(params=["local", "file", "memory"])

@@ -9,8 +9,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from hybrid_nope.train import run_identity
-from hybrid_nope.train.checkpoint import (CheckpointError, Checkpointer, DataChangedError,
+from hybrid_nope.run import run_identity
+from hybrid_nope.run.checkpoint import (CheckpointError, Checkpointer, DataChangedError,
                                           changed_data, state_checksums)
 from tests.helpers import tiny_config
 
@@ -253,7 +253,7 @@ FAILED_SAVE = """
 import resource, signal, sys, time
 import jax
 from hybrid_nope import cli
-from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.run.checkpoint import Checkpointer
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 def main(argv):
   ckpt = Checkpointer(argv[1], keep=3)
@@ -281,7 +281,7 @@ def test_a_failed_async_save_is_one_line_and_orbax_tracebacks_go_to_the_workdir(
   # no checkpoint had been saved yet.
   import subprocess
   import sys
-  from hybrid_nope.run_dir import RunDir
+  from hybrid_nope.run.run_dir import RunDir
   from tests.helpers import REPO
   proc = subprocess.run([sys.executable, "-c", FAILED_SAVE, str(tmp_path), fails], cwd=REPO,
                         capture_output=True, text=True, timeout=300,

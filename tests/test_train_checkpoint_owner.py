@@ -11,9 +11,9 @@ import shutil
 
 import pytest
 
-from hybrid_nope import run_dir
-from hybrid_nope.run_dir import RunDir
-from hybrid_nope.train.checkpoint_owner import CheckpointOwnedError, claim
+from hybrid_nope.run import run_dir
+from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run.checkpoint_owner import CheckpointOwnedError, claim
 
 
 def tree(path):
@@ -135,7 +135,7 @@ def test_an_unreadable_marker_is_one_line_and_the_advice_works(tmp_path, content
 
 def test_a_start_that_loses_the_race_for_the_marker_is_refused(tmp_path, monkeypatch):
   """Two workdirs claim at once: the second finds the first's marker only when it writes."""
-  from hybrid_nope.train import checkpoint_owner
+  from hybrid_nope.run import checkpoint_owner
   shared, a, b = str(tmp_path / "shared"), str(tmp_path / "a"), str(tmp_path / "b")
   real_create = checkpoint_owner._create
 
@@ -157,7 +157,7 @@ def test_every_process_meets_the_barrier_on_every_path(tmp_path, monkeypatch, pr
   process 0 and on the others: a process that skipped it hung a two-process resume."""
   import jax
   from jax.experimental import multihost_utils
-  from hybrid_nope.train import checkpoint_owner
+  from hybrid_nope.run import checkpoint_owner
   barriers, index = [], [0]
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: index[0])

@@ -3,7 +3,7 @@ import json
 
 import ml_collections
 
-from hybrid_nope.train import config_summary
+from hybrid_nope.run import config_summary
 
 
 def _config():

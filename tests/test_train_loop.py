@@ -46,7 +46,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.checkpoint import checkpoints
+from hybrid_nope.run import checkpoints
+from hybrid_nope.model import checkpointed
 from hybrid_nope.analysis.present import training_plots
 from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.data.pipeline import loader
@@ -54,7 +55,7 @@ from hybrid_nope.data.tokenization.text_codec import text_codec
 from hybrid_nope.model import decode
 from hybrid_nope.model.loss import unigram_entropy
 from hybrid_nope.train import evaluation, loop
-from hybrid_nope.train.checkpoint import Checkpointer, DataChangedError
+from hybrid_nope.run.checkpoint import Checkpointer, DataChangedError
 from hybrid_nope.train.step import train_step_for
 from hybrid_nope.errors import ConfigError
 from tests.analysis_runs import trained_run
@@ -93,7 +94,7 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   sampled = {r["step"]: r["samples"] for r in records if "samples" in r}
   assert sorted(sampled) == [4, 8]
   config = checkpoints.load_config(str(tmp_path))
-  _, model_def, params = checkpoints.restore_params(str(tmp_path), config, 8)
+  _, model_def, params = checkpointed.restore_params(str(tmp_path), config, 8)
   codec = text_codec(config)
   rows = decode.generate(model_def.bind(params), [codec.encode(p) for p in ("def ", "import")], 6,
                          eos_id=codec.eos_id)
@@ -256,10 +257,11 @@ def test_non_finite_loss_is_caught_before_a_save_even_between_log_steps(tmp_path
 
 def saved_params_finite(workdir, config):
   """{step: whether every parameter of that checkpoint is finite}."""
-  from hybrid_nope.analysis.checkpoint import checkpoints
+  from hybrid_nope.run import checkpoints
+  from hybrid_nope.model import checkpointed
   out = {}
   for step in Checkpointer(str(workdir), keep=100).all_steps():
-    _, _, params = checkpoints.restore_params(str(workdir), config, step)
+    _, _, params = checkpointed.restore_params(str(workdir), config, step)
     out[step] = all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(params))
   return out
 
@@ -336,7 +338,7 @@ def test_a_resume_continues_the_identical_trajectory_with_each_recipe_option(tmp
   same parameters bit for bit: the state (bfloat16 where asked) and schedule position resume."""
   config = tiny_config(**RECIPES[recipe])
   loop.train(config, str(tmp_path))
-  first, (_, _, params) = train_records(tmp_path), checkpoints.restore_params(str(tmp_path),
+  first, (_, _, params) = train_records(tmp_path), checkpointed.restore_params(str(tmp_path),
                                                                                config, 8)
   assert sorted(first) == list(range(1, 9)) and first[1]["learning_rate"] > 0
   assert ("z_loss" in first[8]) == (recipe == "z_loss")
@@ -344,7 +346,7 @@ def test_a_resume_continues_the_identical_trajectory_with_each_recipe_option(tmp
   loop.train(tiny_config(checkpoint__restore_step=4, **RECIPES[recipe]), str(tmp_path))
   assert len(read_metrics(tmp_path)) > lines  # Steps 5-8 were trained and recorded again.
   assert train_records(tmp_path) == first
-  _, _, again = checkpoints.restore_params(str(tmp_path), config, 8)
+  _, _, again = checkpointed.restore_params(str(tmp_path), config, 8)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
     assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
   dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(params)}
@@ -445,7 +447,7 @@ def test_checkpoint_every_minutes_off_saves_by_steps_only(tmp_path, monkeypatch)
 @pytest.mark.integration
 def test_a_url_workdir_gets_every_record_and_analysis_reads_it(tmp_path):
   import uuid
-  from hybrid_nope import storage
+  from hybrid_nope.run import storage
   from hybrid_nope.analysis.checkpoint import report
   url = f"memory://runs/{uuid.uuid4().hex}"
   config = tiny_config(checkpoint__directory=str(tmp_path / "checkpoints"))
@@ -471,7 +473,8 @@ def test_a_url_workdir_needs_a_checkpoint_directory_orbax_can_write(tmp_path):
 
 @pytest.mark.integration
 def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_does(tmp_path):
-  from hybrid_nope.analysis.checkpoint import checkpoints
+  from hybrid_nope.run import checkpoints
+  from hybrid_nope.model import checkpointed
   from hybrid_nope.data.pipeline import loader
   from hybrid_nope.model.loss import weighted_token_losses
   config = tiny_config(eval__length_multiples=(1, 2), eval__bucket_size=16)
@@ -484,7 +487,7 @@ def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_
   assert len(losses) == 2 * T // 16 and weights[len(losses) // 2:].sum() > 0  # Past T too.
   assert np.sum(losses * weights) / weights.sum() == pytest.approx(last["eval_loss@2x"], rel=1e-9)
   # The same rows and parameters through the model directly.
-  _, model_def, params = checkpoints.restore_params(str(tmp_path), config, 8)
+  _, model_def, params = checkpointed.restore_params(str(tmp_path), config, 8)
   longer = ml_collections.ConfigDict(config.to_dict())
   longer.data.seq_len = 2 * T
   loss = weight = 0.0

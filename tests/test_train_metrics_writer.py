@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.train.metrics_writer import MetricsWriter
+from hybrid_nope.run.metrics_writer import MetricsWriter
 
 
 def test_records_and_truncation_on_resume(tmp_path):
@@ -104,7 +104,7 @@ def test_a_missing_file_on_resume_is_a_warning(tmp_path, caplog):
 
 def test_a_url_workdir_gets_whole_files_at_each_flush_and_resumes_from_them():
   import uuid
-  from hybrid_nope import storage
+  from hybrid_nope.run import storage
   url = f"memory://runs/{uuid.uuid4().hex}"
   writer = MetricsWriter(url)
   for step in range(1, 6):
@@ -264,7 +264,7 @@ def test_samples_reach_metrics_jsonl_and_tensorboard_text(tmp_path):
 def test_a_full_disk_under_the_records_is_one_line_and_close_does_not_repeat_it(tmp_path):
   # Issue 38 case 5: an OSError traceback from the recency hook (exit 1), and another from
   # TensorBoard's flush in close. /dev/full refuses every write with ENOSPC, as a full disk.
-  from hybrid_nope.train.metrics_writer import RecordsError
+  from hybrid_nope.run.metrics_writer import RecordsError
   writer = MetricsWriter(str(tmp_path))
   writer.write(1, {"loss": 1.0})
   os.remove(tmp_path / "metrics.jsonl")
@@ -282,8 +282,8 @@ def test_a_full_disk_under_the_records_is_one_line_and_close_does_not_repeat_it(
 
 def test_a_side_file_the_disk_refuses_is_one_line_naming_it(tmp_path, monkeypatch):
   import errno
-  from hybrid_nope.run_dir import RunDir
-  from hybrid_nope.train.metrics_writer import RecordsError
+  from hybrid_nope.run.run_dir import RunDir
+  from hybrid_nope.run.metrics_writer import RecordsError
 
   def full(path, data):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -304,7 +304,7 @@ def test_a_full_disk_under_the_recency_hook_stops_the_run_and_the_rerun_resumes(
   import errno
   from hybrid_nope.analysis.measure.hook import RecencyHook
   from hybrid_nope.train import loop
-  from hybrid_nope.train.metrics_writer import RecordsError
+  from hybrid_nope.run.metrics_writer import RecordsError
   from tests.helpers import tiny_config
   config, real = tiny_config(metrics__every_steps=2), storage.write_bytes
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hybrid_nope.train import loop
-from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.run.checkpoint import Checkpointer
 from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
 from tests.helpers import tiny_config
 
@@ -132,7 +132,7 @@ def test_a_failed_async_save_stops_the_run_in_one_line_whose_advice_works(tmp_pa
                                                                           good):
   # Issue 38 case 5: the line came after 349-374 lines and 4 tracebacks from orbax's threads,
   # and with no checkpoint saved yet its "rerun to resume" was refused.
-  from hybrid_nope.run_dir import RunDir
+  from hybrid_nope.run.run_dir import RunDir
   proc = _full_disk_run(tmp_path, steps, limit_step)
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -30,13 +30,14 @@ import types
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.checkpoint import checkpoints
-from hybrid_nope import run_dir
+from hybrid_nope.run import checkpoints
+from hybrid_nope.run import run_dir
 from hybrid_nope.data.pipeline import loader
-from hybrid_nope.run_dir import RunDir
-from hybrid_nope.train import loop, resume
-from hybrid_nope.train.checkpoint import Checkpointer
-from hybrid_nope.train.run_identity import RunChangedError, rows_consumed
+from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.train import loop
+from hybrid_nope.run import resume
+from hybrid_nope.run.checkpoint import Checkpointer
+from hybrid_nope.run.run_identity import RunChangedError, rows_consumed
 from tests.helpers import REPO, take, tiny_config, tiny_flags
 
 

@@ -1,7 +1,7 @@
 """Run identity: a key added to the config after a run was saved does not change that run."""
 import pytest
 
-from hybrid_nope.train import run_identity
+from hybrid_nope.run import run_identity
 from tests.helpers import tiny_config
 
 

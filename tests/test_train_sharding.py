@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.measure.hook import RecencyHook
-from hybrid_nope.storage import read_jsonl
+from hybrid_nope.run.storage import read_jsonl
 from hybrid_nope.train import loop
 from hybrid_nope.train.sharding import MeshError, check_divisibility, mesh_shape
 from tests.helpers import MESH_TEST, REPO, run_8_devices, tiny_config, xla_flags

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from hybrid_nope.errors import UserError
-from hybrid_nope.train import wandb_sink
-from hybrid_nope.run_dir import RunDir
-from hybrid_nope.train.wandb_sink import WandbSink
+from hybrid_nope.run import wandb_sink
+from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run.wandb_sink import WandbSink
 from tests.helpers import REPO, tiny_config
 
 BLOCK, HEADER = 32768, 7  # The log's block size, and both its file and record header lengths.
@@ -189,7 +189,7 @@ def test_a_gcs_like_workdir_keeps_the_run_id_through_storage(tmp_path):
   url = "memory://wandb_sink_test/run"
   made = wandb_sink.run_id(url)
   assert len(made) == 8 and made.isalnum() and made == wandb_sink.run_id(url)
-  from hybrid_nope import storage
+  from hybrid_nope.run import storage
   assert storage.read_text(RunDir(url).wandb_id).strip() == made
 
 
@@ -206,7 +206,7 @@ def test_no_project_creates_nothing_and_never_imports_wandb(tmp_path):
   script = f"""
 import sys
 import ml_collections
-from hybrid_nope.train.wandb_sink import WandbSink
+from hybrid_nope.run.wandb_sink import WandbSink
 c = ml_collections.ConfigDict(dict(logging=dict(wandb_project="", wandb_entity="")))
 sink = WandbSink(c, {str(tmp_path / 'run')!r})
 sink.scalars(1, {{"loss": 1.0}}); sink.table("recency", 1, [{{"step": 1}}])
@@ -264,7 +264,7 @@ def test_a_training_run_with_samples_between_log_steps_keeps_every_training_scal
   """Samples and evals at steps off train.log_every_steps: W&B keeps a row only at a step not
   below the last it saw, so the loop writes the pending training steps before any side work."""
   from hybrid_nope.train import loop
-  from hybrid_nope.storage import read_jsonl
+  from hybrid_nope.run.storage import read_jsonl
   workdir = str(tmp_path / "run")
   config = tiny_config(train__log_every_steps=4, eval__every_steps=3, eval__sample_every_steps=3,
                        eval__sample_prompts=("def ",), eval__sample_max_new_tokens=2)

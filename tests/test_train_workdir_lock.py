@@ -9,8 +9,8 @@ import time
 import pytest
 
 from hybrid_nope.train import loop
-from hybrid_nope.run_dir import LOCK
-from hybrid_nope.train.workdir_lock import WorkdirLock, WorkdirLockedError
+from hybrid_nope.run.run_dir import LOCK
+from hybrid_nope.run.workdir_lock import WorkdirLock, WorkdirLockedError
 from tests.helpers import tiny_config
 
 

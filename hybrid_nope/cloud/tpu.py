@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 
 from hybrid_nope.errors import UserError
-from hybrid_nope.run_dir import CHECKPOINTS
+from hybrid_nope.run.run_dir import CHECKPOINTS
 
 TPU_TYPE = re.compile(r"^v(\d+)([a-z]*)-(\d+)$")  # v4-32, v5p-64, v5litepod-16, v6e-8
 # Runtime images by generation (cloud.google.com/tpu/docs/runtimes); --runtime-version overrides.
@@ -160,7 +160,7 @@ def relaunch(tpu: Tpu, start: list[list[str]], runner, *, sleep, poll_seconds: f
   it and runs `start` (copy, install, train), and the run resumes from its gs:// checkpoints.
   On a READY node whose trainer exited short of the end (kill -9, an OOM, an error) it stops
   the other workers' trainers and runs the train command (`start[-1]`) again: it resumes, or,
-  killed before its first save, starts afresh (train/resume.py). Each counts as a relaunch.
+  killed before its first save, starts afresh (run/resume.py). Each counts as a relaunch.
   `runner(cmd)` runs a command and returns (exit code, stdout). Returns the relaunches."""
   relaunches = 0
   while True:

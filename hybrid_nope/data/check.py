@@ -29,7 +29,8 @@ import dataclasses
 
 import numpy as np
 
-from hybrid_nope import config_values, storage
+from hybrid_nope import config_values
+from hybrid_nope.run import storage
 from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.sources import registry
 from hybrid_nope.errors import UserError

@@ -1,7 +1,7 @@
 """What a checkpoint records of the data it was trained on, so a resume onto other data is seen.
 
 The fingerprint is a flat {name: value} of JSON scalars. A resume compares it entry by entry
-(`train.checkpoint.changed_data`): a different stdlib (another interpreter), a changed
+(`run.checkpoint.changed_data`): a different stdlib (another interpreter), a changed
 data.path, data.domains, data.exclude_samples, seq_len, vocabulary, shuffle seed, a rewritten
 shard or another eval set each change an entry, and the message names it; a text source
 (jsonl, parquet, hf) adds its field, tokenizer, the sha1 of its documents' token counts and

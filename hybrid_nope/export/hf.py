@@ -370,14 +370,15 @@ def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | 
            max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
   """Writes the run's checkpoint `step` (None = latest) to OUT; returns what it wrote: step,
   files, tensors, bytes, and a line about the tokenizer."""
-  from hybrid_nope.analysis.checkpoint import checkpoints  # orbax: only when a checkpoint is read.
+  from hybrid_nope.run import checkpoints  # orbax: only when a checkpoint is read.
+  from hybrid_nope.model import checkpointed
 
   config = checkpoints.load_config(workdir)
   check_exportable(config.model)  # Before any checkpoint is read.
   carried = checkpoints.tokenizer_path(workdir)  # An imported model's, with the files beside it.
   plan = export_tokenizer.plan(config, tokenizer or (carried and os.path.dirname(carried)))
   check_out_dir(out)
-  step, _, params = checkpoints.restore_params(workdir, config, step)
+  step, _, params = checkpointed.restore_params(workdir, config, step)
   # OUT only once the checkpoint is read: no empty OUT on failure.
   files, tensors = write_model(out, config, params, plan, max_position_embeddings)
   return {"step": step, "out": out, "files": files, "tensors": len(tensors),

@@ -1,7 +1,7 @@
 """A transformers checkpoint of the SmolLM3 layout written as a workdir that launch/analyze.py,
 score.py, generate.py and export_hf.py read (launch/import_hf.py; hf_import.py maps the model):
 
-  WORKDIR/checkpoints/1/   the params, by the trainer's own Checkpointer (train/checkpoint.py:
+  WORKDIR/checkpoints/1/   the params, by the trainer's own Checkpointer (run/imported.py:
                            a checksum of every leaf in meta, which every reader verifies); the
                            TrainState has no optimizer state, so it is not a run to resume
   WORKDIR/tokenizer/       the directory's tokenizer files (run_dir.TOKENIZER), unless they are
@@ -26,14 +26,12 @@ import os
 
 import jax
 import ml_collections
-import numpy as np
 
-from hybrid_nope import run_dir, storage
+from hybrid_nope.run import run_dir, storage
 from hybrid_nope.data.sources import registry
 from hybrid_nope.data.tokenization import tokenizer as byte_tokenizer
 from hybrid_nope.export import hf_import
 from hybrid_nope.export import tokenizer as export_tokenizer
-from hybrid_nope.run_dir import RunDir
 
 IMPORTED_STEP = 1
 BYTE_PROBE = "def f(x):\n    return x + 1  # héllo ✓ 😀\t\x00\xff"  # Every byte class.
@@ -93,21 +91,6 @@ def _check_out(out: str) -> None:
                                   f"writes a new workdir; remove it or name a new one")
 
 
-def _save(out: str, config, params: dict, hf_dir: str) -> str:
-  """The params as checkpoint IMPORTED_STEP, by the trainer's Checkpointer; returns its path."""
-  from hybrid_nope.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
-  from hybrid_nope.train.state import TrainState  # pylint: disable=g-import-not-at-top
-  # Host numpy leaves, saved as they are: no second copy, and no accelerator memory needed.
-  state = TrainState(step=np.int32(IMPORTED_STEP), params=params, opt_state=())
-  ckpt = Checkpointer(out, keep=1, directory=config.checkpoint.directory)
-  try:
-    ckpt.save(IMPORTED_STEP, state, {"imported_from": os.path.abspath(hf_dir)})
-    ckpt.wait()
-  finally:
-    ckpt.close()
-  return ckpt.step_directory(IMPORTED_STEP)
-
-
 def import_hf(hf_dir: str, out: str, config: ml_collections.ConfigDict,
               overridden: list[str] = ()) -> dict:
   """Writes the workdir `out` from `hf_dir`; `config` is the config it joins (model.* is
@@ -126,16 +109,11 @@ def import_hf(hf_dir: str, out: str, config: ml_collections.ConfigDict,
   config.model = ml_collections.ConfigDict(imported.model)
   config.data.source = source
 
-  rd = RunDir(out)
-  files = [_save(out, config, imported.params, hf_dir)]
-  if carried:
-    storage.makedirs(rd.tokenizer)
-    for path in carried:
-      files.append(storage.join(rd.tokenizer, os.path.basename(path)))
-      with open(path, "rb") as f:
-        storage.write_bytes(files[-1], f.read())
-  storage.write_text(rd.config, config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
-  files.append(rd.config)
+  # The workdir is run/'s to write; orbax is imported only now an import is written.
+  from hybrid_nope.run.imported import write_imported  # pylint: disable=g-import-not-at-top
+  files = write_imported(out, config, imported.params, step=IMPORTED_STEP,
+                         meta={"imported_from": os.path.abspath(hf_dir)},
+                         tokenizer_files=carried or ())
   leaves = jax.tree.leaves(imported.params)
   return {"out": out, "files": files, "model": imported.model, "exact": imported.exact,
           "notes": imported.notes + [note], "tensors": len(leaves),

@@ -24,7 +24,8 @@ import os
 import shutil
 from typing import Callable
 
-from hybrid_nope import config_values, storage
+from hybrid_nope import config_values
+from hybrid_nope.run import storage
 from hybrid_nope.data.sources import registry
 from hybrid_nope.data.tokenization import tokenizer as byte_tokenizer
 from hybrid_nope.errors import UserError

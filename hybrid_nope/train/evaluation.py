@@ -11,7 +11,7 @@ from absl import logging
 
 from hybrid_nope.data.pipeline import loader
 from hybrid_nope.model.loss import unigram_entropy
-from hybrid_nope.run_dir import METRICS
+from hybrid_nope.run.run_dir import METRICS
 from hybrid_nope.train import sharding
 from hybrid_nope.train.step import make_eval_step
 

@@ -26,7 +26,7 @@ class RunContext:
   model_def: Any                      # hybrid_nope.model.definition.ModelDef
   eval_batches: Sequence[dict]        # every process's whole eval set, host numpy, in order
   probe_rows: dict                    # the recency probe's pool (data.pipeline.probe_pool)
-  writer: Any                         # hybrid_nope.train.metrics_writer.MetricsWriter
+  writer: Any                         # hybrid_nope.run.metrics_writer.MetricsWriter
   replicate: Callable[[Any], Any]     # host tree -> the same tree replicated on the mesh
 
 

@@ -15,22 +15,21 @@ from hybrid_nope.logs import quiet_library_logs
 from hybrid_nope.errors import RunStopped
 from hybrid_nope.model import parameter_counts
 from hybrid_nope.model.loss import UNIGRAM_ENTROPY_KEY
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope import run as run_lib
+from hybrid_nope.run import resume, run_identity
+from hybrid_nope.run.checkpoint import Checkpointer
+from hybrid_nope.run.metrics_writer import MetricsWriter
 from hybrid_nope.train import sharding
 from hybrid_nope.train.hooks import HookFactory, RunContext
-from hybrid_nope.train.checkpoint import Checkpointer
-from hybrid_nope.train.metrics_writer import MetricsWriter
-from hybrid_nope.train.wandb_sink import WandbSink
 from hybrid_nope.train.optimizer import make_optimizer
-from hybrid_nope.train import evaluation, resume, run_identity, samples, schedule
+from hybrid_nope.train import evaluation, samples, schedule
 from hybrid_nope.train.preemption import Interrupted, PreemptionWatcher
 from hybrid_nope.train.profiling import StepProfiler
 from hybrid_nope.train.schedule import on_every_process
 from hybrid_nope.train.progress import Progress
 from hybrid_nope.train.state import sharded_train_state
 from hybrid_nope.train.step import train_step_for
-from hybrid_nope.train.workdir_lock import WorkdirLock
-from hybrid_nope.validate import check_workdir, validate
+from hybrid_nope.validate import validate
 
 
 _clock = time.monotonic  # For checkpoint.every_minutes; tests substitute a fake clock.
@@ -141,8 +140,9 @@ def _replicator(mesh):
       lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)), tree)
 
 
-def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePlan):
-  """Builds the run and its state, resumed as `plan` says."""
+def _start(config, opened: run_lib.Run, mesh):
+  """Builds the run and its state, resumed as `opened.plan` says."""
+  ckpt, plan = opened.checkpointer, opened.plan
   logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), jax.device_count(),
                jax.process_count())
   tx, model_def, state, state_shardings = _model_and_state(config, mesh)
@@ -158,10 +158,9 @@ def _start(config, workdir: str, mesh, ckpt: Checkpointer, plan: resume.ResumePl
   if start >= config.train.steps:
     logging.warning("%s already holds a run trained to step %d (train.steps=%d): nothing to "
                     "train; its metrics are in %s. Use a new --workdir, or raise train.steps "
-                    "(with --config.train.allow_changes=train.steps), to train more.", workdir,
-                    start, config.train.steps, RunDir(workdir).metrics)
-  writer = MetricsWriter(workdir, resume_step=start, wandb=WandbSink(config, workdir))
-  resume.record(workdir, config, plan.new_events, writer)
+                    "(with --config.train.allow_changes=train.steps), to train more.",
+                    opened.workdir, start, config.train.steps, opened.layout.metrics)
+  writer = opened.open_writer(start)
   writer.write_config(start, config)  # TensorBoard: the config and hparams in force.
   if plan.step is None:
     writer.write(0, {UNIGRAM_ENTROPY_KEY: unigram})
@@ -206,7 +205,7 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   step, as entries of the one schedule of side work (`train/schedule.py`). A preempted step
   skips eval and hooks; the resumed run redoes what its first step owed and is not on record.
   Before anything is built, the workdir is locked to this trainer and the resume is planned
-  (`train/resume.py`): a config that would make it another run, or a fresh start over another
+  (`run/resume.py`): a config that would make it another run, or a fresh start over another
   run's records, is refused.
 
   Returns a summary: final step, last train loss, last eval loss, tokens/s, wall time, and
@@ -214,28 +213,20 @@ def train(config, workdir: str, hooks: Sequence[HookFactory] = ()) -> dict:
   """
   validate(config)
   loader.check_vocabulary(config)
-  check_workdir(workdir, config.checkpoint.directory)
   quiet_library_logs()
   watcher = PreemptionWatcher()  # From here a signal saves (or, before any state, just stops).
-  lock = WorkdirLock(workdir) if jax.process_index() == 0 else None
   try:
-    if lock is not None:
-      lock.acquire()
-    mesh = sharding.make_mesh(config)
-    ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
-                        directory=config.checkpoint.directory,
-                        replicated=sharding.replicated(mesh))
-    try:
-      plan = resume.plan(config, workdir, ckpt)
-      run, state = _start(config, workdir, mesh, ckpt, plan)
-    except BaseException:
-      ckpt.close()
-      raise
-    return _train(run, state, plan.step, hooks, watcher, workdir)
+    with run_lib.open(workdir, config) as opened:  # Checked and locked before anything is built.
+      mesh = sharding.make_mesh(config)
+      plan = opened.plan_resume(sharding.replicated(mesh))
+      try:
+        run, state = _start(config, opened, mesh)
+      except BaseException:
+        opened.checkpointer.close()
+        raise
+      return _train(run, state, plan.step, hooks, watcher, opened.layout.profile)
   finally:
     watcher.close()
-    if lock is not None:
-      lock.release()
 
 
 def _side_work(run: _Run, hooks, sampler, save, minutes_due, summary) -> list[schedule.Entry]:
@@ -256,7 +247,7 @@ def _side_work(run: _Run, hooks, sampler, save, minutes_due, summary) -> list[sc
   return entries + [schedule.hook_entry(h, c.metrics.every_steps) for h in hooks]
 
 
-def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, workdir: str):
+def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, profile_dir: str):
   c = run.config
   start = int(state.step)
   t_start = time.perf_counter()
@@ -264,7 +255,7 @@ def _train(run: _Run, state, last_saved, hooks, watcher: PreemptionWatcher, work
   # throughput only once steps are timed (`_log`).
   summary = {"step": start, "loss": run.writer.latest("loss"),
              "eval_loss": run.writer.latest("eval_loss"), "preempted": False}
-  profiler = StepProfiler(workdir, c.train.profile_start_step, c.train.profile_steps)
+  profiler = StepProfiler(profile_dir, c.train.profile_start_step, c.train.profile_steps)
   run.writer.critical = watcher.deferred  # A signal in a hook never cuts a write in half.
   pending = []
   saved_at = _clock()

@@ -9,16 +9,16 @@ import tempfile
 import jax
 from absl import logging
 
-from hybrid_nope import storage
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run import storage
 
 
 class StepProfiler:
   """Starts a trace before step `start` runs and stops it after step start + steps − 1."""
 
-  def __init__(self, workdir: str, start: int, steps: int):
+  def __init__(self, target: str, start: int, steps: int):
+    """`target`: the run's profile directory (`Run.layout.profile`)."""
     self.start, self.stop = start, start + steps - 1
-    self.target = RunDir(workdir).profile
+    self.target = target
     self.local = storage.local_path(self.target)
     self.active = False
 

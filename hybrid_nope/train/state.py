@@ -5,18 +5,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx, struct
+from flax import nnx
 
 from hybrid_nope.model.definition import ModelDef, abstract_model, init_model
 from hybrid_nope.train import sharding
+from hybrid_nope.run.checkpoint import TrainState
 from hybrid_nope.train.fresh_opt_state import fresh_opt_state
-
-
-@struct.dataclass
-class TrainState:
-  step: jax.Array          # Number of optimizer updates applied so far.
-  params: dict
-  opt_state: optax.OptState
 
 
 def init_train_state(model_cfg, tx: optax.GradientTransformation, seed: int):

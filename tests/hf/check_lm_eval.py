@@ -30,7 +30,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_hf  # noqa: E402  (its tiny run, its subprocess runner; sets up sys.path and JAX)
 
-from hybrid_nope.analysis.checkpoint import checkpoints  # noqa: E402
+from hybrid_nope.run import checkpoints  # noqa: E402
 from hybrid_nope.data.sources import stdlib_corpus  # noqa: E402
 
 REPO = check_hf.REPO

@@ -14,8 +14,9 @@ import jax
 import numpy as np
 
 from hybrid_nope.analysis.measure.hook import RecencyHook
-from hybrid_nope.train import loop, run_identity, sharding
-from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.train import loop, sharding
+from hybrid_nope.run import run_identity
+from hybrid_nope.run.checkpoint import Checkpointer
 from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import sharded_train_state
 from tests.helpers import MESH_TEST, tiny_config

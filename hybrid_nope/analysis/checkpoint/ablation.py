@@ -46,7 +46,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hybrid_nope.analysis.checkpoint import controls
-from hybrid_nope.analysis.checkpoint.checkpoints import AnalysisError
+from hybrid_nope.run.checkpoints import AnalysisError
 from hybrid_nope.analysis.checkpoint.controls import (  # noqa: F401  (the module's interface)
     ABLATED, BOUNDARY, NOISE, OTHER_ROW, PERMUTATION_SEED, ROTATED, ROTATION_SEED, eval_apply,
     for_condition, intervener, intervention_inputs, permutation_within_documents, rotation,

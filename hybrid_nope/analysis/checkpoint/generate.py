@@ -11,7 +11,8 @@ import time
 import jax
 import numpy as np
 
-from hybrid_nope.analysis.checkpoint import checkpoints
+from hybrid_nope.run import checkpoints
+from hybrid_nope.model import checkpointed
 from hybrid_nope.data.tokenization.text_codec import text_codec
 from hybrid_nope.model import decode
 
@@ -28,7 +29,7 @@ def generate_text(workdir: str, prompts: list[str], *, step: int | None = None,
     raise checkpoints.AnalysisError("give at least one --prompt")
   config = checkpoints.load_config(workdir)
   codec = text_codec(config, checkpoints.tokenizer_path(workdir, tokenizer_path), eos_token)
-  step, model_def, params = checkpoints.restore_params(workdir, config, step)
+  step, model_def, params = checkpointed.restore_params(workdir, config, step)
   generator = decode.Generator(model_def.bind(params), max_new_tokens, temperature=temperature,
                                top_p=top_p, eos_id=codec.eos_id)
   tokens_BT, start_B = decode.left_pad([codec.encode(p) for p in prompts])

@@ -30,8 +30,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from hybrid_nope import run_dir, storage
-from hybrid_nope.analysis.checkpoint import ablation, checkpoints, init_null
+from hybrid_nope.run import run_dir, storage
+from hybrid_nope.analysis.checkpoint import ablation, init_null
+from hybrid_nope.run import checkpoints
+from hybrid_nope.model import checkpointed
 from hybrid_nope.analysis.checkpoint.context_loss import evaluate_by_context
 from hybrid_nope.analysis.present import plots
 from hybrid_nope.analysis.measure import recency
@@ -40,7 +42,7 @@ from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.sources import registry
 from hybrid_nope.model.definition import ModelDef, init_model
 from hybrid_nope.model.pattern import window_of
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 
 DEFAULT_LENGTHS = (1, 2, 4)
 SUMMARY_MODULE = "pre_mixer_norm"  # Where the run gap is read: global attention's input.
@@ -245,12 +247,12 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
   check_data(config)
   check_eval_tokenizer(workdir, config)
   _with_seq_len(config, seq_len)  # Fails on far_lag before anything is restored.
-  step, model_def, params = checkpoints.restore_params(workdir, config, step)
+  step, model_def, params = checkpointed.restore_params(workdir, config, step)
   # On the restored params' device, so both share one compilation.
   init_params = jax.device_put(init_model(config.model, config.train.seed)[1],
                                jax.tree.leaves(params)[0].sharding)
 
-  out_dir = out_dir or RunDir(workdir).analysis_dir(step)
+  out_dir = out_dir or open_readonly(workdir).layout.analysis_dir(step)
   storage.makedirs(out_dir)
   main = measure(config, seq_len, model_def, params, step=step, init_params=init_params,
                  train_seq_len=train_T, rows_per_call=rows_per_call)

@@ -16,8 +16,9 @@ import os
 import jax
 import numpy as np
 
-from hybrid_nope.analysis.checkpoint import checkpoints
-from hybrid_nope.analysis.checkpoint.checkpoints import AnalysisError
+from hybrid_nope.run import checkpoints
+from hybrid_nope.model import checkpointed
+from hybrid_nope.run.checkpoints import AnalysisError
 from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.tokenization.text_codec import text_codec
 from hybrid_nope.model.loss import cross_entropy_by_bucket
@@ -59,7 +60,7 @@ def score_files(workdir: str, files: list[str], *, step: int | None = None,
   config = checkpoints.apply_overrides(checkpoints.load_config(workdir), overrides)
   seq_len = seq_len or config.data.seq_len
   bucket_size = bucket_size or min(config.eval.bucket_size, seq_len)
-  step, model_def, params = checkpoints.restore_params(workdir, config, step)
+  step, model_def, params = checkpointed.restore_params(workdir, config, step)
   encode = tokenizer_for(config, checkpoints.tokenizer_path(workdir, tokenizer_path))
   buckets_T = loader.position_buckets(seq_len, bucket_size)
   num_buckets = int(buckets_T.max()) + 1

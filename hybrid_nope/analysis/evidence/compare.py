@@ -25,14 +25,15 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.stats
 
-from hybrid_nope import run_config, storage
-from hybrid_nope.analysis.checkpoint import checkpoints, report
+from hybrid_nope.run import run_config, storage
+from hybrid_nope.analysis.checkpoint import report
+from hybrid_nope.run import checkpoints
 from hybrid_nope.analysis.evidence import run_files, seed_stats
 from hybrid_nope.analysis.present import sweep_plots
 from hybrid_nope.analysis.evidence.compare_table import cell, table
 from hybrid_nope.analysis.evidence.run_files import read_jsonl
 from hybrid_nope.model.pattern import layer_type, window_of
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
@@ -91,7 +92,7 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   m = config.model
   swa = window_of(m) is not None
   linear = "linear" in {layer_type(k) for k in m.pattern}
-  rd = RunDir(workdir)
+  rd = open_readonly(workdir).layout
   evals = [r for r in read_jsonl(rd.metrics) if "eval_loss" in r]
   by_step_records = collections.defaultdict(list)
   for r in read_jsonl(rd.recency):

@@ -29,11 +29,11 @@ from typing import Callable
 
 import numpy as np
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.analysis.evidence import compare, run_files, two_level
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict, margin_of, paired
 from hybrid_nope.analysis.measure import records as records_lib
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 
 INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
 NORMS = ("pre_mixer_norm", "pre_mlp_norm")
@@ -47,7 +47,7 @@ class Run:
 
   def __init__(self, workdir: str, name: str):
     self.summary = compare.load_run(workdir, name)
-    rd = RunDir(workdir)
+    rd = open_readonly(workdir).layout
     self.eval_losses = {r["step"]: r["eval_loss"] for r in run_files.read_jsonl(rd.metrics)
                         if "eval_loss" in r}
     self.by_step = collections.defaultdict(list)
@@ -244,8 +244,8 @@ def data_findings(runs: dict[int, Run]) -> list[Verdict]:
 
 def paired_paths(paths: list[str]) -> None:
   """Every run's probe must be the same documents, or seeds and configs do not pair."""
-  probes = {p: storage.read_text(RunDir(p).recency_probe) for p in paths
-            if storage.exists(RunDir(p).recency_probe)}
+  probes = {p: storage.read_text(open_readonly(p).layout.recency_probe) for p in paths
+            if storage.exists(open_readonly(p).layout.recency_probe)}
   if len(set(probes.values())) > 1:
     raise ValueError("the runs were measured on different probes, so documents do not pair: "
                      + ", ".join(sorted(probes)))

@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 
 SIGNIFICANT_SE = 2  # compare.SIGNIFICANT_SE (compare imports JAX; a test pins the two equal).
 MODULE = "pre_mixer_norm"  # The normalised input global attention reads (report.SUMMARY_MODULE).
@@ -182,7 +182,7 @@ def load_layers(workdir: str, module: str = MODULE) -> dict:
   layer -> {"steps", "logit_gap", "logit_gap_stderr"} (the shape head_flips reads)."""
   from hybrid_nope.analysis.evidence import run_files  # Imports JAX: only when reading runs.
   by_layer: dict[int, dict[int, dict]] = collections.defaultdict(dict)
-  for r in run_files.read_jsonl(RunDir(workdir).recency):
+  for r in run_files.read_jsonl(open_readonly(workdir).layout.recency):
     if r["layer_type"] == "global" and r["module"] == module and "logit_gap" in r:
       by_layer[r["layer"]][r["step"]] = r
   out = {}

@@ -11,10 +11,12 @@ from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope import run_dir, storage, sweep
-from hybrid_nope.analysis.checkpoint import checkpoints, report
+from hybrid_nope import sweep
+from hybrid_nope.run import run_dir, storage
+from hybrid_nope.analysis.checkpoint import report
+from hybrid_nope.run import checkpoints
 from hybrid_nope.analysis.measure import records
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -26,7 +28,7 @@ def read_jsonl(path: str) -> list[dict]:
 
 def latest_extrapolation(workdir: str) -> dict | None:
   """The newest analysis/step_<N>/extrapolation.json (through storage: workdirs may be URLs)."""
-  rd = RunDir(workdir)
+  rd = open_readonly(workdir).layout
   for step in reversed(rd.analysis_steps()):
     path = storage.join(rd.analysis_dir(step), run_dir.EXTRAPOLATION_FILE)
     if storage.exists(path):
@@ -44,7 +46,7 @@ def latest_init_null(workdir: str) -> dict | None:
 def init_null_file(workdir: str) -> dict | None:
   """The whole newest analysis/step_<N>/init_null_T<T>.json (per-record moments and, since
   they were kept, each draw's value), or None."""
-  rd = RunDir(workdir)
+  rd = open_readonly(workdir).layout
   for step in reversed(rd.analysis_steps()):
     files = fnmatch.filter(storage.listdir(rd.analysis_dir(step)),
                            run_dir.wildcard(run_dir.INIT_NULL_FILE))
@@ -56,7 +58,7 @@ def init_null_file(workdir: str) -> dict | None:
 def latest_ablation(workdir: str) -> dict | None:
   """The newest analysis/step_<N>/ablation_T<T>.json (the causal test) at the smallest T
   there, or None (a run analysed without --ablate=local, or with no local mixer)."""
-  rd = RunDir(workdir)
+  rd = open_readonly(workdir).layout
   for step in reversed(rd.analysis_steps()):
     lengths = [t for name in storage.listdir(rd.analysis_dir(step))
                if (t := run_dir.number_in(run_dir.ABLATION_FILE, name)) is not None]
@@ -69,7 +71,7 @@ def latest_ablation(workdir: str) -> dict | None:
 
 def read_sums(workdir: str, step: int) -> tuple[dict, tuple, int] | None:
   """The per-cluster sums of one measurement (recency_sums/step_<N>.npz), or None."""
-  path = RunDir(workdir).recency_sums_file(step)
+  path = open_readonly(workdir).layout.recency_sums_file(step)
   if not storage.exists(path):
     return None
   return records.decode_sums(storage.read_bytes(path))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.analysis.measure import live_figures
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
@@ -27,7 +27,7 @@ from hybrid_nope.analysis.measure.records import DATA_LAYER, DATA_LAYER_TYPE, DA
 from hybrid_nope.model.kind_specs import KINDS, kinds_where
 from hybrid_nope.model.pattern import layer_kinds, layer_type, window_of
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
-from hybrid_nope.run_dir import RECENCY, RunDir
+from hybrid_nope.run.run_dir import RECENCY
 
 SHUFFLE_SEED = 0  # The shuffled control's permutation: fixed, so runs and steps pair.
 
@@ -119,7 +119,7 @@ class RecencyHook:
     hook = cls(run.config, run.model_def, run.probe_rows, run.writer, place=run.replicate)
     probe_lib.check_documents(hook.num_docs, len(hook.rows))
     if run.writer is not None and run.writer.active:
-      path = RunDir(run.writer.workdir).recency_probe
+      path = run.writer.run_dir.recency_probe
       if not storage.exists(path):
         run.writer.write_file(path, json.dumps(hook.describe()) + "\n")
     return hook
@@ -223,7 +223,7 @@ class RecencyHook:
     sums = self.sums(params)
     records = self.build_records(step, sums, data_control=step == 0)
     if self.writer.active:  # Per-cluster sums, for paired comparisons across steps and runs.
-      self.writer.write_file(RunDir(self.writer.workdir).recency_sums_file(step),
+      self.writer.write_file(self.writer.run_dir.recency_sums_file(step),
                              records_lib.encode_sums(sums, self.lags, self.far))
     scalars = {}
     for r in records:

@@ -1,7 +1,7 @@
 """One self-contained HTML page per run or sweep: `python launch/report.py DIR... --out=FILE`.
 
 Reads only a run's files (metrics.jsonl, recency.jsonl, recency_probe.json, config.json), all
-through `hybrid_nope.storage`, so DIR may be a gs:// URL and the run may still be training: a
+through `hybrid_nope.run.storage`, so DIR may be a gs:// URL and the run may still be training: a
 torn last line is dropped (`storage.read_jsonl`), and a recency step still being written is
 passed over for the last complete one. Figures are the PNGs of `plots.py`, `training_plots.py`
 and (sweeps) `compare.py`, inlined as base64; the page has no script. Whatever a run did not
@@ -22,8 +22,9 @@ from typing import Sequence
 
 import ml_collections
 
-from hybrid_nope import run_dir, storage
-from hybrid_nope.analysis.checkpoint import checkpoints, init_null
+from hybrid_nope.run import run_dir, storage
+from hybrid_nope.analysis.checkpoint import init_null
+from hybrid_nope.run import checkpoints
 from hybrid_nope.analysis.evidence import compare
 from hybrid_nope.analysis.present import html_tables, html_throughput
 from hybrid_nope.analysis.present import plots, training_plots
@@ -33,7 +34,8 @@ from hybrid_nope.analysis.evidence.compare_table import cell
 from hybrid_nope.analysis.present.html_tables import esc as _esc, markdown_html, missing as _missing
 from hybrid_nope.analysis.present.html_tables import table as _table
 from hybrid_nope.analysis.measure.records import DATA_LAYER
-from hybrid_nope.run_dir import CONFIG, METRICS, RECENCY, RECENCY_PROBE, RunDir
+from hybrid_nope.run.run_dir import CONFIG, METRICS, RECENCY, RECENCY_PROBE
+from hybrid_nope.run.reader import open_readonly
 
 READOUT_MODULE = "pre_mixer_norm"  # Where the logit read-out of a global NoPE layer is measured.
 # Extra keys of gated linear attention (L) and delta rule (D: mean_beta too) records.
@@ -104,7 +106,7 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   if not storage.listdir(workdir):
     raise checkpoints.WorkdirError(f"workdir {workdir} is empty: expected {METRICS} from "
                                    f"`python launch/train.py --workdir={workdir}`")
-  rd = RunDir(workdir)
+  rd = open_readonly(workdir).layout
   metrics = run_files.read_jsonl(rd.metrics)
   recency, notes = complete_steps(_optional(rd.recency, storage.read_jsonl) or [])
   has_config = storage.exists(rd.config)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope import run_config, run_dir
+from hybrid_nope.run import run_config, run_dir
 from hybrid_nope.analysis.present.html_tables import esc, missing, table
 
 THROUGHPUT_KEYS = ("tokens_per_second", "seconds_per_step", "mfu", "memory_bytes")

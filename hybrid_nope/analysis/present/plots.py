@@ -15,7 +15,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.analysis.measure.records import DATA_LAYER
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
 
@@ -33,7 +33,7 @@ HEATMAP_CMAP = colormaps["RdBu_r"].with_extremes(bad=HEATMAP_BAD)
 
 
 def save_figure(fig: Figure, path: str) -> str:
-  """Writes the PNG to a local path or a URL (hybrid_nope.storage)."""
+  """Writes the PNG to a local path or a URL (hybrid_nope.run.storage)."""
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
   storage.write_bytes(path, buffer.getvalue())

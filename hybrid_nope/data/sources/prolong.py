@@ -36,7 +36,8 @@ import os
 
 import numpy as np
 
-from hybrid_nope import config_values, storage
+from hybrid_nope import config_values
+from hybrid_nope.run import storage
 from hybrid_nope.data.formats import mds
 from hybrid_nope.data.pipeline import packing
 from hybrid_nope.data.pipeline.mixture import Mixture, parse_domains

@@ -28,7 +28,8 @@ from typing import Callable, Union
 
 import numpy as np
 
-from hybrid_nope import config_values, storage
+from hybrid_nope import config_values
+from hybrid_nope.run import storage
 from hybrid_nope.config_values import positive_int, require
 from hybrid_nope.data.tokenization import bpe
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from hybrid_nope import config_values, storage
+from hybrid_nope.run import storage
 from hybrid_nope.data.sources import registry
 from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer
 from hybrid_nope.errors import UserError

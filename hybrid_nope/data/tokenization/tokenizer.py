@@ -62,7 +62,7 @@ class JsonTokenizer:
 
   def __init__(self, path: str, key: str | None = "data.tokenizer"):
     import tokenizers  # pylint: disable=g-import-not-at-top
-    from hybrid_nope import storage  # pylint: disable=g-import-not-at-top
+    from hybrid_nope.run import storage  # pylint: disable=g-import-not-at-top
     from hybrid_nope.errors import ConfigError  # pylint: disable=g-import-not-at-top
     try:
       text = storage.read_text(path)

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import fsspec
 import numpy as np
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.config_values import VERIFY_ALWAYS
 from hybrid_nope.data.formats.mds import cache
 from hybrid_nope.data.formats.mds.encoding import (INDEX_BASENAME, HeaderError, MDSFormatError,

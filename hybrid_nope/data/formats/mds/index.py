@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.data.formats.mds.encoding import (COMPRESSIONS, INDEX_BASENAME, Column, MDSFormatError,
                                            parse_encoding)
 

@@ -1,5 +1,5 @@
 """What every reader of a checkpoint checks, in one place: the per-leaf checksums the trainer
-saves in each checkpoint's "meta" item (train/checkpoint.py writes them; the trainer's resume,
+saves in each checkpoint's "meta" item (run/checkpoint.py writes them; the trainer's resume,
 analysis, the report and the HF export all verify them), the one-line messages a reader
 gives for a checkpoint that fails them or cannot be read at all, and how a reader lists and
 reads steps while a trainer is still saving and deleting them."""
@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.run_dir import CHECKPOINT_STATE
+from hybrid_nope.run.run_dir import CHECKPOINT_STATE
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ import json
 
 from hybrid_nope.errors import UserError
 # The rule of which keys define a run lives beside the config files (analysis reads it too).
-from hybrid_nope.run_config import (ADDED_KEYS, DEFINING_KEYS,  # noqa: F401
+from hybrid_nope.run.run_config import (ADDED_KEYS, DEFINING_KEYS,  # noqa: F401
                                     DEFINING_PREFIXES, EVENT_CHANGE, EVENT_START,
                                     FREE_MODEL_KEYS, allowed_changes, defining, flat,
                                     is_defining)

@@ -4,7 +4,7 @@ A workdir written by `launch/train.py` holds `config.json` (the run's full confi
 `checkpoints/<step>/` (orbax: item "state" = TrainState(step, params, opt_state), item "meta" =
 JSON with a checksum of every state leaf). Only `state.params` is read, as a partial restore into
 single-device arrays, so neither the training mesh nor the optimizer state is needed, and each
-leaf read is checked against its checksum (hybrid_nope/checkpoint_integrity.py), as the trainer
+leaf read is checked against its checksum (hybrid_nope/run/checkpoint_integrity.py), as the trainer
 checks a resume. Every failure names the path or step and says what was expected. A run still
 training is read as it stands: only the steps orbax committed, the newest that reads and
 verifies (`restore_params`).
@@ -20,14 +20,13 @@ import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
-from hybrid_nope import run_config, storage
-from hybrid_nope.checkpoint_integrity import (COMMIT_MARKER, StepListing, being_written_message,
+from hybrid_nope.run import run_config, storage
+from hybrid_nope.run.checkpoint_integrity import (COMMIT_MARKER, StepListing, being_written_message,
                                               corrupt_message, differing_leaves, list_steps,
                                               params_checksums, read_quietly,
                                               unreadable_message)
 from hybrid_nope.errors import UserError
-from hybrid_nope.model.definition import ModelDef, abstract_params, model_definition
-from hybrid_nope.run_dir import (CHECKPOINT_META, CHECKPOINT_STATE, CHECKPOINTS,
+from hybrid_nope.run.run_dir import (CHECKPOINT_META, CHECKPOINT_STATE, CHECKPOINTS,
                                  CONFIG, RunDir)
 
 
@@ -205,8 +204,9 @@ def _saved_checksums(step: int, step_dir: str, where: str, others: str) -> dict 
 _ATTEMPTS = 5  # Reads of the newest step while a trainer saving every step removes it.
 
 
-def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, ModelDef, dict]:
-  """(step, model_def, params) of checkpoint `step` (None = the newest finished one), on the
+def restore_params(workdir: str, config, wanted, step: int | None = None) -> tuple[int, dict]:
+  """(step, params) of checkpoint `step` (None = the newest finished one), shaped as `wanted`
+  (the config's abstract params: run/ builds no model, `model/checkpointed.py` does), on the
   default device, each leaf verified against the checksum saved with it. Raises
   CorruptCheckpointError for a state that is missing, unreadable or differs from its
   checksums, NonFiniteParamsError for params that hold NaN or inf. A live trainer is
@@ -220,7 +220,7 @@ def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, 
           f"step {step} is being written in {run_dir_of(workdir, config).checkpoints} (it has "
           f"no {COMMIT_MARKER} yet); rerun when it is finished, or pick a finished step: "
           f"{list(listing.finished)}")
-    return _read_step(workdir, config, resolve_step(workdir, config, step,
+    return _read_step(workdir, config, wanted, resolve_step(workdir, config, step,
                                                     list(listing.finished)), listing)
   chosen = listing.finished[-1]
   for attempt in range(_ATTEMPTS):
@@ -228,7 +228,7 @@ def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, 
     if note:
       logging.warning("%s", note)
     try:
-      return _read_step(workdir, config, chosen, listing)
+      return _read_step(workdir, config, wanted, chosen, listing)
     except AnalysisError as e:
       now = list_steps(run_dir_of(workdir, config).checkpoints)
       if not now.finished or (chosen in now.finished and now.finished[-1] == chosen):
@@ -245,18 +245,18 @@ def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, 
   raise AssertionError("unreachable")
 
 
-def _read_step(workdir: str, config, step: int,
-               listing: StepListing) -> tuple[int, ModelDef, dict]:
+def _read_step(workdir: str, config, wanted, step: int,
+               listing: StepListing) -> tuple[int, dict]:
   """restore_params of the finished step `step`, with what orbax's threads print held back
   (`read_quietly`)."""
   others = _other_steps(list(listing.finished), step)
   where = run_dir_of(workdir, config).checkpoint_state(step)
   return read_quietly(
-      lambda: _restore_step(workdir, config, step, others),
+      lambda: _restore_step(workdir, config, wanted, step, others),
       lambda e: CorruptCheckpointError(f"{unreadable_message(step, e, where)}; {others}"))
 
 
-def _restore_step(workdir: str, config, step: int, others: str) -> tuple[int, ModelDef, dict]:
+def _restore_step(workdir: str, config, wanted, step: int, others: str) -> tuple[int, dict]:
   rd = run_dir_of(workdir, config)
   step_dir, state_dir = rd.checkpoint(step), rd.checkpoint_state(step)
   if not storage.exists(state_dir):
@@ -274,7 +274,6 @@ def _restore_step(workdir: str, config, step: int, others: str) -> tuple[int, Mo
   if "params" not in stored:
     raise IncompatibleCheckpointError(f"checkpoint {step_dir} has no state.params (keys: "
                                       f"{sorted(stored)})")
-  wanted = abstract_params(config.model, config.train.seed)
   check_compatible(stored["params"], wanted, step_dir)
   saved = _saved_checksums(step, step_dir, rd.checkpoint_meta(step), others)
 
@@ -299,7 +298,7 @@ def _restore_step(workdir: str, config, step: int, others: str) -> tuple[int, Mo
   _check_finite(params, step, step_dir, others)
   params = jax.tree.map(lambda x, w: x if x.dtype == w.dtype else x.astype(w.dtype), params,
                         wanted)
-  return step, model_definition(config.model), params
+  return step, params
 
 
 def _without_meta(rd: RunDir, step: int, others: str) -> None:

@@ -26,10 +26,10 @@ import uuid
 import jax
 from absl import logging
 
-from hybrid_nope import run_config, run_dir, storage
+from hybrid_nope.run import run_config, run_dir, storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.run_dir import RunDir
-from hybrid_nope.train import run_identity
+from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run import run_identity
 
 
 class CheckpointOwnedError(UserError):

@@ -1,26 +1,26 @@
 """A run directory (the --workdir of launch/train.py): every file and folder of a run, named once.
 
 WORKDIR/                          a local path or a URL (gs://, file://, memory://)
-├── config.json                   the config as the run started, never rewritten (train/resume.py)
+├── config.json                   the config as the run started, never rewritten (run/resume.py)
 ├── config_history.jsonl          the run's events (start, allowed changes, rollbacks, skips), a
-│                                 change with the config after it (train/resume.py; run_config.py
+│                                 change with the config after it (run/resume.py; run_config.py
 │                                 reads the config in force)
 ├── metrics.jsonl                 a record per logged step: train, eval, samples, events
-│                                 (train/metrics_writer.py, evaluation.py, samples.py, resume.py)
+│                                 (run/metrics_writer.py, evaluation.py, samples.py, resume.py)
 ├── recency.jsonl                 a record per (step, layer, module) (analysis/measure/hook.py)
 ├── recency_probe.json            the recency probe: rows, documents, pairs per lag (hook.py)
 ├── recency_sums/step_<N>.npz     each measurement's per-cluster sums, N in 8 digits (hook.py)
-├── tensorboard/                  TensorBoard event files (train/metrics_writer.py)
+├── tensorboard/                  TensorBoard event files (run/metrics_writer.py)
 ├── profile/                      jax.profiler trace of train.profile_* steps (train/profiling.py)
-├── wandb_run_id.txt              the W&B run id a resume continues (train/wandb_sink.py)
+├── wandb_run_id.txt              the W&B run id a resume continues (run/wandb_sink.py)
 ├── wandb/                        W&B's own local files, when WANDB_DIR is unset (wandb)
-├── trainer.lock                  host, pid, heartbeat of the one trainer (train/workdir_lock.py)
-├── library_errors.log            what orbax's threads print when a save fails (hybrid_nope/logs.py)
+├── trainer.lock                  host, pid, heartbeat of the one trainer (run/workdir_lock.py)
+├── library_errors.log            what orbax's threads print when a save fails (hybrid_nope/run/library_errors.py)
 ├── checkpoints/                  orbax, unless checkpoint.directory names another place
 │   ├── owner.json                the workdir and run id that own this checkpoint directory
-│   │                             (train/checkpoint_owner.py)
+│   │                             (run/checkpoint_owner.py)
 │   ├── <step>/state/, meta/      TrainState; JSON: checksums, data position, config, history
-│   │                             (train/checkpoint.py; data/ in checkpoints from before meta)
+│   │                             (run/checkpoint.py; data/ in checkpoints from before meta)
 │   └── rolled_back/<time>_from_<N>/<step>/   what a restore_step moved aside (checkpoint.py)
 ├── overwritten/<time>/           a checkpointless run that train.overwrite moved aside (resume.py);
 │                                 holds `moving` until the move is over (a cut one is finished)
@@ -35,7 +35,7 @@ WORKDIR/                          a local path or a URL (gs://, file://, memory:
 └── sweep_done.json               the sweep's mark of a finished run (sweep.py)
 
 Samples while training go to metrics.jsonl (records with "samples"); score.py and generate.py
-write where --out says. `RunDir(root)` joins these names on `hybrid_nope.storage`; a name
+write where --out says. `RunDir(root)` joins these names on `hybrid_nope.run.storage`; a name
 spelled anywhere else is a bug. `describe(path)` says which entry a file belongs to. This
 module imports only storage: train and analysis both use it, and never each other.
 """
@@ -47,7 +47,7 @@ import os
 import re
 import time
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 
 CONFIG = "config.json"
 CONFIG_HISTORY = "config_history.jsonl"

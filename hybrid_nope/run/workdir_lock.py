@@ -19,9 +19,9 @@ import time
 
 from absl import logging
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 600.0  # Twenty missed heartbeats: the holder on another host is gone.

@@ -22,9 +22,9 @@ import tempfile
 import jax
 import numpy as np
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 
 LEADING_COLUMNS = ("step", "layer", "layer_type", "module")
 

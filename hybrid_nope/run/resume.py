@@ -13,7 +13,7 @@ which allowed config changes, rollback and skip; and the run's history kept besi
   checkpoints/rolled_back/; a rerun of the same command after training has passed N again
   finds that rollback in its newest checkpoint's history and resumes from there.
 - data.skip_batches=K skips K batches once per (K, restore_step) in the lineage.
-Events go to WORKDIR/config_history.jsonl (append only; `hybrid_nope/run_config.py`) and
+Events go to WORKDIR/config_history.jsonl (append only; `hybrid_nope/run/run_config.py`) and
 metrics.jsonl, and into the next checkpoint's meta with the rest of the lineage.
 """
 from __future__ import annotations
@@ -25,11 +25,11 @@ import time
 import jax
 from absl import logging
 
-from hybrid_nope import run_config, run_dir, storage
+from hybrid_nope.run import run_config, run_dir, storage
 from hybrid_nope.errors import ConfigError, UserError
-from hybrid_nope.run_dir import RunDir
-from hybrid_nope.train import checkpoint_owner, run_identity
-from hybrid_nope.train.checkpoint import Checkpointer
+from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run import checkpoint_owner, run_identity
+from hybrid_nope.run.checkpoint import Checkpointer
 
 RECORD_FILES = (run_dir.METRICS, run_dir.RECENCY)  # A run has begun once these hold a line.
 # What a move aside leaves in place: the folder it moves into, the lock this trainer holds, the

@@ -2,7 +2,7 @@
 
 DIR/checkpoints/<step>/ (`run_dir.py`) holds "state" (TrainState) and "meta" (JSON: a checksum
 of every state leaf; the data position; the fingerprint of the training data,
-`data/fingerprint.py`; the run-defining config and the run's history, `train/run_identity.py`).
+`data/fingerprint.py`; the run-defining config and the run's history, `run/run_identity.py`).
 The data position is one global number, the training rows consumed: global row r does not
 depend on the process count (`loader.train_dataset`), so a run saved on 8 hosts resumes on 4,
 and a resume that changes the batch size reads on from the same row. A restore checks all of
@@ -28,17 +28,27 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from flax import struct
 
-from hybrid_nope import storage
-from hybrid_nope.checkpoint_integrity import (SETTLE_SECONDS, corrupt_message,
+from hybrid_nope.run import storage
+from hybrid_nope.run.checkpoint_integrity import (SETTLE_SECONDS, corrupt_message,
                                               differing_leaves, read_error, state_checksums,
                                               unreadable_message)
 from hybrid_nope.errors import UserError
-from hybrid_nope.logs import LibraryErrors
-from hybrid_nope.run_dir import CHECKPOINT_DATA, CHECKPOINT_META, CHECKPOINT_STATE, RunDir
-from hybrid_nope.train import run_identity
+from hybrid_nope.run.library_errors import LibraryErrors
+from hybrid_nope.run.run_dir import CHECKPOINT_DATA, CHECKPOINT_META, CHECKPOINT_STATE, RunDir
+from hybrid_nope.run import run_identity
 
 ITEMS = (CHECKPOINT_STATE, CHECKPOINT_DATA, CHECKPOINT_META)  # DATA: only in pre-meta ones.
+
+
+@struct.dataclass
+class TrainState:
+  """A checkpoint's "state" item: the trainer's state (train/state.py builds it), whose field
+  names are the checksum keys' and the readers' ("params")."""
+  step: jax.Array          # Number of optimizer updates applied so far.
+  params: dict
+  opt_state: object        # optax.OptState; () in an imported workdir.
 
 
 class CheckpointError(UserError):
@@ -120,7 +130,7 @@ class Checkpointer:
     if older:
       then = (f"Free space or fix the directory, then rerun the same command: it resumes from "
               f"step {older[-1]}, the newest good checkpoint")
-    else:  # overwrite moves the records of a run without checkpoints aside (train/resume.py).
+    else:  # overwrite moves the records of a run without checkpoints aside (run/resume.py).
       then = ("No checkpoint was saved before it: free space or fix the directory, then rerun "
               "with --config.train.overwrite=True to start afresh (the run's records are moved "
               "aside)")

@@ -1,6 +1,6 @@
 """Metrics to JSONL files in the workdir and to TensorBoard; only process 0 writes.
 
-The workdir is a local path or a URL (`hybrid_nope.storage`: gs://, file://, memory://). A local
+The workdir is a local path or a URL (`hybrid_nope.run.storage`: gs://, file://, memory://). A local
 file is appended line by line, so it can be followed live. An object store cannot append, so
 there the lines are kept in memory and each changed file is uploaded whole at `flush()`: the
 loop flushes at every log step and checkpoint, so everything up to the last checkpoint is on
@@ -24,11 +24,11 @@ import tempfile
 import jax
 from absl import logging
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.errors import UserError
-from hybrid_nope.run_dir import METRICS, RunDir
-from hybrid_nope.train import config_summary
-from hybrid_nope.train.wandb_sink import rgb_array
+from hybrid_nope.run.run_dir import METRICS, RunDir
+from hybrid_nope.run import config_summary
+from hybrid_nope.run.wandb_sink import rgb_array
 
 
 class RecordsError(UserError):
@@ -60,7 +60,7 @@ class MetricsWriter:
   def __init__(self, workdir: str, *, resume_step: int = 0, wandb=None):
     self.active = jax.process_index() == 0
     self.critical = contextlib.nullcontext  # The loop sets PreemptionWatcher.deferred.
-    self._wandb = wandb  # A train.wandb_sink.WandbSink or None: W&B gets what TensorBoard gets.
+    self._wandb = wandb  # A run.wandb_sink.WandbSink or None: W&B gets what TensorBoard gets.
     self.workdir = workdir
     self.run_dir = RunDir(workdir)
     self.resume_step = resume_step
@@ -207,7 +207,7 @@ class MetricsWriter:
   @_whole
   def write_config(self, step: int, config) -> None:
     """TensorBoard: the config as a markdown table (Text) and its run-defining keys as the
-    run's HParams session, with the eval loss as the metric (`train/config_summary.py`)."""
+    run's HParams session, with the eval loss as the metric (`run/config_summary.py`)."""
     if self.active:
       self._tb.add_text(config_summary.CONFIG_TAG, config_summary.markdown_table(config),
                         int(step))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from hybrid_nope.train import run_identity
+from hybrid_nope.run import run_identity
 
 CONFIG_TAG = "config"
 # evaluation.evaluate's key at the training length, written as a scalar at every eval.

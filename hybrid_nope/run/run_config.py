@@ -2,7 +2,7 @@
 rewritten; WORKDIR/config_history.jsonl holds the run's events (its start, each config change a
 resume was allowed to make, rollbacks, skips), a change with the full config after it. Readers
 (analysis, the sweep) take the config in force now from here. Which keys define a run (a
-resume may not change them, train/run_identity.py) is written here once, for the trainer and
+resume may not change them, run/run_identity.py) is written here once, for the trainer and
 the report alike."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import difflib
 import json
 from typing import Any
 
-from hybrid_nope import storage
+from hybrid_nope.run import storage
 from hybrid_nope.errors import ConfigError, UserError
-from hybrid_nope.run_dir import RunDir
+from hybrid_nope.run.run_dir import RunDir
 
 # Keys added to the config after runs were saved without them, each with the value that gives
 # those runs' behaviour (a layer kind or feature they lack reads it). A config without the key
-# is read as holding that value: a resume (train/run_identity.py) and the seed grouping of
+# is read as holding that value: a resume (run/run_identity.py) and the seed grouping of
 # compare alike; any other value is a change.
 ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
               "model.delta_gate_form": "gla", "model.delta_expand_v": 1, "model.delta_v_heads": 0,
@@ -62,7 +62,7 @@ def current(workdir: str, started_with: dict) -> dict:
   return configs[-1] if configs else started_with
 
 
-# The events config_history.jsonl holds whole configs for (train/run_identity.py names the rest).
+# The events config_history.jsonl holds whole configs for (run/run_identity.py names the rest).
 EVENT_START, EVENT_CHANGE = "start", "config_change"
 REBUILT_FROM = "rebuilt_from"  # On a config_history.jsonl line rebuilt from checkpoint meta.
 
