@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from hybrid_nope.run import checkpoints  # noqa: E402
+from hybrid_nope.run.reader import open_readonly  # noqa: E402
 from hybrid_nope.model import checkpointed  # noqa: E402
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import RecencyHook  # noqa: E402
@@ -62,12 +62,12 @@ def main():
   p.add_argument("--workdir", required=True)
   p.add_argument("--steps", default="0", help="0 = init; others: checkpoint steps")
   args = p.parse_args()
-  config = checkpoints.load_config(args.workdir)
+  run = open_readonly(args.workdir)
+  config = run.config
   model_def, init_params = init_model(config.model, config.train.seed)
   hook = RecencyHook(config, model_def, loader.probe_pool(config), writer=None)
   for step in (int(s) for s in args.steps.split(",")):
-    params = init_params if step == 0 else checkpointed.restore_params(args.workdir, config,
-                                                                      step)[2]
+    params = init_params if step == 0 else checkpointed.restore_params(run, step)[2]
     rows(hook, params, step)
 
 

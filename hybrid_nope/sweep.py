@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from hybrid_nope.run import run_config, run_dir, storage
-from hybrid_nope.run.reader import open_readonly
+from hybrid_nope.run.reader import RunReader, open_readonly
 from concurrent import futures
 from typing import Callable, Sequence
 
@@ -61,8 +61,12 @@ class Run:
     return os.path.join(self.root, self.experiment, f"seed{self.seed}")
 
   @property
+  def reader(self) -> RunReader:
+    return open_readonly(self.workdir)
+
+  @property
   def done(self) -> bool:
-    return os.path.exists(open_readonly(self.workdir).layout.sweep_done)
+    return os.path.exists(self.reader.layout.sweep_done)
 
 
 def plan(config_file: str, experiments: Sequence[str], seeds: Sequence[int],
@@ -92,28 +96,28 @@ def commands(run: Run, python: str = sys.executable, analyze_args: Sequence[str]
            f"--config.train.seed={run.seed}", f"--workdir={run.workdir}", *train_args], analyze]
 
 
-def record_files(workdir: str) -> list[str]:
+def record_files(run: RunReader) -> list[str]:
   """The run's record files, relative to its workdir, sorted. Of the per-cluster sums only
   step 0's and the last step's are kept (~120 kB each at the small sweep's size): they pair
   init with trained, and runs with runs; the records of every step are in recency.jsonl."""
-  found, rd = set(), open_readonly(workdir).layout
+  found, rd = set(), run.layout
   for pattern in RECORD_PATTERNS:
-    found |= {os.path.relpath(p, workdir) for p in glob.glob(rd.path(pattern))}
+    found |= {os.path.relpath(p, run.workdir) for p in glob.glob(rd.path(pattern))}
   sums = sorted(f for f in found if fnmatch.fnmatchcase(f, SUMS_PATTERN))
   found -= set(sums[1:-1])
   return sorted(found)
 
 
-def pack_records(workdir: str, out_path: str) -> str:
+def pack_records(run: RunReader, out_path: str) -> str:
   """Writes the run's records as one reproducible .tar.gz (sorted, mtime 0); returns its path."""
-  files = record_files(workdir)
+  files = record_files(run)
   if run_dir.RECENCY not in files or run_dir.METRICS not in files:
-    raise FileNotFoundError(f"{workdir} holds no {run_dir.RECENCY} or {run_dir.METRICS}: not a "
+    raise FileNotFoundError(f"{run.workdir} holds no {run_dir.RECENCY} or {run_dir.METRICS}: not a "
                             "run")
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=9) as tar:
     for rel in files:
-      with open(open_readonly(workdir).layout.path(rel), "rb") as f:
+      with open(run.layout.path(rel), "rb") as f:
         data = f.read()
       info = tarfile.TarInfo(rel)
       info.size, info.mtime = len(data), 0
@@ -191,21 +195,21 @@ def claimed_cores(threads: int, *, lock_dir: str = CORE_LOCKS,
       lock.close()
 
 
-def trained_steps(workdir: str) -> tuple[int, int]:
+def trained_steps(run: RunReader) -> tuple[int, int]:
   """(last step with a training loss in metrics.jsonl, train.steps of config.json)."""
-  rd = open_readonly(workdir).layout
+  rd = run.layout
   with open(rd.config) as f:
-    steps = int(run_config.current(workdir, json.load(f))["train"]["steps"])
+    steps = int(run_config.current(run.workdir, json.load(f))["train"]["steps"])
   records = storage.read_jsonl(rd.metrics)
   return max([r["step"] for r in records if "loss" in r], default=0), steps
 
 
-def has_local_mixer(workdir: str) -> bool:
+def has_local_mixer(run: RunReader) -> bool:
   """Whether the run's pattern (its config in force, config.json) has a local mixer (S, L or
   D): what --ablate=local ablates. The global-only baseline (pattern G) has none."""
   from hybrid_nope.model import kind_specs  # pylint: disable=import-outside-toplevel
-  with open(open_readonly(workdir).layout.config) as f:
-    pattern = run_config.current(workdir, json.load(f))["model"]["pattern"]
+  with open(run.layout.config) as f:
+    pattern = run_config.current(run.workdir, json.load(f))["model"]["pattern"]
   return kind_specs.has_local_mixer(pattern)
 
 
@@ -218,11 +222,12 @@ def execute(run: Run, *, threads: int, log: Callable[[str], None],
   where `ablate_experiments` names some, only for those (the test costs a few minutes a run)."""
   ablate = ablate and (not ablate_experiments or run.experiment in ablate_experiments)
   os.makedirs(run.workdir, exist_ok=True)
-  log_path = open_readonly(run.workdir).layout.sweep_log
+  reader = run.reader
+  log_path = reader.layout.sweep_log
   with claimed_cores(threads, lock_dir=lock_dir, log=log) as cores, open(log_path, "a") as out:
     start = time.time()
     for index, command in enumerate(commands(run, **command_args)):
-      if index == 1 and ablate and has_local_mixer(run.workdir):  # Trained: config.json is there.
+      if index == 1 and ablate and has_local_mixer(reader):  # Trained: config.json is there.
         command = commands(run, **command_args, ablate=True)[1]
       result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                               preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False)
@@ -230,7 +235,7 @@ def execute(run: Run, *, threads: int, log: Callable[[str], None],
         raise RuntimeError(f"{run.name}: `{' '.join(command)}` exited {result.returncode}; "
                            f"see {log_path}")
       if index == 0:  # A preempted train.py saves and exits 0: never analyse a partial run.
-        last, steps = trained_steps(run.workdir)
+        last, steps = trained_steps(reader)
         if last < steps:
           raise RuntimeError(f"{run.name}: training stopped at step {last} of {steps} "
                              "(preempted?); rerun the sweep to resume it")
@@ -240,7 +245,7 @@ def execute(run: Run, *, threads: int, log: Callable[[str], None],
 
 
 def mark_done(run: Run, seconds: float) -> None:
-  with open(open_readonly(run.workdir).layout.sweep_done, "w") as f:
+  with open(run.reader.layout.sweep_done, "w") as f:
     json.dump({"seconds": seconds, "experiment": run.experiment, "seed": run.seed}, f)
 
 
@@ -270,7 +275,7 @@ def sweep(runs: Sequence[Run], *, parallel: int, threads: int, records_dir: str 
                         init_seeds=init_seeds if run.seed == init_seed_of else 0,
                         **command_args)
       if records_dir:
-        path = pack_records(run.workdir, pack_path(records_dir, run))
+        path = pack_records(run.reader, pack_path(records_dir, run))
         if on_packed:
           on_packed(path, run)
       mark_done(run, seconds)

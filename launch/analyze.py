@@ -19,6 +19,7 @@ from ml_collections import config_flags  # noqa: E402
 from configs import base  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.analysis.checkpoint import ablation, report  # noqa: E402
+from hybrid_nope.run.reader import open_readonly  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to analyse; default the latest.")
@@ -46,7 +47,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   del argv
   result = report.analyze(
-      flags.FLAGS.workdir, step=flags.FLAGS.step, seq_len=flags.FLAGS.seq_len,
+      open_readonly(flags.FLAGS.workdir), step=flags.FLAGS.step, seq_len=flags.FLAGS.seq_len,
       lengths=[int(k) for k in flags.FLAGS.lengths],
       overrides=config_flags.get_override_values(flags.FLAGS["config"]),
       rows_per_call=flags.FLAGS.rows_per_call, init_seeds=flags.FLAGS.init_seeds,

@@ -13,12 +13,13 @@ from absl import flags, logging  # noqa: E402
 
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.analysis.evidence import compare  # noqa: E402
+from hybrid_nope.run.reader import open_readonly  # noqa: E402
 
 flags.DEFINE_string("out", None, "Output directory; default <common parent>/compare.")
 
 
 def main(argv):
-  result = compare.compare(argv[1:], out_dir=flags.FLAGS.out)
+  result = compare.compare([open_readonly(w) for w in argv[1:]], out_dir=flags.FLAGS.out)
   for path in result["files"]:
     logging.info("wrote %s", path)
   print(result["markdown"])

@@ -17,6 +17,7 @@ from absl import flags  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.errors import UserError  # noqa: E402
 from hybrid_nope.export import hf  # noqa: E402
+from hybrid_nope.run.reader import open_readonly  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to export; default the latest.")
@@ -36,7 +37,7 @@ def main(argv):
   if flags.FLAGS.max_position_embeddings < 1:
     raise UserError(f"--max_position_embeddings={flags.FLAGS.max_position_embeddings} is "
                     "invalid: expected a positive number of positions")
-  result = hf.export(flags.FLAGS.workdir, flags.FLAGS.out, step=flags.FLAGS.step,
+  result = hf.export(open_readonly(flags.FLAGS.workdir), flags.FLAGS.out, step=flags.FLAGS.step,
                      tokenizer=flags.FLAGS.tokenizer,
                      max_position_embeddings=flags.FLAGS.max_position_embeddings)
   print(f"exported step {result['step']}: {result['tensors']} tensors, "

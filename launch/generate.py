@@ -16,6 +16,7 @@ from absl import flags  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.run import storage
 from hybrid_nope.analysis.checkpoint import generate  # noqa: E402
+from hybrid_nope.run.reader import open_readonly  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_multi_string("prompt", None, "Text to continue; repeat for a batch.")
@@ -36,7 +37,7 @@ flags.mark_flags_as_required(["workdir", "prompt"])
 def main(argv):
   del argv
   f = flags.FLAGS
-  result = generate.generate_text(f.workdir, f.prompt, step=f.step,
+  result = generate.generate_text(open_readonly(f.workdir), f.prompt, step=f.step,
                                   max_new_tokens=f.max_new_tokens, temperature=f.temperature,
                                   top_p=f.top_p, seed=f.seed, tokenizer_path=f.tokenizer,
                                   eos_token=f.eos_token)

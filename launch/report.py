@@ -14,12 +14,13 @@ from absl import flags  # noqa: E402
 
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.analysis.present import html_report  # noqa: E402
+from hybrid_nope.run.reader import open_readonly  # noqa: E402
 
 flags.DEFINE_string("out", "report.html", "The HTML file to write (a local path or a URL).")
 
 
 def main(argv):
-  print(html_report.write(argv[1:], flags.FLAGS.out))
+  print(html_report.write([open_readonly(w) for w in argv[1:]], flags.FLAGS.out))
 
 
 if __name__ == "__main__":

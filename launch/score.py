@@ -14,6 +14,7 @@ from absl import flags  # noqa: E402
 from hybrid_nope import cli  # noqa: E402
 from hybrid_nope.run import storage
 from hybrid_nope.analysis.checkpoint import score  # noqa: E402
+from hybrid_nope.run.reader import open_readonly  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
@@ -28,7 +29,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) < 2:
     raise score.AnalysisError("name at least one FILE to score")
-  result = score.score_files(flags.FLAGS.workdir, argv[1:], step=flags.FLAGS.step,
+  result = score.score_files(open_readonly(flags.FLAGS.workdir), argv[1:], step=flags.FLAGS.step,
                              seq_len=flags.FLAGS.seq_len, bucket_size=flags.FLAGS.bucket_size,
                              tokenizer_path=flags.FLAGS.tokenizer)
   print(score.table(result))

@@ -4,6 +4,7 @@ import os
 from hybrid_nope.analysis.checkpoint import report
 from hybrid_nope.analysis.measure.hook import RecencyHook
 from hybrid_nope.train import loop
+from hybrid_nope.run.reader import open_readonly
 from tests.helpers import tiny_config
 
 _CACHE = {}
@@ -27,5 +28,5 @@ def analyzed_run(tmp_path_factory) -> tuple[str, dict]:
   """trained_run analysed at step 8, training length, extrapolation at 1x and 2x."""
   if "analysis" not in _CACHE:
     workdir = trained_run(tmp_path_factory)
-    _CACHE["analysis"] = report.analyze(workdir, step=8, lengths=(1, 2))
+    _CACHE["analysis"] = report.analyze(open_readonly(workdir), step=8, lengths=(1, 2))
   return _CACHE["run"], _CACHE["analysis"]

@@ -23,6 +23,7 @@ from hybrid_nope.data.pipeline import loader
 from hybrid_nope.errors import UserError
 from hybrid_nope.model.definition import init_model
 from hybrid_nope.run import checkpoints, run_dir
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO, tiny_config
 
@@ -322,7 +323,8 @@ def test_analyze_refuses_a_global_only_run_before_restoring_anything(tmp_path):
   with open(tmp_path / run_dir.CONFIG, "w") as f:
     f.write(tiny_config(model__pattern="G").to_json_best_effort())
   with pytest.raises(checkpoints.AnalysisError, match=r"--ablate=local: model.pattern='G'"):
-    report.analyze(str(tmp_path), ablate="local")  # no checkpoints: would fail otherwise
+    # No checkpoints: would fail otherwise.
+    report.analyze(open_readonly(str(tmp_path)), ablate="local")
   assert os.listdir(tmp_path) == [run_dir.CONFIG]
 
 
@@ -330,7 +332,8 @@ def test_analyze_refuses_a_global_only_run_before_restoring_anything(tmp_path):
 @pytest.mark.integration
 def test_ablate_local_end_to_end_writes_the_documented_keys(tmp_path_factory, tmp_path):
   workdir = trained_run(tmp_path_factory)
-  result = report.analyze(workdir, step=8, lengths=(), out_dir=str(tmp_path), figures=False,
+  result = report.analyze(open_readonly(workdir), step=8, lengths=(), out_dir=str(tmp_path),
+                          figures=False,
                           ablate="local")
   path = os.path.join(str(tmp_path), run_dir.ABLATION_FILE.format(seq_len=64))
   assert path in result["files"]

@@ -40,6 +40,7 @@ from hybrid_nope.errors import USAGE_EXIT_CODE
 from hybrid_nope.model.definition import init_model
 from hybrid_nope.train.optimizer import make_optimizer
 from hybrid_nope.train.state import init_train_state
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO, tiny_config, tiny_flags
 
@@ -65,7 +66,7 @@ def test_no_checkpoints(tmp_path):
   (tmp_path / "config.json").write_text(tiny_config().to_json_best_effort())
   config = checkpoints.load_config(str(tmp_path))
   with pytest.raises(checkpoints.WorkdirError, match=f"no checkpoints in {tmp_path}/checkpoints"):
-    checkpointed.restore_params(str(tmp_path), config)
+    checkpointed.restore_params(open_readonly(str(tmp_path), config))
   assert not (tmp_path / "checkpoints").exists()  # Analysis never creates directories there.
 
 
@@ -83,14 +84,14 @@ def test_missing_step_lists_available(run):
   assert checkpoints.available_steps(run, config) == [4, 8]
   with pytest.raises(checkpoints.StepNotFoundError,
                      match=r"step 5 has no checkpoint in .*checkpoints; available steps: \[4, 8\]"):
-    checkpointed.restore_params(run, config, step=5)
+    checkpointed.restore_params(open_readonly(run, config), step=5)
 
 
 @pytest.mark.integration
 def test_restore_latest_and_given_step(run):
   config = checkpoints.load_config(run)
-  step, model_def, params = checkpointed.restore_params(run, config)
-  step4, _, params4 = checkpointed.restore_params(run, config, step=4)
+  step, model_def, params = checkpointed.restore_params(open_readonly(run, config))
+  step4, _, params4 = checkpointed.restore_params(open_readonly(run, config), step=4)
   assert (step, step4) == (8, 4)
   _, init = init_model(config.model, config.train.seed)
   assert jax.tree.structure(params) == jax.tree.structure(init)
@@ -107,7 +108,7 @@ def test_restore_latest_and_given_step(run):
 def test_incompatible_config_names_the_parameter(run):
   config = checkpoints.apply_overrides(checkpoints.load_config(run), {"model.d_model": 48})
   with pytest.raises(checkpoints.IncompatibleCheckpointError) as e:
-    checkpointed.restore_params(run, config, step=8)
+    checkpointed.restore_params(open_readonly(run, config), step=8)
   message = str(e.value)
   assert "checkpoints/8" in message
   assert "params/blocks/0/attn/wk_DKH has shape (32, 2, 8) in the checkpoint but (48, 2, 8)" \
@@ -116,7 +117,7 @@ def test_incompatible_config_names_the_parameter(run):
   deeper = checkpoints.apply_overrides(checkpoints.load_config(run), {"model.num_layers": 4})
   with pytest.raises(checkpoints.IncompatibleCheckpointError,
                      match=r"checkpoint lacks: \['blocks/2/attn/wk_DKH'"):
-    checkpointed.restore_params(run, deeper)
+    checkpointed.restore_params(open_readonly(run, deeper))
 
 
 @pytest.mark.integration
@@ -173,7 +174,7 @@ def flipped_copy(run: str, directory: str, step: int = 8) -> str:
   shutil.copytree(run, workdir)
   path, offset, length = _stored_value(workdir, step, EMBEDDING)
   original = open(path, "rb").read()
-  _, _, clean = checkpointed.restore_params(run, checkpoints.load_config(run), step)
+  _, _, clean = checkpointed.restore_params(open_readonly(run), step)
   for fraction in (0.5, 0.3, 0.7):  # A byte of zstd's framing would fail to decode instead.
     data = bytearray(original)
     data[offset + int(length * fraction)] ^= 0x01
@@ -198,13 +199,13 @@ def flipped(run, tmp_path_factory):
 @pytest.mark.integration
 def test_a_flipped_byte_in_the_params_is_refused_naming_the_step_and_leaf(flipped):
   with pytest.raises(checkpoints.CorruptCheckpointError) as e:
-    checkpointed.restore_params(flipped, checkpoints.load_config(flipped), step=8)
+    checkpointed.restore_params(open_readonly(flipped), step=8)
   assert str(e.value) == (
       f"checkpoint step 8 is corrupt: 1 leaves of {flipped}/checkpoints/8/state differ from the "
       f"checksums saved with them (first: {FLIPPED_LEAF}); other steps with a checkpoint: [4] "
       f"(--step=N picks one)")
   # Step 4 is untouched and still restores.
-  assert checkpointed.restore_params(flipped, checkpoints.load_config(flipped), step=4)[0] == 4
+  assert checkpointed.restore_params(open_readonly(flipped), step=4)[0] == 4
 
 
 def _copy(run, tmp_path) -> str:
@@ -220,7 +221,7 @@ def test_a_truncated_state_is_refused_in_one_line(run, tmp_path):
   with open(path, "r+b") as f:
     f.truncate(offset + length // 2)  # The file ends halfway through the embedding.
   with pytest.raises(checkpoints.CorruptCheckpointError) as e:
-    checkpointed.restore_params(workdir, checkpoints.load_config(workdir), step=8)
+    checkpointed.restore_params(open_readonly(workdir), step=8)
   message = str(e.value)
   assert "\n" not in message and len(message) < 600, message
   # The embedding, or a leaf stored after it in the same file, is the first read to fail.
@@ -233,8 +234,8 @@ def test_a_truncated_state_is_refused_in_one_line(run, tmp_path):
 def test_a_checkpoint_without_meta_restores_with_one_warning(run, tmp_path, caplog):
   workdir = _copy(run, tmp_path)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "8", "meta"))  # As written before meta.
-  _, _, params = checkpointed.restore_params(workdir, checkpoints.load_config(workdir), step=8)
-  _, _, clean = checkpointed.restore_params(run, checkpoints.load_config(run), step=8)
+  _, _, params = checkpointed.restore_params(open_readonly(workdir), step=8)
+  _, _, clean = checkpointed.restore_params(open_readonly(run), step=8)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(clean)):
     np.testing.assert_array_equal(a, b)
   assert caplog.text.count("predates checksums") == 1, caplog.text
@@ -270,7 +271,7 @@ def test_analyze_without_the_state_item_says_so_in_one_line(run, tmp_path):
   shutil.rmtree(os.path.join(workdir, "checkpoints", "8", "state"))
   with pytest.raises(checkpoints.CorruptCheckpointError,
                      match=r"checkpoint step 8 has no state/ in .*/checkpoints/8: expected"):
-    checkpointed.restore_params(workdir, checkpoints.load_config(workdir))
+    checkpointed.restore_params(open_readonly(workdir))
   proc = _analyze(workdir)
   assert proc.returncode == USAGE_EXIT_CODE, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -336,7 +337,7 @@ def test_a_step_being_written_is_passed_over_for_the_newest_finished(live, tmp_p
   unfinished_copy(workdir, of=2, step=3, name=name)
   config = checkpoints.load_config(workdir)
   assert checkpoints.available_steps(workdir, config) == [1, 2]
-  step, _, params = checkpointed.restore_params(workdir, config)
+  step, _, params = checkpointed.restore_params(open_readonly(workdir, config))
   assert step == 2 and jax.tree.leaves(params)
   assert caplog.text.count("step 3 is being written; reading step 2") == 1, caplog.text
 
@@ -347,11 +348,12 @@ def test_a_step_being_written_asked_for_by_number_is_refused_naming_the_finished
   unfinished_copy(workdir, of=2, step=3)
   config = checkpoints.load_config(workdir)
   with pytest.raises(checkpoints.StepNotFoundError) as e:
-    checkpointed.restore_params(workdir, config, step=3)
+    checkpointed.restore_params(open_readonly(workdir, config), step=3)
   assert str(e.value) == (
       f"step 3 is being written in {workdir}/checkpoints (it has no commit_success.txt yet); "
       f"rerun when it is finished, or pick a finished step: [1, 2]")
-  assert checkpointed.restore_params(workdir, config, step=2)[0] == 2  # The advice, followed.
+  # The advice, followed.
+  assert checkpointed.restore_params(open_readonly(workdir, config), step=2)[0] == 2
 
 
 def test_a_first_save_still_being_written_says_so(live, tmp_path):
@@ -362,7 +364,7 @@ def test_a_first_save_still_being_written_says_so(live, tmp_path):
   with pytest.raises(checkpoints.WorkdirError, match=(
       r"no checkpoints in .*/checkpoints \(workdir .*\): step 3 is being written; rerun when it "
       r"is finished$")):
-    checkpointed.restore_params(workdir, checkpoints.load_config(workdir))
+    checkpointed.restore_params(open_readonly(workdir))
 
 
 def test_the_newest_step_removed_while_read_gives_way_to_the_newest_finished(live, tmp_path,
@@ -380,7 +382,7 @@ def test_the_newest_step_removed_while_read_gives_way_to_the_newest_finished(liv
     return real(workdir_, config, wanted, step, others)
 
   monkeypatch.setattr(checkpoints, "_restore_step", trainer_meanwhile)
-  step, _, _ = checkpointed.restore_params(workdir, checkpoints.load_config(workdir))
+  step, _, _ = checkpointed.restore_params(open_readonly(workdir))
   assert (step, reads) == (3, [2, 3])
   assert "step 2 was removed or replaced by the trainer while being read; reading step 3" in \
       caplog.text
@@ -408,13 +410,13 @@ def test_a_step_deleted_under_the_read_is_not_said_to_predate_checksums(live, tm
   monkeypatch.setattr(checkpoints, "_saved_checksums", trainer_meanwhile)
   config = checkpoints.load_config(workdir)
   if asked is None:
-    assert checkpointed.restore_params(workdir, config)[0] == 3
+    assert checkpointed.restore_params(open_readonly(workdir, config))[0] == 3
     assert "step 2 was removed or replaced by the trainer while being read; reading step 3" in \
         caplog.text
   else:
     with pytest.raises(checkpoints.CorruptCheckpointError,
                        match=r"^checkpoint step 2 was deleted while being read \("):
-      checkpointed.restore_params(workdir, config, step=asked)
+      checkpointed.restore_params(open_readonly(workdir, config), step=asked)
   assert "predates checksums" not in caplog.text, caplog.text
 
 def test_a_bad_newest_step_nothing_changed_under_is_refused(live, tmp_path):
@@ -424,7 +426,7 @@ def test_a_bad_newest_step_nothing_changed_under_is_refused(live, tmp_path):
   with pytest.raises(checkpoints.CorruptCheckpointError,
                      match=r"^checkpoint step 2 cannot be read \(.*other steps with a "
                            r"checkpoint: \[1\] \(--step=N picks one\)"):
-    checkpointed.restore_params(workdir, checkpoints.load_config(workdir))
+    checkpointed.restore_params(open_readonly(workdir))
 
 
 @pytest.mark.integration
@@ -444,7 +446,7 @@ def test_readers_beside_a_real_trainer_saving_every_step(tmp_path):
       if not integrity.list_steps(os.path.join(workdir, "checkpoints")).finished:
         time.sleep(0.5)  # Before the first save commits.
         continue
-      reads.append(checkpointed.restore_params(workdir, checkpoints.load_config(workdir))[0])
+      reads.append(checkpointed.restore_params(open_readonly(workdir))[0])
   finally:
     trainer.kill()
     trainer.wait()

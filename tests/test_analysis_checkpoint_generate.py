@@ -19,6 +19,7 @@ from hybrid_nope.analysis.checkpoint import generate
 from hybrid_nope.run import checkpoints
 from hybrid_nope.model import checkpointed
 from hybrid_nope.data.tokenization.text_codec import text_codec
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO
 
@@ -32,10 +33,10 @@ def run(tmp_path_factory):
 
 @pytest.mark.integration
 def test_greedy_continuations_are_the_forward_pass_argmax_and_the_command_prints_them(run):
-  result = generate.generate_text(run, PROMPTS, max_new_tokens=12)
+  result = generate.generate_text(open_readonly(run), PROMPTS, max_new_tokens=12)
   config = checkpoints.load_config(run)
   codec = text_codec(config)
-  _, model_def, params = checkpointed.restore_params(run, config)
+  _, model_def, params = checkpointed.restore_params(open_readonly(run, config))
   forward = jax.jit(model_def.bind(params))
   for prompt, sample in zip(PROMPTS, result["samples"]):
     ids, new = codec.encode(prompt), np.array(sample["ids"])
@@ -60,4 +61,4 @@ def test_greedy_continuations_are_the_forward_pass_argmax_and_the_command_prints
 @pytest.mark.integration
 def test_no_prompt_is_refused(run):
   with pytest.raises(checkpoints.AnalysisError, match="--prompt"):
-    generate.generate_text(run, [])
+    generate.generate_text(open_readonly(run), [])

@@ -22,6 +22,7 @@ import pytest
 from hybrid_nope.run import run_dir
 from hybrid_nope.analysis.checkpoint import report
 from hybrid_nope.run import checkpoints
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import analyzed_run, trained_run
 
 
@@ -119,7 +120,8 @@ def test_extrapolation_scores_twice_the_training_length(analyzed):
 @pytest.mark.integration
 def test_longer_length_gives_longer_profiles(tmp_path_factory, tmp_path):
   workdir = trained_run(tmp_path_factory)
-  result = report.analyze(workdir, step=4, seq_len=128, lengths=(), out_dir=str(tmp_path),
+  result = report.analyze(open_readonly(workdir), step=4, seq_len=128, lengths=(),
+                          out_dir=str(tmp_path),
                           figures=False)
   a = result["analysis"]
   assert result["extrapolation"] is None
@@ -136,19 +138,20 @@ def test_longer_length_gives_longer_profiles(tmp_path_factory, tmp_path):
 def test_errors_name_what_is_wrong(tmp_path_factory, tmp_path):
   workdir = trained_run(tmp_path_factory)
   with pytest.raises(checkpoints.StepNotFoundError, match=r"available steps: \[4, 8\]"):
-    report.analyze(workdir, step=3, out_dir=str(tmp_path))
+    report.analyze(open_readonly(workdir), step=3, out_dir=str(tmp_path))
   with pytest.raises(checkpoints.DataPathError, match="config.eval.path=/no/such/textbooks"):
-    report.analyze(workdir, overrides={"data.source": "mds", "eval.path": "/no/such/textbooks"},
+    report.analyze(open_readonly(workdir),
+                   overrides={"data.source": "mds", "eval.path": "/no/such/textbooks"},
                    out_dir=str(tmp_path))
   with pytest.raises(checkpoints.DataPathError, match="config.eval.path is empty"):
-    report.analyze(workdir, overrides={"data.source": "mds"}, out_dir=str(tmp_path))
+    report.analyze(open_readonly(workdir), overrides={"data.source": "mds"}, out_dir=str(tmp_path))
   with pytest.raises(checkpoints.AnalysisError, match="metrics.far_lag=32 must be < the analysis "
                      "length 32"):
-    report.analyze(workdir, seq_len=32, out_dir=str(tmp_path))
+    report.analyze(open_readonly(workdir), seq_len=32, out_dir=str(tmp_path))
   with pytest.raises(checkpoints.AnalysisError, match="use --seq_len|pass the analysis length"):
-    report.analyze(workdir, overrides={"data.seq_len": 128}, out_dir=str(tmp_path))
+    report.analyze(open_readonly(workdir), overrides={"data.seq_len": 128}, out_dir=str(tmp_path))
   with pytest.raises(checkpoints.WorkdirError, match="does not exist"):
-    report.analyze(str(tmp_path / "missing"))
+    report.analyze(open_readonly(str(tmp_path / "missing")))
   assert os.listdir(tmp_path) == []
 
 
@@ -223,7 +226,7 @@ def test_lengths_outside_recency_lengths_are_scored_for_loss_alone(analyzed, tmp
   """The same losses as a full analysis at 2x, without the hook's records; a recency length that
   is not one of the lengths is refused before anything is restored."""
   workdir, full = analyzed
-  result = report.analyze(workdir, step=8, lengths=(1, 2), recency_lengths=(1,),
+  result = report.analyze(open_readonly(workdir), step=8, lengths=(1, 2), recency_lengths=(1,),
                           out_dir=str(tmp_path), figures=False)
   one, two = result["extrapolation"]["lengths"]
   _, full_two = full["extrapolation"]["lengths"]
@@ -232,4 +235,5 @@ def test_lengths_outside_recency_lengths_are_scored_for_loss_alone(analyzed, tmp
     assert two[key] == full_two[key]
   assert "2x (128)" in report.summary_text(result)
   with pytest.raises(report.checkpoints.AnalysisError, match=r"recency_lengths=\[4\]"):
-    report.analyze(workdir, step=8, lengths=(1, 2), recency_lengths=(4,), out_dir=str(tmp_path))
+    report.analyze(open_readonly(workdir), step=8, lengths=(1, 2), recency_lengths=(4,),
+                   out_dir=str(tmp_path))

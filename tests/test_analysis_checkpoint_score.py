@@ -19,6 +19,7 @@ import pytest
 from hybrid_nope.analysis.checkpoint import score
 from hybrid_nope.run import checkpoints
 from hybrid_nope.model import checkpointed
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO
 
@@ -34,7 +35,7 @@ def reference_nats(workdir, ids):
   """Σ −log p(ids[i] | ids[:i]) from one forward pass over the whole file and a float64
   log-softmax of its logits."""
   config = checkpoints.load_config(workdir)
-  _, model_def, params = checkpointed.restore_params(workdir, config)
+  _, model_def, params = checkpointed.restore_params(open_readonly(workdir, config))
   inputs = np.asarray(ids[:-1])[None]
   logits = np.asarray(jax.device_get(model_def.apply(params, {
       "inputs": inputs, "positions": np.arange(inputs.shape[1])[None],
@@ -48,7 +49,7 @@ def reference_nats(workdir, ids):
 def test_a_file_scored_in_one_row_matches_a_whole_forward_pass(run, tmp_path):
   path = tmp_path / "file.py"
   path.write_bytes(TEXT)
-  result = score.score_files(run, [str(path)], seq_len=256, bucket_size=64)
+  result = score.score_files(open_readonly(run), [str(path)], seq_len=256, bucket_size=64)
   (r,) = result["files"]
   ids = score.tokenizer_for(checkpoints.load_config(run))(TEXT.decode())
   assert r["tokens"] == len(TEXT) == len(ids) - 1  # BOS then every byte is a target.
@@ -65,7 +66,7 @@ def test_rows_cover_each_target_once_and_buckets_recombine(run, tmp_path):
   np.testing.assert_array_equal(rows["positions"][2, :2], [0, 1])
   path = tmp_path / "file.py"
   path.write_bytes(TEXT)
-  result = score.score_files(run, [str(path), str(path)], bucket_size=16)
+  result = score.score_files(open_readonly(run), [str(path), str(path)], bucket_size=16)
   total = result["total"]
   assert total["tokens"] == 2 * len(TEXT)
   assert total["loss"] == pytest.approx(result["files"][0]["loss"])

@@ -26,6 +26,7 @@ from hybrid_nope.analysis.evidence import compare, run_files, seed_stats
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure.hook import DATA_LAYER, DATA_LAYER_TYPE, DATA_MODULE
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import analyzed_run
 from tests.helpers import tiny_config
 
@@ -134,7 +135,7 @@ def sweep(tmp_path):
 
 def test_table_values_are_the_files_numbers(sweep, tmp_path):
   workdirs, specs = sweep
-  result = compare.compare(workdirs, out_dir=str(tmp_path / "out"))
+  result = compare.compare([open_readonly(w) for w in workdirs], out_dir=str(tmp_path / "out"))
   rows = {r["run"]: r for r in _table_rows(result["markdown"])}
   assert list(rows) == ["swa4", "swa8", "swa16", "nopeswa16", "noisy32", "nope"]
   for name, spec in specs.items():
@@ -180,7 +181,8 @@ def test_table_values_are_the_files_numbers(sweep, tmp_path):
 
 def test_correlation_across_the_sweep(sweep, tmp_path):
   workdirs, specs = sweep
-  result = compare.compare(workdirs, out_dir=str(tmp_path / "out"), figures=False)
+  result = compare.compare([open_readonly(w) for w in workdirs], out_dir=str(tmp_path / "out"),
+                           figures=False)
   runs = [n for n, s in specs.items() if s["ratios"]]
   gap = [specs[n]["gaps"][-1] + 0.01 for n in runs]  # The 1x row of extrapolation.json.
   logit = [2 * specs[n].get("logit_gaps", (0.0, 0.1, 0.2))[-1] for n in runs]
@@ -215,7 +217,7 @@ def test_correlation_is_scipys_and_undefined_for_constant_input():
 
 def test_figures_are_written(sweep, tmp_path):
   workdirs, _ = sweep
-  result = compare.compare(workdirs, out_dir=str(tmp_path / "out"))
+  result = compare.compare([open_readonly(w) for w in workdirs], out_dir=str(tmp_path / "out"))
   pngs = sorted(os.path.basename(p) for p in result["files"] if p.endswith(".png"))
   assert pngs == ["extrapolation_vs_gap.png", "gap_vs_step.png", "gap_vs_window.png",
                   "loss_vs_window.png"]
@@ -230,7 +232,7 @@ def test_figures_are_written(sweep, tmp_path):
 @pytest.mark.integration
 def test_real_run_table_matches_its_files(tmp_path_factory, tmp_path):
   workdir, analysis = analyzed_run(tmp_path_factory)
-  result = compare.compare([workdir], out_dir=str(tmp_path))
+  result = compare.compare([open_readonly(workdir)], out_dir=str(tmp_path))
   row = _table_rows(result["markdown"])[0]
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     evals = [json.loads(l) for l in f if "eval_loss" in l]
@@ -262,9 +264,9 @@ def test_unusable_run_names_its_file(tmp_path):
   workdir = fake_run(str(tmp_path), "run", window=4)
   os.remove(os.path.join(workdir, "recency.jsonl"))
   with pytest.raises(checkpoints.WorkdirError, match=f"{workdir}/recency.jsonl does not exist"):
-    compare.compare([workdir], out_dir=str(tmp_path / "out"))
+    compare.compare([open_readonly(workdir)], out_dir=str(tmp_path / "out"))
   with pytest.raises(checkpoints.WorkdirError, match="does not exist"):
-    compare.compare([str(tmp_path / "missing")])
+    compare.compare([open_readonly(str(tmp_path / "missing"))])
   with pytest.raises(checkpoints.AnalysisError, match="at least one workdir"):
     compare.compare([])
 
@@ -338,7 +340,7 @@ def test_seeds_of_one_config_aggregate_into_one_row(tmp_path):
   json.dump(saved, open(path, "w"))
   # Differs from the seeds in the window only: its own row.
   workdirs.append(fake_run(str(tmp_path), "swa8", window=8, ratios={2: 1.2}))
-  result = compare.compare(workdirs, out_dir=str(tmp_path / "out"))
+  result = compare.compare([open_readonly(w) for w in workdirs], out_dir=str(tmp_path / "out"))
   assert [r["name"] for r in result["runs"]] == [*seeds, "swa8"]
   assert [r["name"] for r in result["rows"]] == ["swa4 (3 seeds)", "swa8"]
   agg, single = result["rows"]
@@ -422,7 +424,8 @@ def test_rows_are_paired_by_seed_against_the_baseline_and_set_against_the_init_n
   os.makedirs(null_dir)
   with open(os.path.join(null_dir, "init_null_T64.json"), "w") as f:
     json.dump({"summary": {"gap": {"mean": 0.1, "sd": 0.05, "draws": 10}}}, f)
-  result = compare.compare(workdirs, out_dir=str(tmp_path / "out"), figures=False)
+  result = compare.compare([open_readonly(w) for w in workdirs], out_dir=str(tmp_path / "out"),
+                           figures=False)
   swa, nope = result["rows"]
   diffs = [0.05 + 0.001 * s ** 2 - 0.001 * s ** 2 for s in shared]  # the shared draw cancels
   paired = seed_stats.paired_difference(swa, nope, "gap")
@@ -444,14 +447,15 @@ def test_gap_since_init_is_paired_over_the_probe_documents_from_the_sums_files(
   """A real run: the change of the run gap from step 0 to the last step, and its SE from the
   two steps' per-cluster sums, against the same contrast built by hand."""
   workdir, _ = analyzed_run(tmp_path_factory)
-  run = compare.load_run(workdir)
+  run = compare.load_run(open_readonly(workdir))
   records_ = run_files.read_jsonl(os.path.join(workdir, "recency.jsonl"))
   last = max(r["step"] for r in records_)
   gap = lambda step: np.mean([r["gap"] for r in records_ if r["step"] == step
                               and r["layer_type"] == "global"
                               and r["module"] == "pre_mixer_norm"])
   assert run["gap_since_init"] == pytest.approx(gap(last) - gap(0), abs=1e-5)
-  (s0, lags, far), (s1, _, _) = run_files.read_sums(workdir, 0), run_files.read_sums(workdir, last)
+  reader = open_readonly(workdir)
+  (s0, lags, far), (s1, _, _) = run_files.read_sums(reader, 0), run_files.read_sums(reader, last)
   near_i, far_i = lags.index(1), lags.index(far)
   keys = [k for k in s0 if k.endswith("/pre_mixer_norm") and k.split("/")[0] in
           {str(r["layer"]) for r in records_ if r["layer_type"] == "global"}]

@@ -9,6 +9,7 @@ import pytest
 from hybrid_nope.analysis.evidence import (exploratory_experiments, exploratory_verdicts,
                                            finding_statistics, two_level)
 from hybrid_nope.analysis.evidence.finding_statistics import Run
+from hybrid_nope.run.reader import open_readonly
 from tests.helpers import REPO
 from tests.measured_runs import measured_run
 
@@ -18,11 +19,12 @@ def table(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("runs"))
   runs = {"swa16": {}, "nope": {}}
   for seed in range(4):
-    runs["swa16"][seed] = Run(measured_run(root, f"swa16_{seed}", seed=seed, gaps=(0.08, 0.3),
-                                           local_raise=(0.1, 0.2), logit_gaps=(0.0, 0.3)), "s")
-    runs["nope"][seed] = Run(measured_run(root, f"nope_{seed}", pattern="G", seed=seed,
-                                          gaps=(0.02, 0.1), local_raise=(0, 0),
-                                          logit_gaps=(0.0, 0.1), loss=2.6), "n")
+    swa16 = measured_run(root, f"swa16_{seed}", seed=seed, gaps=(0.08, 0.3),
+                         local_raise=(0.1, 0.2), logit_gaps=(0.0, 0.3))
+    nope = measured_run(root, f"nope_{seed}", pattern="G", seed=seed, gaps=(0.02, 0.1),
+                        local_raise=(0, 0), logit_gaps=(0.0, 0.1), loss=2.6)
+    runs["swa16"][seed] = Run(open_readonly(swa16), "s")
+    runs["nope"][seed] = Run(open_readonly(nope), "n")
   nulls = {"swa16": {"logit_gap": {"mean": 0.01, "sd": 0.02, "draws": 10}}}
   found, mixers = exploratory_verdicts.all_verdicts(runs, nulls, exploratory_experiments.load(
       os.path.join(REPO, exploratory_experiments.DEFAULT_PATH)))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from hybrid_nope.analysis.evidence import finding_statistics as pf
+from hybrid_nope.run.reader import open_readonly
 from tests.measured_runs import measured_run
 
 
@@ -13,12 +14,12 @@ def runs(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("runs"))
   out = {"swa16": {}, "nope": {}}
   for seed in range(3):
-    out["swa16"][seed] = pf.Run(measured_run(root, f"swa16_{seed}", seed=seed, gaps=(0.05, 0.3),
-                                             local_raise=(0.1, 0.2), logit_gaps=(0.0, 0.3),
-                                             loss=2.4), "swa16")
-    out["nope"][seed] = pf.Run(measured_run(root, f"nope_{seed}", pattern="G", seed=seed,
-                                            gaps=(0.02, 0.1), local_raise=(0, 0),
-                                            logit_gaps=(0.0, 0.1), loss=2.6), "nope")
+    swa16 = measured_run(root, f"swa16_{seed}", seed=seed, gaps=(0.05, 0.3),
+                         local_raise=(0.1, 0.2), logit_gaps=(0.0, 0.3), loss=2.4)
+    nope = measured_run(root, f"nope_{seed}", pattern="G", seed=seed, gaps=(0.02, 0.1),
+                        local_raise=(0, 0), logit_gaps=(0.0, 0.1), loss=2.6)
+    out["swa16"][seed] = pf.Run(open_readonly(swa16), "swa16")
+    out["nope"][seed] = pf.Run(open_readonly(nope), "nope")
   return out
 
 
@@ -67,10 +68,10 @@ def test_margins_follow_the_one_rule(runs):
 
 
 def test_runs_on_different_probes_do_not_pair(tmp_path):
-  a = measured_run(str(tmp_path), "a")
-  b = measured_run(str(tmp_path), "b")
+  a = open_readonly(measured_run(str(tmp_path), "a"))
+  b = open_readonly(measured_run(str(tmp_path), "b"))
   pf.paired_paths([a, b])
-  with open(pf.open_readonly(b).layout.recency_probe, "w") as f:
+  with open(b.layout.recency_probe, "w") as f:
     f.write('{"rows": [9]}')
   with pytest.raises(ValueError, match="different probes"):
     pf.paired_paths([a, b])

@@ -11,6 +11,7 @@ import scipy.stats
 
 from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import compare, flip_counts
+from hybrid_nope.run.reader import open_readonly
 
 STEPS = np.arange(21) * 32  # the committed runs' recency steps: 0, 32, …, 640
 LAYERS, HEADS_PER_LAYER, SEEDS, SE = (1, 3), 4, 5, 0.05
@@ -152,7 +153,7 @@ def test_the_committed_nopeswa256_and_swa256_runs(tmp_path):
     for seed in range(SEEDS):
       pack = os.path.join(sweep.REPO, f"docs/results/runs/{experiment}/seed{seed}.tar.gz")
       workdir = sweep.unpack_records(pack, str(tmp_path / experiment / str(seed)))
-      runs[experiment][seed] = flip_counts.load_layers(workdir)
+      runs[experiment][seed] = flip_counts.load_layers(open_readonly(workdir))
   layers = runs["nopeswa256"][0]
   assert sorted(layers) == list(LAYERS) and layers[1]["steps"] == list(STEPS)
   assert np.shape(layers[1]["logit_gap"]) == (21, HEADS_PER_LAYER)

@@ -13,6 +13,7 @@ from hybrid_nope.analysis.evidence import multiplicity, primary, primary_statist
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 from hybrid_nope.analysis.evidence.finding_statistics import Run
 from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 from tests.measured_runs import measured_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +75,7 @@ def decided(tmp_path_factory):
           "nopeswa512": dict(gaps=(0.05, 0.2), logit_gaps=(0.0, 0.1), loss=2.4),
           "nope": dict(pattern="G", gaps=(0.02, 0.1), local_raise=(0, 0),
                        logit_gaps=(0.0, 0.05), loss=2.6)}
-  runs = {e: {s: Run(measured_run(root, f"{e}_{s}", seed=s, **kw), f"{e}_{s}")
+  runs = {e: {s: Run(open_readonly(measured_run(root, f"{e}_{s}", seed=s, **kw)), f"{e}_{s}")
               for s in range(4)} for e, kw in spec.items()}
   for s in range(4):  # nope's final loss is swa64's eval loss at step 4.
     _eval_losses(runs["swa64"][s], {4: 2.6 + 0.001 * s, 8: 2.0})

@@ -10,6 +10,7 @@ import pytest
 
 from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import exploratory_experiments, primary, results_page
+from hybrid_nope.run.reader import open_readonly
 from tests.helpers import REPO
 from tests.measured_runs import measured_run
 
@@ -30,7 +31,7 @@ def packs(tmp_path):
                            pattern="SG" if experiment == "swa16" else "G", seed=seed,
                            gaps=(0.05, gap), local_raise=(0.1, 0.2) if experiment == "swa16"
                            else (0.0, 0.0))
-    sweep.pack_records(workdir, str(records / experiment / f"seed{seed}.tar.gz"))
+    sweep.pack_records(open_readonly(workdir), str(records / experiment / f"seed{seed}.tar.gz"))
   for root, dirs, files in os.walk(runs, topdown=False):
     for f in files:
       os.remove(os.path.join(root, f))
@@ -94,7 +95,7 @@ def test_mixers_are_compared_paired_by_seed(tmp_path):
   for (experiment, seed), loss in losses.items():
     workdir = measured_run(str(tmp_path / "runs"), f"{experiment}_seed{seed}",
                            pattern="DG" if experiment == "gdn" else "LG", seed=seed, loss=loss)
-    sweep.pack_records(workdir, str(records / experiment / f"seed{seed}.tar.gz"))
+    sweep.pack_records(open_readonly(workdir), str(records / experiment / f"seed{seed}.tar.gz"))
   out = str(tmp_path / "results.md")
   result = results_page.build(str(records), out, None, "# Results",
                               experiments=EXPERIMENTS)
@@ -121,10 +122,10 @@ def test_two_corpora_with_causal_tests_and_where_they_agree(tmp_path):
       for experiment, pattern in (("swa16", "SG"), ("nope", "G")):
         workdir = measured_run(str(tmp_path / corpus / "work"), f"{experiment}_seed{seed}",
                                pattern=pattern, seed=seed, gaps=(0.05, 0.3))
-        sweep.pack_records(workdir, str(main / experiment / f"seed{seed}.tar.gz"))
+        sweep.pack_records(open_readonly(workdir), str(main / experiment / f"seed{seed}.tar.gz"))
       rerun_dir = measured_run(str(tmp_path / corpus / "work2"), f"swa16_seed{seed}", seed=seed)
       write_ablation(rerun_dir, effect)
-      sweep.pack_records(rerun_dir, str(rerun / "swa16" / f"seed{seed}.tar.gz"))
+      sweep.pack_records(open_readonly(rerun_dir), str(rerun / "swa16" / f"seed{seed}.tar.gz"))
     dirs[corpus] = [str(main), str(rerun)]
   out = str(tmp_path / "results.md")
   result = results_page.build(list(dirs.items()), out, None, "# Results",
@@ -168,7 +169,8 @@ def test_the_primary_family_is_decided_first_from_its_own_runs(packs, tmp_path):
     for seed in range(3):
       workdir = measured_run(str(tmp_path / "primary_runs"), f"{experiment}_{seed}",
                              pattern=pattern, seed=seed, gaps=gaps)
-      sweep.pack_records(workdir, str(primary_records / experiment / f"seed{seed}.tar.gz"))
+      sweep.pack_records(open_readonly(workdir),
+                         str(primary_records / experiment / f"seed{seed}.tar.gz"))
   with open(primary.DEFAULT_PATH) as f:
     text = f.read().replace('records_dir = "docs/results/primary/stdlib"',
                             f'records_dir = "{primary_records}"').replace(

@@ -9,6 +9,7 @@ import scipy.stats
 
 from hybrid_nope import sweep
 from hybrid_nope.analysis.evidence import run_files, seed_stats
+from hybrid_nope.run.reader import open_readonly
 
 
 def test_welch_is_scipys_unequal_variance_t_test_on_the_raw_samples():
@@ -43,7 +44,7 @@ def test_welch_vs_null_reads_the_draws_init_null_stores():
 def test_a_committed_init_null_carries_its_number_of_initialisations(tmp_path):
   """init_null_T*.json's summary moments each say how many initialisations measured them."""
   pack = os.path.join(sweep.REPO, "docs/results/runs/nopeswa256/seed0.tar.gz")
-  null = run_files.latest_init_null(sweep.unpack_records(pack, str(tmp_path)))
+  null = run_files.latest_init_null(open_readonly(sweep.unpack_records(pack, str(tmp_path))))
   assert null["gap"]["draws"] >= 2 and null["gap"]["sd"] > 0
   assert seed_stats.welch_vs_null([0.1, 0.12, 0.13], null["gap"])["df"] > 0
 

@@ -27,6 +27,7 @@ from hybrid_nope.analysis.present import html_report, html_tables
 from hybrid_nope.analysis.measure.hook import DATA_LAYER
 from hybrid_nope.errors import UserError
 from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import trained_run
 from tests.test_analysis_evidence_compare import fake_run
 
@@ -111,7 +112,7 @@ def test_a_trained_run_gets_every_section(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("page") / "run")
   shutil.copytree(trained_run(tmp_path_factory), workdir,
                   ignore=shutil.ignore_patterns("analysis"))
-  page = Page(html_report.page([workdir]))
+  page = Page(html_report.page([open_readonly(workdir)]))
   _assert_self_contained(page)
   # Loss, eval by position, profiles, floor/gap over steps and by module, three read-out figures.
   assert len(page.images) == 8
@@ -157,7 +158,7 @@ def _sweep(root):
 @pytest.mark.integration
 def test_a_sweep_has_the_compare_table_and_a_section_per_run(tmp_path):
   workdirs = _sweep(str(tmp_path))
-  page = Page(html_report.page(workdirs))
+  page = Page(html_report.page([open_readonly(w) for w in workdirs]))
   _assert_self_contained(page)
   (rows,) = page.table("run")
   assert [r["run"] for r in rows] == ["swa4 (2 seeds)", "swa8", "nope"]  # Seeds: one row.
@@ -183,7 +184,7 @@ def test_length_multiples_and_linear_layers_are_shown(tmp_path):
     if r["layer"] == 0:  # Gated linear attention layers carry their decay.
       r.update(layer_type="linear", mean_decay=0.9, recency_scale=[0.25, 0.75])
   _rewrite(workdir, "recency.jsonl", records)
-  page = Page(html_report.page([workdir]))
+  page = Page(html_report.page([open_readonly(workdir)]))
   _assert_self_contained(page)
   assert "not recorded: eval_loss" not in page.text
   (multiples,) = page.table("step")
@@ -211,7 +212,7 @@ def test_length_multiples_analyze_computed_are_shown(tmp_path):
   os.makedirs(analysis)
   with open(os.path.join(analysis, "extrapolation.json"), "w") as f:
     json.dump({"workdir": workdir, "step": 8, "train_seq_len": 64, "lengths": rows}, f)
-  page = Page(html_report.page([workdir]))
+  page = Page(html_report.page([open_readonly(workdir)]))
   _assert_self_contained(page)
   assert "not recorded: eval_loss@" not in page.text
   (lengths,) = page.table("length")
@@ -227,7 +228,7 @@ def test_a_live_run_shows_its_last_complete_step(tmp_path):
     f.write('{"step": 12, "lay')  # The hook is mid-line.
   with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
     f.write('{"step": 12, "lo')
-  page = Page(html_report.page([workdir]))
+  page = Page(html_report.page([open_readonly(workdir)]))
   assert "recency step 12 is still being written (3 of 15 records): showing step 8" in page.text
   assert "Per-layer cosine profiles (step 8)" in page.headings
   assert len(page.table("layer")[0]) == 15
@@ -244,7 +245,7 @@ def test_url_workdirs(tmp_path):
     for name in os.listdir(local):
       fs.pipe_file(f"{url}/{name}", open(os.path.join(local, name), "rb").read())
     urls.append(url)
-  html_report.write(urls, f"{root}/report.html")
+  html_report.write([open_readonly(w) for w in urls], f"{root}/report.html")
   page = Page(fs.cat_file(f"{root}/report.html").decode())
   _assert_self_contained(page)
   assert [r["run"] for r in page.table("run")[0]] == ["swa8", "nope"]
@@ -259,7 +260,7 @@ def test_no_run_there_is_one_line_naming_the_path(tmp_path, case):
   if case == "no_metrics":
     (workdir / "config.json").write_text("{}")
   with pytest.raises(UserError) as error:
-    html_report.page([str(workdir)])
+    html_report.page([open_readonly(str(workdir))])
   message = str(error.value)
   assert "\n" not in message
   expected = workdir / "metrics.jsonl" if case == "no_metrics" else workdir

@@ -5,6 +5,7 @@ import statistics
 import ml_collections
 
 from hybrid_nope.analysis.present import html_throughput
+from hybrid_nope.run.reader import open_readonly
 
 
 def _progress(values):
@@ -42,7 +43,7 @@ def _config(**model):
 
 
 def test_the_config_shows_the_run_defining_keys_and_its_changes(tmp_path):
-  text = html_throughput.config_html(str(tmp_path), _config())
+  text = html_throughput.config_html(open_readonly(str(tmp_path)), _config())
   assert "<td>model.pattern</td><td>SG</td>" in text
   assert "model.remat" not in text and "eval.every_steps" not in text  # Free to change.
   assert "train.log_every_steps" not in text and "data.domains" not in text
@@ -53,7 +54,8 @@ def test_the_config_shows_the_run_defining_keys_and_its_changes(tmp_path):
              "config": _config().to_dict()},
             {"step": 400, "event": "rollback", "from_step": 480}]
   (tmp_path / "config_history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-  text = html_throughput.config_html(str(tmp_path), _config())
+  text = html_throughput.config_html(open_readonly(str(tmp_path)), _config())
   assert "2 later events of config_history.jsonl: step 320: config change; data.batch_size 4 " \
          "→ 8 | step 400: rollback" in text
-  assert "not recorded: config.json" in html_throughput.config_html(str(tmp_path), None)
+  assert "not recorded: config.json" in html_throughput.config_html(
+      open_readonly(str(tmp_path)), None)

@@ -33,6 +33,7 @@ from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.model import delta, gla
 from hybrid_nope.model.definition import init_model
 from hybrid_nope.model.layers import apply_rope
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import trained_run
 from tests.helpers import REPO, tiny_config
 from tests.test_analysis_checkpoint_checkpoints import (FLIPPED_LEAF, flipped_copy, live_run,
@@ -386,12 +387,12 @@ def test_export_writes_what_hf_state_dict_gives(run, tmp_path):
   from hybrid_nope.run import checkpoints
   from hybrid_nope.model import checkpointed
   out = str(tmp_path / "hf")
-  result = hf.export(run, out, step=4)
+  result = hf.export(open_readonly(run), out, step=4)
   assert result["step"] == 4 and "byte tokenizer" in result["tokenizer"]
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json",
                                      "tokenizer_config.json"]
   config = checkpoints.load_config(run)
-  _, _, params = checkpointed.restore_params(run, config, step=4)
+  _, _, params = checkpointed.restore_params(open_readonly(run, config), step=4)
   header, arrays = hf.read_safetensors(os.path.join(out, "model.safetensors"))
   assert header["__metadata__"] == {"format": "pt", **hf.round_trip_metadata(params,
                                                                             config.model)}
@@ -402,9 +403,9 @@ def test_export_writes_what_hf_state_dict_gives(run, tmp_path):
   cfg = json.loads(open(os.path.join(out, "config.json")).read())
   assert cfg == hf.hf_config(config, bos_token_id=256, eos_token_id=257)
   with pytest.raises(hf.ExportError, match="exists and is not an empty directory"):
-    hf.export(run, out)
+    hf.export(open_readonly(run), out)
   with pytest.raises(hf.ExportError, match="expected a local directory"):
-    hf.export(run, "gs://bucket/x")
+    hf.export(open_readonly(run), "gs://bucket/x")
 
 
 @pytest.mark.integration
@@ -439,6 +440,6 @@ def test_cli_refuses_a_flipped_checkpoint_in_one_line(run, tmp_path):
 def test_export_beside_a_live_save_writes_the_newest_finished_step(tmp_path, caplog):
   workdir = live_run(str(tmp_path))
   unfinished_copy(workdir, of=2, step=3)
-  result = hf.export(workdir, str(tmp_path / "hf"))
+  result = hf.export(open_readonly(workdir), str(tmp_path / "hf"))
   assert result["step"] == 2 and (tmp_path / "hf" / "model.safetensors").exists()
   assert "step 3 is being written; reading step 2" in caplog.text

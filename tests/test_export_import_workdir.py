@@ -22,6 +22,7 @@ from hybrid_nope.model import checkpointed
 from hybrid_nope.errors import USAGE_EXIT_CODE
 from hybrid_nope.export import hf, hf_import, import_workdir
 from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 from tests.helpers import REPO, tiny_config
 from tests.test_export_hf_import import (assert_same_bits, random_params, smollm3_3b_like,
                                          write_hf_dir)
@@ -64,11 +65,11 @@ def test_import_then_analyze_measures_the_nope_layer(tiny_hf, tmp_path):
   assert result["exact"] and "byte tokenizer" in result["notes"][-1]
   loaded = checkpoints.load_config(workdir)
   assert loaded.model.to_dict() == config.model.to_dict() and loaded.data.source == "stdlib"
-  step, _, restored = checkpointed.restore_params(workdir, loaded)
+  step, _, restored = checkpointed.restore_params(open_readonly(workdir, loaded))
   assert step == import_workdir.IMPORTED_STEP
   assert_same_bits(restored, params)
 
-  analysis = report.analyze(workdir, lengths=(1,), figures=False)["analysis"]
+  analysis = report.analyze(open_readonly(workdir), lengths=(1,), figures=False)["analysis"]
   readout = [r for r in analysis["records"] if r["layer"] == 1 and r["module"] == "pre_mixer_norm"]
   assert len(readout) == 1 and readout[0]["layer_type"] == "global"
   for key in ("gap", "floor", "logit_gap", "logit_profile", "alignment", "shuffled_logit_gap"):
@@ -135,12 +136,13 @@ def test_a_checkpoint_with_non_finite_params_is_refused_by_its_readers(tiny_hf, 
   with open(RunDir(broken).config, "w") as f:
     f.write(open(RunDir(workdir).config).read())
   with pytest.raises(checkpoints.NonFiniteParamsError) as e:
-    checkpointed.restore_params(broken, loaded)
+    checkpointed.restore_params(open_readonly(broken, loaded))
   assert str(e.value) == (
       f"checkpoint step 1 ({broken}/checkpoints/1): parameter params/blocks/1/attn/wq_DNH "
       f"holds 2 non-finite values (NaN or inf) of {wq.size}; a model of them computes NaN; "
       f"no other step has a checkpoint")
-  assert checkpointed.restore_params(workdir, loaded)[0] == import_workdir.IMPORTED_STEP
+  assert (checkpointed.restore_params(open_readonly(workdir, loaded))[0]
+          == import_workdir.IMPORTED_STEP)
 
 
 @pytest.mark.integration
@@ -193,12 +195,12 @@ def test_a_foreign_tokenizers_text_set_prepared_and_analysed(tmp_path):
   carried = checkpoints.tokenizer_path(workdir)
   eval_path = textbook_chapters.prepare(str(texts), str(tmp_path / "tfds"), tokenizer=carried)
   overrides = {"eval.path": eval_path, "metrics.probe_pool_rows": 4}
-  analysis = report.analyze(workdir, seq_len=64, lengths=(), figures=False,
+  analysis = report.analyze(open_readonly(workdir), seq_len=64, lengths=(), figures=False,
                             overrides=overrides)["analysis"]
   nope = [r for r in analysis["records"] if r["layer"] == 3 and r["module"] == "pre_mixer_norm"]
   assert nope and np.all(np.isfinite(nope[0]["logit_gap"]))
   other = foreign_tokenizer(str(tmp_path / "other.json"), size=200)
   other_path = textbook_chapters.prepare(str(texts), str(tmp_path / "tfds2"), tokenizer=other)
   with pytest.raises(checkpoints.DataPathError, match="whose vocabulary is not the model's"):
-    report.analyze(workdir, seq_len=64, lengths=(), figures=False,
+    report.analyze(open_readonly(workdir), seq_len=64, lengths=(), figures=False,
                    overrides={**overrides, "eval.path": other_path})

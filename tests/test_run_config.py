@@ -8,6 +8,7 @@ from hybrid_nope.run import run_config, run_dir
 from hybrid_nope.errors import ConfigError, UserError
 from hybrid_nope.train import loop
 from hybrid_nope.validate import validate
+from hybrid_nope.run.reader import open_readonly
 from tests.helpers import tiny_config
 
 
@@ -61,7 +62,8 @@ def test_a_bad_config_history_line_fails_in_one_line_naming_the_file_for_every_r
   where = rf"^{tmp_path / run_dir.CONFIG_HISTORY} line 2 is not a JSON object .*: fix or remove"
   readers = [lambda: run_config.current(str(tmp_path), {}),
              lambda: resume.record(str(tmp_path), tiny_config(), [], Writer()),
-             lambda: html_throughput.config_html(str(tmp_path), {"data": {"batch_size": 2}})]
+             lambda: html_throughput.config_html(open_readonly(str(tmp_path)),
+                                                 {"data": {"batch_size": 2}})]
   for read in readers:
     with pytest.raises(UserError, match=where) as refused:
       read()

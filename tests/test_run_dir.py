@@ -13,6 +13,7 @@ import pytest
 
 from hybrid_nope.run import run_dir, storage
 from hybrid_nope.run.run_dir import RunDir
+from hybrid_nope.run.reader import open_readonly
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -152,7 +153,7 @@ def test_every_file_of_a_trained_and_analysed_run_is_one_the_layout_names(tmp_pa
     overrides["logging__wandb_project"] = "run_dir_test"
   workdir = str(tmp_path / "run")
   loop.train(tiny_config(**overrides), workdir, hooks=[RecencyHook.for_run])
-  report.analyze(workdir, step=8, lengths=(1,), init_seeds=2, figures=False)
+  report.analyze(open_readonly(workdir), step=8, lengths=(1,), init_seeds=2, figures=False)
 
   rd = RunDir(workdir)
   found = {}

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from hybrid_nope import sweep
+from hybrid_nope.run.reader import open_readonly
 from tests.helpers import kill_before_first_save, tiny_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,7 +68,7 @@ def test_the_causal_test_runs_where_the_trained_run_has_a_local_mixer(tmp_path, 
                   ablate=True)
     assert open(os.path.join(run.workdir, "sweep.log")).read().split() == ["ablate",
                                                                            str(ablated)]
-  assert sweep.has_local_mixer(run.workdir)
+  assert sweep.has_local_mixer(run.reader)
   run = sweep.Run("configs/small.py", "swa16", 1, str(tmp_path))  # Not among those named.
   os.makedirs(run.workdir)
   with open(os.path.join(run.workdir, "config.json"), "w") as f:
@@ -78,13 +79,14 @@ def test_the_causal_test_runs_where_the_trained_run_has_a_local_mixer(tmp_path, 
   fake_run_dir(str(tmp_path / "packed"))
   with open(tmp_path / "packed" / "analysis" / "step_64" / "ablation_T1024.json", "w") as f:
     f.write("{}")
-  assert "analysis/step_64/ablation_T1024.json" in sweep.record_files(str(tmp_path / "packed"))
+  packed = open_readonly(str(tmp_path / "packed"))
+  assert "analysis/step_64/ablation_T1024.json" in sweep.record_files(packed)
 
 
 def test_pack_keeps_records_and_first_and_last_sums_but_no_checkpoint(tmp_path):
   workdir = str(tmp_path / "run")
   fake_run_dir(workdir)
-  path = sweep.pack_records(workdir, str(tmp_path / "out" / "seed0.tar.gz"))
+  path = sweep.pack_records(open_readonly(workdir), str(tmp_path / "out" / "seed0.tar.gz"))
   with tarfile.open(path) as tar:
     names = sorted(tar.getnames())
   assert "recency_sums/step_00000000.npz" in names and "recency_sums/step_00000064.npz" in names
@@ -94,7 +96,7 @@ def test_pack_keeps_records_and_first_and_last_sums_but_no_checkpoint(tmp_path):
   # Reproducible bytes: packing again gives the same file.
   with open(path, "rb") as f:
     first = f.read()
-  with open(sweep.pack_records(workdir, path), "rb") as f:
+  with open(sweep.pack_records(open_readonly(workdir), path), "rb") as f:
     assert f.read() == first
   out = sweep.unpack_records(path, str(tmp_path / "unpacked"))
   assert open(os.path.join(out, "recency.jsonl")).read() == open(
@@ -103,7 +105,7 @@ def test_pack_keeps_records_and_first_and_last_sums_but_no_checkpoint(tmp_path):
 
 def test_pack_refuses_a_directory_that_is_not_a_run(tmp_path):
   with pytest.raises(FileNotFoundError, match="not a run"):
-    sweep.pack_records(str(tmp_path), str(tmp_path / "x.tar.gz"))
+    sweep.pack_records(open_readonly(str(tmp_path)), str(tmp_path / "x.tar.gz"))
 
 
 def test_sweep_skips_done_runs_resumes_partial_ones_and_survives_a_failure(tmp_path,
@@ -192,7 +194,7 @@ def test_a_preempted_training_is_not_analysed(tmp_path, monkeypatch):
       [sys.executable, "-c", "pass"], [sys.executable, "-c", "raise SystemExit(7)"]])
   with pytest.raises(RuntimeError, match="stopped at step 101 of 640"):
     sweep.execute(run, threads=1, log=ran.append, lock_dir=str(tmp_path / "locks"))
-  assert sweep.trained_steps(run.workdir) == (101, 640)
+  assert sweep.trained_steps(run.reader) == (101, 640)
 
 
 def test_a_fresh_clone_skips_runs_whose_records_are_committed(tmp_path, monkeypatch):
@@ -240,7 +242,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_when_the_sweep_re
   assert status == {"swa16/seed0": "done"}
   (aside,) = os.listdir(os.path.join(run.workdir, "overwritten"))
   assert "recency.jsonl" in os.listdir(os.path.join(run.workdir, "overwritten", aside))
-  assert sweep.trained_steps(run.workdir) == (40, 40)
+  assert sweep.trained_steps(run.reader) == (40, 40)
   with open(os.path.join(run.workdir, "sweep.log")) as f:
     assert "stopped before its first checkpoint" in f.read()  # The sweep's log stays put.
 

@@ -58,6 +58,7 @@ from hybrid_nope.train import evaluation, loop
 from hybrid_nope.run.checkpoint import Checkpointer, DataChangedError
 from hybrid_nope.train.step import train_step_for
 from hybrid_nope.errors import ConfigError
+from hybrid_nope.run.reader import open_readonly
 from tests.analysis_runs import trained_run
 from tests.helpers import tiny_config, tiny_flags
 
@@ -94,7 +95,7 @@ def test_train_writes_metrics_tensorboard_and_checkpoints(tmp_path, caplog):
   sampled = {r["step"]: r["samples"] for r in records if "samples" in r}
   assert sorted(sampled) == [4, 8]
   config = checkpoints.load_config(str(tmp_path))
-  _, model_def, params = checkpointed.restore_params(str(tmp_path), config, 8)
+  _, model_def, params = checkpointed.restore_params(open_readonly(str(tmp_path), config), 8)
   codec = text_codec(config)
   rows = decode.generate(model_def.bind(params), [codec.encode(p) for p in ("def ", "import")], 6,
                          eos_id=codec.eos_id)
@@ -261,7 +262,7 @@ def saved_params_finite(workdir, config):
   from hybrid_nope.model import checkpointed
   out = {}
   for step in Checkpointer(str(workdir), keep=100).all_steps():
-    _, _, params = checkpointed.restore_params(str(workdir), config, step)
+    _, _, params = checkpointed.restore_params(open_readonly(str(workdir), config), step)
     out[step] = all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(params))
   return out
 
@@ -338,15 +339,15 @@ def test_a_resume_continues_the_identical_trajectory_with_each_recipe_option(tmp
   same parameters bit for bit: the state (bfloat16 where asked) and schedule position resume."""
   config = tiny_config(**RECIPES[recipe])
   loop.train(config, str(tmp_path))
-  first, (_, _, params) = train_records(tmp_path), checkpointed.restore_params(str(tmp_path),
-                                                                               config, 8)
+  first, (_, _, params) = train_records(tmp_path), checkpointed.restore_params(
+      open_readonly(str(tmp_path), config), 8)
   assert sorted(first) == list(range(1, 9)) and first[1]["learning_rate"] > 0
   assert ("z_loss" in first[8]) == (recipe == "z_loss")
   lines = len(read_metrics(tmp_path))
   loop.train(tiny_config(checkpoint__restore_step=4, **RECIPES[recipe]), str(tmp_path))
   assert len(read_metrics(tmp_path)) > lines  # Steps 5-8 were trained and recorded again.
   assert train_records(tmp_path) == first
-  _, _, again = checkpointed.restore_params(str(tmp_path), config, 8)
+  _, _, again = checkpointed.restore_params(open_readonly(str(tmp_path), config), 8)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
     assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
   dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(params)}
@@ -461,7 +462,7 @@ def test_a_url_workdir_gets_every_record_and_analysis_reads_it(tmp_path):
     assert storage.exists(storage.join(url, name)), name
   assert storage.listdir(storage.join(url, "tensorboard"))
   assert ".write_check" not in storage.listdir(url)  # The workdir check cleans up its probe.
-  result = report.analyze(url, lengths=(), figures=True)
+  result = report.analyze(open_readonly(url), lengths=(), figures=True)
   assert result["step"] == 8 and all(storage.exists(f) for f in result["files"])
   assert all(f.startswith(url) for f in result["files"])
 
@@ -487,7 +488,7 @@ def test_length_multiples_score_longer_eval_rows_as_an_independent_forward_pass_
   assert len(losses) == 2 * T // 16 and weights[len(losses) // 2:].sum() > 0  # Past T too.
   assert np.sum(losses * weights) / weights.sum() == pytest.approx(last["eval_loss@2x"], rel=1e-9)
   # The same rows and parameters through the model directly.
-  _, model_def, params = checkpointed.restore_params(str(tmp_path), config, 8)
+  _, model_def, params = checkpointed.restore_params(open_readonly(str(tmp_path), config), 8)
   longer = ml_collections.ConfigDict(config.to_dict())
   longer.data.seq_len = 2 * T
   loss = weight = 0.0

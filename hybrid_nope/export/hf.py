@@ -64,6 +64,7 @@ from hybrid_nope.export import tokenizer as export_tokenizer
 from hybrid_nope.model import gla
 from hybrid_nope.model.kind_specs import KINDS
 from hybrid_nope.model.pattern import layer_kinds
+from hybrid_nope.run.reader import RunReader
 
 ARCHITECTURE = "SmolLM3ForCausalLM"
 MODEL_TYPE = "smollm3"
@@ -366,19 +367,18 @@ def write_model(out: str, config, params: dict, plan: export_tokenizer.Plan,
   return [config_path, weights_path] + plan.write(out) + write_remote_code(out, kinds), tensors
 
 
-def export(workdir: str, out: str, *, step: int | None = None, tokenizer: str | None = None,
+def export(run: RunReader, out: str, *, step: int | None = None, tokenizer: str | None = None,
            max_position_embeddings: int = UNCAPPED_POSITIONS) -> dict:
   """Writes the run's checkpoint `step` (None = latest) to OUT; returns what it wrote: step,
   files, tensors, bytes, and a line about the tokenizer."""
-  from hybrid_nope.run import checkpoints  # orbax: only when a checkpoint is read.
-  from hybrid_nope.model import checkpointed
+  from hybrid_nope.model import checkpointed  # orbax: only when a checkpoint is read.
 
-  config = checkpoints.load_config(workdir)
+  config = run.config
   check_exportable(config.model)  # Before any checkpoint is read.
-  carried = checkpoints.tokenizer_path(workdir)  # An imported model's, with the files beside it.
+  carried = run.tokenizer_path()  # An imported model's, with the files beside it.
   plan = export_tokenizer.plan(config, tokenizer or (carried and os.path.dirname(carried)))
   check_out_dir(out)
-  step, _, params = checkpointed.restore_params(workdir, config, step)
+  step, _, params = checkpointed.restore_params(run, step)
   # OUT only once the checkpoint is read: no empty OUT on failure.
   files, tensors = write_model(out, config, params, plan, max_position_embeddings)
   return {"step": step, "out": out, "files": files, "tensors": len(tensors),

@@ -4,12 +4,13 @@ here). What analysis, export and decoding load."""
 from __future__ import annotations
 
 from hybrid_nope.model.definition import ModelDef, abstract_params, model_definition
-from hybrid_nope.run import checkpoints
+from hybrid_nope.run.reader import RunReader
 
 
-def restore_params(workdir: str, config, step: int | None = None) -> tuple[int, ModelDef, dict]:
-  """(step, model_def, params) of checkpoint `step` (None = the newest finished one), verified
-  as `run.checkpoints.restore_params` says."""
+def restore_params(run: RunReader, step: int | None = None) -> tuple[int, ModelDef, dict]:
+  """(step, model_def, params) of checkpoint `step` (None = the newest finished one) of `run`,
+  in the shapes of its config in force, verified as `run.checkpoints.restore_params` says."""
+  config = run.config
   wanted = abstract_params(config.model, config.train.seed)
-  step, params = checkpoints.restore_params(workdir, config, wanted, step)
+  step, params = run.restore_params(wanted, step)
   return step, model_definition(config.model), params

@@ -5,8 +5,7 @@
 
 `model` is a LanguageModel with its parameters, e.g. from a workdir:
 
-  config = run.checkpoints.load_config(workdir)
-  step, model_def, params = model.checkpointed.restore_params(workdir, config)
+  step, model_def, params = model.checkpointed.restore_params(run.open_readonly(workdir))
   model = model_def.bind(params)
 
 `prompt_ids` is one 1-D int array or a list of them (any lengths); the result is a list with one

@@ -43,6 +43,10 @@ class RunReader:
     from hybrid_nope.run import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.restore_params(self.workdir, self.config, wanted, step)
 
+  def with_config(self, config) -> RunReader:
+    """The same run read with `config` (its own with analysis overrides) in force."""
+    return RunReader(self.workdir, config)
+
   def tokenizer_path(self, given: str | None = None) -> str | None:
     from hybrid_nope.run import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.tokenizer_path(self.workdir, given)

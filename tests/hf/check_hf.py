@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from hybrid_nope.run import checkpoints  # noqa: E402
+from hybrid_nope.run.reader import open_readonly  # noqa: E402
 from hybrid_nope.model import checkpointed  # noqa: E402
 from hybrid_nope.data.tokenization.tokenizer import ByteTokenizer  # noqa: E402
 from hybrid_nope.model import decode, layer_kinds  # noqa: E402
@@ -110,9 +110,9 @@ def train_and_export(root, name, overrides):
 
 
 def load_ours(workdir):
-  config = checkpoints.load_config(workdir)
-  _, model_def, params = checkpointed.restore_params(workdir, config)
-  return model_def.bind(params), config
+  run = open_readonly(workdir)
+  _, model_def, params = checkpointed.restore_params(run)
+  return model_def.bind(params), run.config
 
 
 def our_logits(model, tokens_BT, positions_BT=None, segment_ids_BT=None):

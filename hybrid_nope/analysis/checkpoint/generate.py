@@ -13,11 +13,12 @@ import numpy as np
 
 from hybrid_nope.run import checkpoints
 from hybrid_nope.model import checkpointed
+from hybrid_nope.run.reader import RunReader
 from hybrid_nope.data.tokenization.text_codec import text_codec
 from hybrid_nope.model import decode
 
 
-def generate_text(workdir: str, prompts: list[str], *, step: int | None = None,
+def generate_text(run: RunReader, prompts: list[str], *, step: int | None = None,
                   max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                   seed: int = 0, tokenizer_path: str | None = None,
                   eos_token: str | None = None) -> dict:
@@ -27,9 +28,8 @@ def generate_text(workdir: str, prompts: list[str], *, step: int | None = None,
   which comes from the prompt pass) over its time."""
   if not prompts:
     raise checkpoints.AnalysisError("give at least one --prompt")
-  config = checkpoints.load_config(workdir)
-  codec = text_codec(config, checkpoints.tokenizer_path(workdir, tokenizer_path), eos_token)
-  step, model_def, params = checkpointed.restore_params(workdir, config, step)
+  codec = text_codec(run.config, run.tokenizer_path(tokenizer_path), eos_token)
+  step, model_def, params = checkpointed.restore_params(run, step)
   generator = decode.Generator(model_def.bind(params), max_new_tokens, temperature=temperature,
                                top_p=top_p, eos_id=codec.eos_id)
   tokens_BT, start_B = decode.left_pad([codec.encode(p) for p in prompts])

@@ -1,6 +1,6 @@
 """Checkpoint analysis of one run: recency at any length, loss by position, length extrapolation.
 
-`analyze(workdir, step=, seq_len=, lengths=)` restores a checkpoint (`checkpoints.py`), measures
+`analyze(run, step=, seq_len=, lengths=)` restores a checkpoint (`checkpoints.py`), measures
 it with the in-loop `RecencyHook` on eval data of length `seq_len` (the training length by
 default, longer allowed), next to the same measurement of the model re-initialised with the
 run's seed (= step 0 of recency.jsonl), scores the eval data by context position, and for each
@@ -42,7 +42,7 @@ from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.sources import registry
 from hybrid_nope.model.definition import ModelDef, init_model
 from hybrid_nope.model.pattern import window_of
-from hybrid_nope.run.reader import open_readonly
+from hybrid_nope.run.reader import RunReader
 
 DEFAULT_LENGTHS = (1, 2, 4)
 SUMMARY_MODULE = "pre_mixer_norm"  # Where the run gap is read: global attention's input.
@@ -180,11 +180,11 @@ def check_data(config) -> None:
           f"TextbookChapters directory with --config.eval.path=")
 
 
-def check_eval_tokenizer(workdir: str, config) -> None:
+def check_eval_tokenizer(run: RunReader, config) -> None:
   """An imported model (it carries its tokenizer) on prepared eval data: fails early, naming
   both files, when the data was tokenised with another vocabulary (textbook_chapters copies
   the tokenizer.json it used into the prepared directory)."""
-  carried = checkpoints.tokenizer_path(workdir)
+  carried = run.tokenizer_path()
   if (carried is None or "eval.path" not in registry.named(config).path_keys
       or not config.eval.get("path", "")):
     return
@@ -205,13 +205,13 @@ def _write_json(path: str, obj) -> str:
   return path
 
 
-def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None,
+def analyze(run: RunReader, *, step: int | None = None, seq_len: int | None = None,
             lengths: Sequence[int] = DEFAULT_LENGTHS,
             overrides: Mapping[str, Any] | None = None, out_dir: str | None = None,
             rows_per_call: int | None = None, figures: bool = True,
             init_seeds: int = 0, ablate: str | None = None,
             recency_lengths: Sequence[int] | None = None) -> dict[str, Any]:
-  """Analyses checkpoint `step` (None = latest) of the run in `workdir`.
+  """Analyses checkpoint `step` (None = latest) of `run`.
 
   `init_seeds`: also measure K fresh initialisations on the same probe (the empirical init
   null, `analysis.checkpoint.init_null`), written to init_null_T<seq_len>.json; 0 = skip.
@@ -233,7 +233,7 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
     raise checkpoints.AnalysisError(
         "config override data.seq_len: the run's config keeps its training length (the base of "
         "the extrapolation factors); pass the analysis length as seq_len (--seq_len=)")
-  config = checkpoints.apply_overrides(checkpoints.load_config(workdir), overrides)
+  config = checkpoints.apply_overrides(run.config, overrides)
   train_T = int(config.data.seq_len)
   seq_len = int(seq_len or train_T)
   lengths = [int(k) for k in lengths]
@@ -245,18 +245,18 @@ def analyze(workdir: str, *, step: int | None = None, seq_len: int | None = None
         f"recency_lengths={sorted(recency_at)}: each must be one of lengths={lengths}")
   ablated_layers = ablation.check(ablate, config.model) if ablate else None
   check_data(config)
-  check_eval_tokenizer(workdir, config)
+  check_eval_tokenizer(run, config)
   _with_seq_len(config, seq_len)  # Fails on far_lag before anything is restored.
-  step, model_def, params = checkpointed.restore_params(workdir, config, step)
+  step, model_def, params = checkpointed.restore_params(run.with_config(config), step)
   # On the restored params' device, so both share one compilation.
   init_params = jax.device_put(init_model(config.model, config.train.seed)[1],
                                jax.tree.leaves(params)[0].sharding)
 
-  out_dir = out_dir or open_readonly(workdir).layout.analysis_dir(step)
+  out_dir = out_dir or run.layout.analysis_dir(step)
   storage.makedirs(out_dir)
   main = measure(config, seq_len, model_def, params, step=step, init_params=init_params,
                  train_seq_len=train_T, rows_per_call=rows_per_call)
-  where = workdir if storage.is_url(workdir) else os.path.abspath(workdir)
+  where = run.workdir if storage.is_url(run.workdir) else os.path.abspath(run.workdir)
   analysis = {"workdir": where, "step": step, "train_seq_len": train_T,
               "far_lag": int(config.metrics.far_lag),
               "summary": {"init": summarize(main["init_records"]),

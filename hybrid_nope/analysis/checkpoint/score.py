@@ -19,6 +19,7 @@ import numpy as np
 from hybrid_nope.run import checkpoints
 from hybrid_nope.model import checkpointed
 from hybrid_nope.run.checkpoints import AnalysisError
+from hybrid_nope.run.reader import RunReader
 from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.tokenization.text_codec import text_codec
 from hybrid_nope.model.loss import cross_entropy_by_bucket
@@ -51,17 +52,17 @@ def file_rows(ids: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
   return rows
 
 
-def score_files(workdir: str, files: list[str], *, step: int | None = None,
+def score_files(run: RunReader, files: list[str], *, step: int | None = None,
                 seq_len: int | None = None, bucket_size: int | None = None,
                 tokenizer_path: str | None = None, rows_per_call: int = 8,
                 overrides: dict | None = None) -> dict:
   """{"step", "seq_len", "files": [per file: tokens, bytes, loss, bits_per_byte,
   loss_by_position], "total": the same over all files}."""
-  config = checkpoints.apply_overrides(checkpoints.load_config(workdir), overrides)
+  config = checkpoints.apply_overrides(run.config, overrides)
   seq_len = seq_len or config.data.seq_len
   bucket_size = bucket_size or min(config.eval.bucket_size, seq_len)
-  step, model_def, params = checkpointed.restore_params(workdir, config, step)
-  encode = tokenizer_for(config, checkpoints.tokenizer_path(workdir, tokenizer_path))
+  step, model_def, params = checkpointed.restore_params(run.with_config(config), step)
+  encode = tokenizer_for(config, run.tokenizer_path(tokenizer_path))
   buckets_T = loader.position_buckets(seq_len, bucket_size)
   num_buckets = int(buckets_T.max()) + 1
 

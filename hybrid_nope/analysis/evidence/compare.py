@@ -33,7 +33,7 @@ from hybrid_nope.analysis.present import sweep_plots
 from hybrid_nope.analysis.evidence.compare_table import cell, table
 from hybrid_nope.analysis.evidence.run_files import read_jsonl
 from hybrid_nope.model.pattern import layer_type, window_of
-from hybrid_nope.run.reader import open_readonly
+from hybrid_nope.run.reader import RunReader
 
 TABLE_FILE = "compare.md"
 ENCODINGS = {"rope": "RoPE", "nope": "NoPE"}
@@ -85,14 +85,14 @@ def seed_and_config_key(config) -> tuple[int, str]:
   return int(seed), json.dumps(seedless, sort_keys=True)
 
 
-def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
-  """What compare needs from one workdir, as plain numbers."""
-  config = checkpoints.load_config(workdir)
+def load_run(run: RunReader, name: str | None = None) -> dict[str, Any]:
+  """What compare needs from one run, as plain numbers."""
+  config, workdir = run.config, run.workdir
   seed, config_key = seed_and_config_key(config)
   m = config.model
   swa = window_of(m) is not None
   linear = "linear" in {layer_type(k) for k in m.pattern}
-  rd = open_readonly(workdir).layout
+  rd = run.layout
   evals = [r for r in read_jsonl(rd.metrics) if "eval_loss" in r]
   by_step_records = collections.defaultdict(list)
   for r in read_jsonl(rd.recency):
@@ -104,7 +104,7 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
   at_init = dict(by_step).get(0, {})
   last_eval = max(evals, key=lambda r: r["step"]) if evals else None
   size = f"d{m.d_model}×{m.num_layers}"
-  run = {
+  loaded = {
       "name": name or os.path.basename(os.path.normpath(workdir)),
       "workdir": workdir if storage.is_url(workdir) else os.path.abspath(workdir),
       "seed": seed, "config_key": config_key, "pattern": m.pattern,
@@ -124,19 +124,19 @@ def load_run(workdir: str, name: str | None = None) -> dict[str, Any]:
       "extrapolation_step": None, "extrapolation_gap": None, "extrapolation_logit_gap": None,
       "extrapolation_gap_stderr": None, "extrapolation_logit_gap_stderr": None,
       "ratio": {},
-      "init_null": run_files.latest_init_null(workdir),
+      "init_null": run_files.latest_init_null(run),
   }
-  run.update(run_files.since_init(workdir, by_step_records))
-  ext = run_files.latest_extrapolation(workdir)
+  loaded.update(run_files.since_init(run, by_step_records))
+  ext = run_files.latest_extrapolation(run)
   if ext is not None:
     rows = {row["factor"]: row for row in ext["lengths"]}
     at_train = rows.get(1) or report.summarize(by_step_records.get(ext["step"], []))
-    run.update(extrapolation_step=ext["step"], extrapolation_gap=at_train["gap"],
-               extrapolation_logit_gap=at_train["logit_gap"],
-               extrapolation_gap_stderr=at_train.get("gap_stderr"),
-               extrapolation_logit_gap_stderr=at_train.get("logit_gap_stderr"),
-               ratio={k: row["ratio"] for k, row in rows.items() if k > 1})
-  return run
+    loaded.update(extrapolation_step=ext["step"], extrapolation_gap=at_train["gap"],
+                  extrapolation_logit_gap=at_train["logit_gap"],
+                  extrapolation_gap_stderr=at_train.get("gap_stderr"),
+                  extrapolation_logit_gap_stderr=at_train.get("logit_gap_stderr"),
+                  ratio={k: row["ratio"] for k, row in rows.items() if k > 1})
+  return loaded
 
 
 def _statistic(fn, x: np.ndarray, y: np.ndarray) -> float | None:
@@ -326,7 +326,7 @@ def _json_row(row: dict) -> dict:
   return {k: v for k, v in row.items() if k != "members_by_seed"}  # The runs, repeated.
 
 
-def compare(workdirs: Sequence[str], out_dir: str | None = None,
+def compare(runs: Sequence[RunReader], out_dir: str | None = None,
             figures: bool = True, names: Sequence[str] | None = None,
             command: str | None = None, sources: Sequence[str] | None = None
             ) -> dict[str, Any]:
@@ -335,16 +335,17 @@ def compare(workdirs: Sequence[str], out_dir: str | None = None,
   workdir), "rows" (the table's, `aggregate_seeds`), "correlations" (over rows), "markdown",
   "files"}. `command` and `sources` (one per workdir) are what the written files say
   regenerates them and where each run came from, when the workdirs are temporary copies."""
-  if not workdirs:
+  if not runs:
     raise checkpoints.AnalysisError("compare needs at least one workdir")
+  workdirs = [r.workdir for r in runs]
   names = list(names or [os.path.basename(os.path.normpath(w)) for w in workdirs])
   if len(set(names)) < len(names):
     names = [os.path.normpath(w) for w in workdirs]
-  runs = [load_run(w, n) for w, n in zip(workdirs, names)]
+  loaded = [load_run(r, n) for r, n in zip(runs, names)]
   if sources is not None:  # Temporary unpacked copies name the records they came from.
-    for run, source in zip(runs, sources, strict=True):
+    for run, source in zip(loaded, sources, strict=True):
       run["workdir"] = source
-  rows = aggregate_seeds(runs)
+  rows = aggregate_seeds(loaded)
   corr = correlations(rows)
   out_dir = out_dir or os.path.join(
       os.path.commonpath([os.path.abspath(w) for w in workdirs]), "compare")
@@ -354,7 +355,7 @@ def compare(workdirs: Sequence[str], out_dir: str | None = None,
   with open(files[0], "w") as f:
     f.write(text)
   with open(files[1], "w") as f:
-    f.write(storage.to_json({"runs": [_json_run(r) for r in runs],
+    f.write(storage.to_json({"runs": [_json_run(r) for r in loaded],
                              "rows": [_json_row(r) for r in rows],
                              "correlations": {str(k): v for k, v in corr.items()}}))
   if figures:
@@ -369,4 +370,4 @@ def compare(workdirs: Sequence[str], out_dir: str | None = None,
     if corr:
       files.append(sweep_plots.extrapolation_vs_gap(rows, sorted(corr), corr,
                                                     os.path.join(out_dir, "extrapolation_vs_gap.png")))
-  return {"runs": runs, "rows": rows, "correlations": corr, "markdown": text, "files": files}
+  return {"runs": loaded, "rows": rows, "correlations": corr, "markdown": text, "files": files}

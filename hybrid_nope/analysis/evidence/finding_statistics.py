@@ -33,7 +33,7 @@ from hybrid_nope.run import storage
 from hybrid_nope.analysis.evidence import compare, run_files, two_level
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict, margin_of, paired
 from hybrid_nope.analysis.measure import records as records_lib
-from hybrid_nope.run.reader import open_readonly
+from hybrid_nope.run.reader import RunReader
 
 INPUT = "pre_mixer_norm"  # The normalised input global attention reads.
 NORMS = ("pre_mixer_norm", "pre_mlp_norm")
@@ -45,9 +45,9 @@ RESIDUALS = {"residual_1": ("the mixer's residual add", "input", "mixer"),
 class Run:
   """One run's recency records and per-document sums by step, and its compare summary."""
 
-  def __init__(self, workdir: str, name: str):
-    self.summary = compare.load_run(workdir, name)
-    rd = open_readonly(workdir).layout
+  def __init__(self, run: RunReader, name: str):
+    self.summary = compare.load_run(run, name)
+    rd = run.layout
     self.eval_losses = {r["step"]: r["eval_loss"] for r in run_files.read_jsonl(rd.metrics)
                         if "eval_loss" in r}
     self.by_step = collections.defaultdict(list)
@@ -242,10 +242,10 @@ def data_findings(runs: dict[int, Run]) -> list[Verdict]:
               by_seed(runs), lambda r: r.at(0).gap("0/input") - r.at(0).shuffled_gap("0/input"))]
 
 
-def paired_paths(paths: list[str]) -> None:
+def paired_paths(runs: list[RunReader]) -> None:
   """Every run's probe must be the same documents, or seeds and configs do not pair."""
-  probes = {p: storage.read_text(open_readonly(p).layout.recency_probe) for p in paths
-            if storage.exists(open_readonly(p).layout.recency_probe)}
+  probes = {r.workdir: storage.read_text(r.layout.recency_probe) for r in runs
+            if storage.exists(r.layout.recency_probe)}
   if len(set(probes.values())) > 1:
     raise ValueError("the runs were measured on different probes, so documents do not pair: "
                      + ", ".join(sorted(probes)))

@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from hybrid_nope.run.reader import open_readonly
+from hybrid_nope.run.reader import RunReader
 
 SIGNIFICANT_SE = 2  # compare.SIGNIFICANT_SE (compare imports JAX; a test pins the two equal).
 MODULE = "pre_mixer_norm"  # The normalised input global attention reads (report.SUMMARY_MODULE).
@@ -177,12 +177,12 @@ def verdict_text(result: dict, alpha: float = 0.05, p: float | None = None) -> s
   return " ".join(text)
 
 
-def load_layers(workdir: str, module: str = MODULE) -> dict:
+def load_layers(run: RunReader, module: str = MODULE) -> dict:
   """One run's per-head logit-gap series at its global layers' `module`, from recency.jsonl:
   layer -> {"steps", "logit_gap", "logit_gap_stderr"} (the shape head_flips reads)."""
   from hybrid_nope.analysis.evidence import run_files  # Imports JAX: only when reading runs.
   by_layer: dict[int, dict[int, dict]] = collections.defaultdict(dict)
-  for r in run_files.read_jsonl(open_readonly(workdir).layout.recency):
+  for r in run_files.read_jsonl(run.layout.recency):
     if r["layer_type"] == "global" and r["module"] == module and "logit_gap" in r:
       by_layer[r["layer"]][r["step"]] = r
   out = {}

@@ -31,9 +31,10 @@ from hybrid_nope.analysis.evidence import (causal, compare, compare_table, extra
 from hybrid_nope.analysis.evidence.exploratory_experiments import Experiments
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 from hybrid_nope.analysis.evidence.finding_statistics import NORMS, Run, paired_paths
+from hybrid_nope.run.reader import RunReader
 
 
-def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, str]],
+def sign_swing(runs: dict[str, dict[int, Run]], dirs: dict[str, dict[int, RunReader]],
                experiments: Experiments) -> tuple[Verdict, dict] | None:
   """NoPE-in-SWA against RoPE-in-SWA at the large window, as counts of heads whose logit gap
   flips sign (`flip_counts`): an exact paired permutation test over seeds, in the page's
@@ -217,11 +218,11 @@ def parse_corpora(specs: Sequence[str]) -> list[tuple[str, list[str]]]:
   return out
 
 
-def _runs(dirs: dict[str, dict[int, str]]) -> dict[str, dict[int, Run]]:
+def _runs(dirs: dict[str, dict[int, RunReader]]) -> dict[str, dict[int, Run]]:
   return {e: {s: Run(d, f"{e}_seed{s}") for s, d in by_seed.items()} for e, by_seed in dirs.items()}
 
 
-def causal_rows(unpacked: Sequence[dict[str, dict[int, str]]]) -> list[dict]:
+def causal_rows(unpacked: Sequence[dict[str, dict[int, RunReader]]]) -> list[dict]:
   """Per config with ablation files: its causal verdict and numbers. A config's seeds come
   from the last of `unpacked` (the corpus's record dirs in order) that holds any."""
   ablations: dict[str, list[dict]] = {}
@@ -243,13 +244,13 @@ def corpus_evidence(name: str, records_dirs: Sequence[str], tmp: str, figures_di
   dirs = unpacked[0]
   if not dirs:
     raise FileNotFoundError(f"no <experiment>/seed<k>.tar.gz under {records_dirs[0]}")
-  workdirs = [d for by_seed in dirs.values() for d in by_seed.values()]
-  paired_paths(workdirs)
+  readers = [d for by_seed in dirs.values() for d in by_seed.values()]
+  paired_paths(readers)
   runs = _runs(dirs)
   names = [f"{e}_seed{s}" for e, by_seed in dirs.items() for s in by_seed]
   packs = [os.path.join(records_dirs[0], e, f"seed{s}.tar.gz")
            for e, by_seed in dirs.items() for s in by_seed]
-  result = compare.compare(workdirs, out_dir=figures_dir or os.path.join(tmp, name, "compare"),
+  result = compare.compare(readers, out_dir=figures_dir or os.path.join(tmp, name, "compare"),
                            figures=figures_dir is not None, names=names,
                            command="python launch/results.py", sources=packs)
   nulls = {e: next((r.summary["init_null"] for r in rs.values() if r.summary["init_null"]),

@@ -16,7 +16,7 @@ from hybrid_nope.run import run_dir, storage
 from hybrid_nope.analysis.checkpoint import report
 from hybrid_nope.run import checkpoints
 from hybrid_nope.analysis.measure import records
-from hybrid_nope.run.reader import open_readonly
+from hybrid_nope.run.reader import RunReader, open_readonly
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -26,9 +26,9 @@ def read_jsonl(path: str) -> list[dict]:
   return storage.read_jsonl(path)
 
 
-def latest_extrapolation(workdir: str) -> dict | None:
+def latest_extrapolation(run: RunReader) -> dict | None:
   """The newest analysis/step_<N>/extrapolation.json (through storage: workdirs may be URLs)."""
-  rd = open_readonly(workdir).layout
+  rd = run.layout
   for step in reversed(rd.analysis_steps()):
     path = storage.join(rd.analysis_dir(step), run_dir.EXTRAPOLATION_FILE)
     if storage.exists(path):
@@ -36,17 +36,17 @@ def latest_extrapolation(workdir: str) -> dict | None:
   return None
 
 
-def latest_init_null(workdir: str) -> dict | None:
+def latest_init_null(run: RunReader) -> dict | None:
   """The summary moments of the newest analysis/step_<N>/init_null_T<T>.json at the training
   length, or None."""
-  found = init_null_file(workdir)
+  found = init_null_file(run)
   return found["summary"] if found else None
 
 
-def init_null_file(workdir: str) -> dict | None:
+def init_null_file(run: RunReader) -> dict | None:
   """The whole newest analysis/step_<N>/init_null_T<T>.json (per-record moments and, since
   they were kept, each draw's value), or None."""
-  rd = open_readonly(workdir).layout
+  rd = run.layout
   for step in reversed(rd.analysis_steps()):
     files = fnmatch.filter(storage.listdir(rd.analysis_dir(step)),
                            run_dir.wildcard(run_dir.INIT_NULL_FILE))
@@ -55,10 +55,10 @@ def init_null_file(workdir: str) -> dict | None:
   return None
 
 
-def latest_ablation(workdir: str) -> dict | None:
+def latest_ablation(run: RunReader) -> dict | None:
   """The newest analysis/step_<N>/ablation_T<T>.json (the causal test) at the smallest T
   there, or None (a run analysed without --ablate=local, or with no local mixer)."""
-  rd = open_readonly(workdir).layout
+  rd = run.layout
   for step in reversed(rd.analysis_steps()):
     lengths = [t for name in storage.listdir(rd.analysis_dir(step))
                if (t := run_dir.number_in(run_dir.ABLATION_FILE, name)) is not None]
@@ -69,9 +69,9 @@ def latest_ablation(workdir: str) -> dict | None:
   return None
 
 
-def read_sums(workdir: str, step: int) -> tuple[dict, tuple, int] | None:
+def read_sums(run: RunReader, step: int) -> tuple[dict, tuple, int] | None:
   """The per-cluster sums of one measurement (recency_sums/step_<N>.npz), or None."""
-  path = open_readonly(workdir).layout.recency_sums_file(step)
+  path = run.layout.recency_sums_file(step)
   if not storage.exists(path):
     return None
   return records.decode_sums(storage.read_bytes(path))
@@ -83,11 +83,11 @@ def summary_keys(step_records: Sequence[dict]) -> list[str]:
           if r["layer_type"] == "global" and r["module"] == report.SUMMARY_MODULE]
 
 
-def since_init(workdir: str, by_step_records: dict) -> dict:
+def since_init(run: RunReader, by_step_records: dict) -> dict:
   """The run gap's change from step 0 to the last step, with its SE paired over the probe's
   documents (both steps measure the same probe), from the two steps' per-cluster sums."""
   final = max(by_step_records)
-  init, last = read_sums(workdir, 0), read_sums(workdir, final)
+  init, last = read_sums(run, 0), read_sums(run, final)
   if init is None or last is None or final == 0:
     return {"gap_since_init": None, "gap_since_init_stderr": None}
   keys = summary_keys(by_step_records[final])
@@ -99,12 +99,12 @@ def since_init(workdir: str, by_step_records: dict) -> dict:
           "gap_since_init_stderr": records.paired_stderr(terms)}
 
 
-def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, str]]:
-  """experiment -> seed -> unpacked run directory."""
-  runs: dict[str, dict[int, str]] = collections.defaultdict(dict)
+def unpack_all(records_dir: str, into: str) -> dict[str, dict[int, RunReader]]:
+  """experiment -> seed -> the unpacked run directory's reader."""
+  runs: dict[str, dict[int, RunReader]] = collections.defaultdict(dict)
   for path in sorted(glob.glob(os.path.join(records_dir, "*", "seed*.tar.gz"))):
     experiment = os.path.basename(os.path.dirname(path))
     seed = int(os.path.basename(path)[len("seed"):-len(".tar.gz")])
-    runs[experiment][seed] = sweep.unpack_records(path, os.path.join(into, experiment,
-                                                                    f"seed{seed}"))
+    runs[experiment][seed] = open_readonly(sweep.unpack_records(
+        path, os.path.join(into, experiment, f"seed{seed}")))
   return dict(runs)

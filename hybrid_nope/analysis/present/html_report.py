@@ -35,7 +35,7 @@ from hybrid_nope.analysis.present.html_tables import esc as _esc, markdown_html,
 from hybrid_nope.analysis.present.html_tables import table as _table
 from hybrid_nope.analysis.measure.records import DATA_LAYER
 from hybrid_nope.run.run_dir import CONFIG, METRICS, RECENCY, RECENCY_PROBE
-from hybrid_nope.run.reader import open_readonly
+from hybrid_nope.run.reader import RunReader
 
 READOUT_MODULE = "pre_mixer_norm"  # Where the logit read-out of a global NoPE layer is measured.
 # Extra keys of gated linear attention (L) and delta rule (D: mean_beta too) records.
@@ -58,12 +58,16 @@ details > summary { font-size: 18px; font-weight: bold; cursor: pointer; margin:
 @dataclasses.dataclass
 class Run:
   name: str
-  workdir: str
+  reader: RunReader
   metrics: list[dict]
   recency: dict[int, list[dict]]  # Complete steps only (`complete_steps`).
   config: ml_collections.ConfigDict | None
   probe: dict | None
   notes: list[str]  # What the page says about files still being written.
+
+  @property
+  def workdir(self) -> str:
+    return self.reader.workdir
 
   @property
   def evals(self) -> list[dict]:
@@ -99,20 +103,21 @@ def _optional(path: str, read):
   return read(path) if storage.exists(path) else None
 
 
-def load_run(workdir: str, name: str | None = None) -> Run:
+def load_run(run: RunReader, name: str | None = None) -> Run:
   """What the page shows of one run; fails naming the path if there is no run there."""
+  workdir = run.workdir
   if not storage.isdir(workdir):
     raise checkpoints.WorkdirError(f"workdir {workdir} does not exist or is not a directory")
   if not storage.listdir(workdir):
     raise checkpoints.WorkdirError(f"workdir {workdir} is empty: expected {METRICS} from "
                                    f"`python launch/train.py --workdir={workdir}`")
-  rd = open_readonly(workdir).layout
+  rd = run.layout
   metrics = run_files.read_jsonl(rd.metrics)
   recency, notes = complete_steps(_optional(rd.recency, storage.read_jsonl) or [])
   has_config = storage.exists(rd.config)
-  return Run(name=name or os.path.basename(workdir.rstrip("/")), workdir=workdir,
+  return Run(name=name or os.path.basename(workdir.rstrip("/")), reader=run,
              metrics=metrics, recency=recency,
-             config=checkpoints.load_config(workdir) if has_config else None,
+             config=run.config if has_config else None,
              probe=_optional(rd.recency_probe, lambda p: json.loads(storage.read_text(p))),
              notes=notes)
 
@@ -204,7 +209,7 @@ def _overview(run: Run) -> str:
 
 def _analysed_multiples(run: Run, fig: Figures) -> list[str]:
   """The newest checkpoint analysis's lengths (`launch/analyze.py --lengths`), if one ran."""
-  ext = run_files.latest_extrapolation(run.workdir)
+  ext = run_files.latest_extrapolation(run.reader)
   if not ext or not ext.get("lengths"):
     return []
   keys = ("loss", "loss_near", "loss_beyond", "ratio", "gap")
@@ -297,7 +302,7 @@ def _recency_sections(run: Run, fig: Figures) -> list[str]:
 
 def _null_line(run: Run, records: Sequence[dict]) -> str:
   """The run summary as z against the empirical init null, where analyze.py measured one."""
-  null = run_files.latest_init_null(run.workdir)
+  null = run_files.latest_init_null(run.reader)
   if not null:
     return _missing("init null (run `launch/analyze.py --init_seeds=K` to set this step "
                     "against K fresh initialisations)")
@@ -319,21 +324,22 @@ def run_html(run: Run, fig: Figures) -> str:
 
 def _sweep_html(runs: Sequence[Run], fig: Figures, scratch: str) -> str:
   """compare.py's table (seed means ± se), notes and figures, and all runs' loss curves."""
-  result = compare.compare([r.workdir for r in runs], out_dir=scratch)
+  result = compare.compare([r.reader for r in runs], out_dir=scratch)
   images = [fig.embed(p, os.path.basename(p)) for p in result["files"] if p.endswith(".png")]
   return "\n".join([markdown_html(result["markdown"]),
                     fig(training_plots.loss_curves, [(r.name, r.metrics) for r in runs],
                         alt="loss curves of every run"), *images])
 
 
-def page(workdirs: Sequence[str]) -> str:
-  """The report of one run, or of a sweep (several workdirs: the compare table first, then
+def page(readers: Sequence[RunReader]) -> str:
+  """The report of one run, or of a sweep (several runs: the compare table first, then
   each run in a folded section)."""
-  if not workdirs:
+  if not readers:
     raise checkpoints.AnalysisError("report needs at least one workdir")
+  workdirs = [r.workdir for r in readers]
   names = [os.path.basename(w.rstrip("/")) for w in workdirs]
-  names = names if len(set(names)) == len(names) else list(workdirs)
-  runs = [load_run(w, n) for w, n in zip(workdirs, names)]
+  names = names if len(set(names)) == len(names) else workdirs
+  runs = [load_run(r, n) for r, n in zip(readers, names)]
   title = runs[0].name if len(runs) == 1 else f"sweep of {len(runs)} runs"
   with tempfile.TemporaryDirectory(prefix="hybrid_nope_report_") as scratch:
     fig = Figures(scratch)
@@ -350,6 +356,6 @@ def page(workdirs: Sequence[str]) -> str:
           f"</p>\n{body}\n</body></html>\n")
 
 
-def write(workdirs: Sequence[str], out: str) -> str:
-  storage.write_text(out, page(workdirs))
+def write(readers: Sequence[RunReader], out: str) -> str:
+  storage.write_text(out, page(readers))
   return out

@@ -17,6 +17,7 @@ import numpy as np
 
 from hybrid_nope.run import run_config, run_dir
 from hybrid_nope.analysis.present.html_tables import esc, missing, table
+from hybrid_nope.run.reader import RunReader
 
 THROUGHPUT_KEYS = ("tokens_per_second", "seconds_per_step", "mfu", "memory_bytes")
 PAIRS_PER_ROW = 3  # key = value pairs side by side in the config table.
@@ -68,7 +69,7 @@ def _shown(value) -> str:
   return value if isinstance(value, str) else json.dumps(value)
 
 
-def config_html(workdir: str, config) -> str:
+def config_html(run: RunReader, config) -> str:
   """The run-defining keys of the config in force as key = value pairs, and its history."""
   if config is None:
     return missing(f"{run_dir.CONFIG} (the run's config)")
@@ -77,7 +78,7 @@ def config_html(workdir: str, config) -> str:
   cells = [cell for key, value in pairs for cell in (key, _shown(value))]
   cells += [""] * (-len(cells) % width)
   rows = [cells[i:i + width] for i in range(0, len(cells), width)]
-  changes = [e for e in run_config.history(workdir) if e.get("event") != "start"]
+  changes = [e for e in run_config.history(run.workdir) if e.get("event") != "start"]
   lines = [f"step {e['step']}: {e['event'].replace('_', ' ')}"
            + "".join(f"; {k} {json.dumps(c['from'])} → {json.dumps(c['to'])}"
                      for k, c in e.get("changes", {}).items()) for e in changes]
@@ -92,4 +93,4 @@ def config_html(workdir: str, config) -> str:
 def section(run) -> list[str]:
   """The section's HTML pieces for an html_report.Run."""
   return ["<h3>Throughput, MFU and config</h3>", throughput_html(run.metrics, run.config),
-          config_html(run.workdir, run.config)]
+          config_html(run.reader, run.config)]
