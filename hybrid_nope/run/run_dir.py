@@ -15,7 +15,7 @@ WORKDIR/                          a local path or a URL (gs://, file://, memory:
 ├── wandb_run_id.txt              the W&B run id a resume continues (run/wandb_sink.py)
 ├── wandb/                        W&B's own local files, when WANDB_DIR is unset (wandb)
 ├── trainer.lock                  host, pid, heartbeat of the one trainer (run/workdir_lock.py)
-├── library_errors.log            what orbax's threads print when a save fails (hybrid_nope/run/library_errors.py)
+├── library_errors.log            what orbax's threads print when a save fails (run/library_errors.py)
 ├── checkpoints/                  orbax, unless checkpoint.directory names another place
 │   ├── owner.json                the workdir and run id that own this checkpoint directory
 │   │                             (run/checkpoint_owner.py)
