@@ -17,7 +17,9 @@ from hybrid_nope.run.run_dir import RunDir
 # Keys added to the config after runs were saved without them, each with the value that gives
 # those runs' behaviour (a layer kind or feature they lack reads it). A config without the key
 # is read as holding that value: a resume (run/run_identity.py) and the seed grouping of
-# compare alike; any other value is a change.
+# compare alike; any other value is a change. These are not the defaults (configs/base.py):
+# they are what old runs did, and stay when a default moves (train.schedule_offset's became 1,
+# model.loss_block's 1024), else an old run's identity would change under it.
 ADDED_KEYS = {"model.delta_gate": "head", "model.delta_impl": "auto",
               "model.delta_gate_form": "gla", "model.delta_expand_v": 1, "model.delta_v_heads": 0,
               "model.delta_qk_scale": "1", "model.delta_allow_neg_eigval": False,
