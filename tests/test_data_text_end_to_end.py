@@ -23,7 +23,7 @@ from tests.test_train_loop import losses_by_step as losses, read_metrics, record
 
 STEPS, EVERY = 20, 5
 RUN = dict(train__steps=STEPS, checkpoint__every_steps=EVERY, eval__every_steps=10,
-           data__eval_fraction=0.2, metrics__probe_pool_rows=16)
+           data__eval_fraction=0.2, metrics__probe_pool_rows=256)  # a probe of 2+ documents
 
 
 @pytest.fixture(scope="module")
