@@ -128,14 +128,20 @@ def test_a_resume_from_the_rows_consumed_reads_on_exactly_from_the_cached_ids(tm
   assert_same_batches(take(loader.train_iterator(cfg, start_row=7 * 4), 5), whole[7:])
 
 
-def test_ids_of_the_wrong_size_are_refused_in_one_warning_and_built_again(
-    tmp_path, encoded, caplog):
+def _jsonl_corpus_and_its_ids(tmp_path):
+  """(records, path, tokenizer, every row, the ids file) of a jsonl corpus read once."""
   records = text_sources.documents()
   path = text_sources.write("jsonl", tmp_path / "data", records)
   tok = word_tokenizer(tmp_path / "tokenizer.json")
   first = all_rows(open_corpus("jsonl", path, tok, tmp_path / "cache"))
   (ids_file,) = [tmp_path / "cache" / text_index.SUBDIR / f
                  for f in os.listdir(tmp_path / "cache" / text_index.SUBDIR) if ".ids-" in f]
+  return records, path, tok, first, ids_file
+
+
+def test_ids_of_the_wrong_size_are_refused_in_one_warning_and_built_again(
+    tmp_path, encoded, caplog):
+  records, path, tok, first, ids_file = _jsonl_corpus_and_its_ids(tmp_path)
   with open(ids_file, "r+b") as f:
     f.truncate(os.path.getsize(ids_file) - 2)
   encoded.clear()
@@ -173,12 +179,7 @@ def test_the_byte_tokenizer_caches_no_ids_and_the_dtype_fits_the_vocabulary(tmp_
 
 
 def test_verify_hashes_always_rebuilds_ids_edited_under_the_same_size(tmp_path, encoded, caplog):
-  records = text_sources.documents()
-  path = text_sources.write("jsonl", tmp_path / "data", records)
-  tok = word_tokenizer(tmp_path / "tokenizer.json")
-  first = all_rows(open_corpus("jsonl", path, tok, tmp_path / "cache"))
-  (ids_file,) = [tmp_path / "cache" / text_index.SUBDIR / f
-                 for f in os.listdir(tmp_path / "cache" / text_index.SUBDIR) if ".ids-" in f]
+  records, path, tok, first, ids_file = _jsonl_corpus_and_its_ids(tmp_path)
   with open(ids_file, "r+b") as f:
     f.write(b"\x05\x00")  # The first id, <s>, now another word's.
   encoded.clear()

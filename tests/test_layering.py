@@ -34,10 +34,10 @@ def _imports(path: pathlib.Path) -> set[str]:
 GRAPH = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
 
 
-def _reachable(start: str) -> set[str]:
+def _reachable(start: str, graph: dict = GRAPH) -> set[str]:
   seen, todo = set(), [start]
   while todo:
-    for dep in GRAPH.get(todo.pop(), ()):
+    for dep in graph.get(todo.pop(), ()):
       if dep not in seen:
         seen.add(dep)
         todo.append(dep)
@@ -72,15 +72,7 @@ def test_no_package_imports_itself_through_others():
   for module, deps in GRAPH.items():
     packages.setdefault(_package(module), set()).update(
         _package(d) for d in deps if _package(d) != _package(module))
-  def reachable(start):
-    seen, todo = set(), [start]
-    while todo:
-      for dep in packages.get(todo.pop(), ()):
-        if dep not in seen:
-          seen.add(dep)
-          todo.append(dep)
-    return seen
-  cycles = sorted(p for p in packages if p in reachable(p))
+  cycles = sorted(p for p in packages if p in _reachable(p, packages))
   assert not cycles, f"package circles through {cycles}"
 
 
