@@ -32,24 +32,8 @@ autodiff's through the step under jax.checkpoint (the forward keeps each chunk's
 the backward recomputes the chunk), with hand-written VJPs where autodiff was wasteful (the
 triangular inverse, l2norm).
 
-Measured on the shared 2-core CPU this was written on (benchmarks/attention.py --T
-2048,4096,8192,16384 --windows 256 --impls xla --no-dense --reps 3; B=1, N=K=4, H=64, float32,
-one gate per head; the machine was loaded, so one run's columns move by ±30%): at T=8192
-fwd+bwd 244 ms against GLA's 211 (1.16x) on one device, 270 against 123 (2.19x) with the heads
-over two; time(T=16384)/time(T=4096) fwd+bwd 3.46 (one device), 4.40 (two). Interleaved runs of
-the two kernels pinned to one core (the steadiest measure here) give 1.8x GLA at 4 heads and
-2.1x at 2: per chunk the delta rule does ~2x GLA's matmul work (k·kᵀ, the inverse, W and Ũ,
-S k) in ~30% more, smaller ops. One gate per key channel (KDA: the intra-chunk weights through
-linear_xla's hierarchy) costs ~2.5x the per-head gate: fwd+bwd 713 ms at T=8192, 3.1x GLA in
-the same run (--delta-gates channel --host-devices 1). Tried and slower or no gain: everything batched over all chunks
-outside the scan, only the state update inside (2x slower fwd+bwd: ~10 input-sized buffers page-
-faulted on every call, 60k faults against 12k); jax.scipy.linalg.solve_triangular (LAPACK per
-matrix on CPU, ~100x slower than the recursive inverse); the scan without jax.checkpoint (+55%);
-saving the inverse, q·kᵀ, W or Ũ for the backward instead of recomputing (-7% to +9%, within the
-noise); l2norm over the whole arrays before the scan (+9%); q·kᵀ with k·kᵀ and W with Ũ as single
-dots on concatenated operands (+25%); chunk 16 or 64 (+17% each at T=8192; the per-channel gate
-showed no consistent difference between 16 and 32, nor with GLA's hand-written backward of its
-intra-chunk weights in place of autodiff's).
+How fast it is against GLA, what one gate per key channel costs, and what was tried and found
+slower: docs/performance.md, "CPU: the gated delta rule".
 """
 from __future__ import annotations
 
