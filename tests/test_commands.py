@@ -8,17 +8,18 @@ import re
 import runpy
 import subprocess
 import sys
-
-import setuptools
+import types
 
 from hybrid_nope import commands
 from tests.helpers import REPO
 
 
 def setup_kwargs(monkeypatch) -> dict:
-  """What setup.py hands setuptools.setup (read without installing)."""
+  """What setup.py hands setuptools.setup (read without installing, and without setuptools:
+  pip builds in an isolated environment, so a venv need not hold it, as Python 3.12's do not)."""
   got = {}
-  monkeypatch.setattr(setuptools, "setup", lambda **kw: got.update(kw))
+  stand_in = types.SimpleNamespace(setup=lambda **kw: got.update(kw), find_packages=lambda **_: [])
+  monkeypatch.setitem(sys.modules, "setuptools", stand_in)
   runpy.run_path(os.path.join(REPO, "setup.py"))
   return got
 
