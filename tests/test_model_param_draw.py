@@ -49,6 +49,19 @@ def test_an_unknown_distribution_is_refused():
     param_draw.Init("uniform", fan_in_scaled=True)
 
 
+def test_an_offset_key_draws_32_bit_samples_and_derives_no_keys():
+  """The offset PRNG serves the block draws only: a split, a fold-in or another width would
+  not be the parameter's own draw, so each fails rather than return other bits."""
+  offset_key = jax.random.wrap_key_data(np.array([1, 2, 0], np.uint32),
+                                        impl=param_draw._OFFSET_THREEFRY)
+  for derive in (lambda: jax.random.split(offset_key), lambda: jax.random.fold_in(offset_key, 1)):
+    with pytest.raises(NotImplementedError, match="an offset key only draws"):
+      derive()
+  with pytest.raises(NotImplementedError, match="take 32-bit samples, not 16-bit"):
+    jax.random.bits(offset_key, (4,), np.uint16)
+  assert jax.random.bits(offset_key, (4,), np.uint32).shape == (4,)
+
+
 def test_only_concrete_partitionable_threefry_keys_are_drawn_in_blocks():
   assert param_draw.blockable(KEY, 10)
   assert not param_draw.blockable(jax.random.key(0, impl="rbg"), 10)
