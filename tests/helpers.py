@@ -1,6 +1,7 @@
 """A tiny configuration shared by tests, as a ConfigDict and as command-line overrides."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -124,3 +125,9 @@ def kill_before_first_save(command: list[str], workdir: str, *, env=None, timeou
     time.sleep(0.05)
   steps = [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
   assert not steps, f"killed too late: checkpoints {steps} exist"
+
+
+def largest_buffer(hlo_text: str) -> int:
+  """Elements of the largest array shape in an HLO module's text."""
+  shapes = re.findall(r"\b(?:f32|bf16|f16|s32)\[([0-9,]+)\]", hlo_text)
+  return max(int(np.prod([int(n) for n in s.split(",")])) for s in shapes)

@@ -228,14 +228,15 @@ def test_damage_matching_reaches_a_target_loss_on_a_tiny_model():
   model_def, params = init_model(config.model, 0)
   params["blocks"][0]["attn"]["wo_NHD"] = 8 * np.asarray(params["blocks"][0]["attn"]["wo_NHD"])
   moved = ablation.with_permutations(loader.eval_batches(config)[:2])
-  evaluate = lambda b, apply: context_loss.evaluate_by_context(
+  evaluate = lambda b, token_losses: context_loss.evaluate_by_context(
       model_def, params, b, bucket_size=config.eval.bucket_size,
-      train_seq_len=config.data.seq_len, apply=apply)
-  apply = ablation.eval_apply(model_def, (0,), config.model.d_model)
+      train_seq_len=config.data.seq_len, token_losses=token_losses)
+  token_losses = ablation.eval_token_losses(model_def, (0,), config.model.d_model)
   target = evaluate(moved, None)["loss"] + 0.1
   for c in (ablation.NOISE, ablation.OTHER_ROW):
     out = controls.match_damage(
-        lambda lam, c=c: evaluate(ablation.for_condition(moved, c, lam), apply)["loss"], target)
+        lambda lam, c=c: evaluate(ablation.for_condition(moved, c, lam),
+                                  token_losses)["loss"], target)
     assert out["matched"] and abs(out["loss"] - target) <= controls.DAMAGE_TOLERANCE, out
     assert 0 < out["lam"] <= controls.LAMBDA_MAX
 
@@ -246,24 +247,25 @@ def _zeroed_local_setup():
   params["blocks"][0]["attn"]["wo_NHD"] = np.zeros_like(params["blocks"][0]["attn"]["wo_NHD"])
   hook = RecencyHook(config, model_def, loader.probe_pool(config), writer=None,
                      lags=(1, config.metrics.far_lag))  # Few lags: a quicker compile.
-  evaluate = lambda batches, apply: context_loss.evaluate_by_context(
+  evaluate = lambda batches, token_losses: context_loss.evaluate_by_context(
       model_def, params, batches, bucket_size=config.eval.bucket_size,
-      train_seq_len=config.data.seq_len, apply=apply)
+      train_seq_len=config.data.seq_len, token_losses=token_losses)
   return config, hook, params, evaluate
 
 
-def test_an_intervention_on_a_zero_branch_leaves_the_logits_unchanged():
+def test_an_intervention_on_a_zero_branch_leaves_the_token_losses_unchanged():
   """The forward the loss is scored with, under each condition and a λ on each side of 1, in
   one compiled program (mode and λ are arrays of the batch)."""
   config = tiny_config()
   model_def, params = init_model(config.model, 0)
   params["blocks"][0]["attn"]["wo_NHD"] = np.zeros_like(params["blocks"][0]["attn"]["wo_NHD"])
   (moved,) = ablation.with_permutations(loader.eval_batches(config)[:1])
-  apply = ablation.eval_apply(model_def, (0,), config.model.d_model)
-  assert apply is ablation.eval_apply(model_def, (0,), config.model.d_model)
+  token_losses = ablation.eval_token_losses(model_def, (0,), config.model.d_model)
+  assert token_losses is ablation.eval_token_losses(model_def, (0,), config.model.d_model)
   runs = [(c, lam) for c in controls.MODES for lam in (1.0, 0.5, 3.0)]
   batches = [ablation.for_condition([moved], c, lam)[0] for c, lam in runs]
-  fn = jax.jit(lambda p, bs: [model_def.apply(p, bs[0])] + [apply(p, b) for b in bs])
+  fn = jax.jit(lambda p, bs: [model_def.token_losses(p, bs[0])[0]]
+               + [token_losses(p, b)[0] for b in bs])
   clean, *others = jax.device_get(fn(params, batches))
   for (c, lam), out in zip(runs, others):
     np.testing.assert_array_equal(out, clean, err_msg=f"{c} λ={lam}")

@@ -2,8 +2,6 @@
 respect to the head input and the unembedding, z-loss, padding, blocks that do not divide T,
 bfloat16), the eval loss by position is unchanged, and the compiled train step holds no
 [B, T, V] buffer (where the full path's does)."""
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +14,7 @@ from hybrid_nope.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_nope.train.state import init_train_state
 from hybrid_nope.train.step import make_eval_step, make_train_step
 from hybrid_nope.validate import validate
-from tests.helpers import tiny_config
+from tests.helpers import largest_buffer, tiny_config
 
 B, T, D, V = 3, 20, 16, 50
 
@@ -115,12 +113,6 @@ def test_the_train_and_eval_steps_are_those_of_the_full_path():
     np.testing.assert_allclose(m1[key], m0[key], rtol=1e-6)
   np.testing.assert_allclose(e1[0], e0[0], rtol=1e-6)
   np.testing.assert_array_equal(e1[1], e0[1])
-
-
-def largest_buffer(hlo_text: str) -> int:
-  """Elements of the largest array shape in an HLO module's text."""
-  shapes = re.findall(r"\b(?:f32|bf16|f16|s32)\[([0-9,]+)\]", hlo_text)
-  return max(int(np.prod([int(n) for n in s.split(",")])) for s in shapes)
 
 
 def test_the_blocked_train_step_holds_no_logits_of_the_whole_batch():

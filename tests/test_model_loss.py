@@ -3,8 +3,8 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from hybrid_nope.model.loss import (cross_entropy_by_bucket, cross_entropy_sums, objective_sums,
-                                    unigram_entropy)
+from hybrid_nope.model.loss import (cross_entropy_sums, objective_sums, sums_by_bucket,
+                                    unigram_entropy, weighted_token_losses)
 
 
 def test_cross_entropy_matches_numpy_and_respects_weights():
@@ -39,7 +39,8 @@ def test_bucketed_sums_add_up_to_the_totals_and_split_by_position():
   targets = jnp.asarray(rng.integers(0, 5, (3, 8)))
   weights = jnp.asarray(rng.random((3, 8)) > 0.2, jnp.float32)
   buckets = np.arange(8) // 3  # buckets of 3 positions: [0,0,0,1,1,1,2,2]
-  loss_b, weight_b = cross_entropy_by_bucket(logits, targets, weights, jnp.asarray(buckets), 3)
+  loss_b, weight_b = sums_by_bucket(*weighted_token_losses(logits, targets, weights),
+                                    jnp.asarray(buckets), 3)
   total_loss, total_weight = cross_entropy_sums(logits, targets, weights)
   assert float(loss_b.sum()) == pytest.approx(float(total_loss), rel=1e-6)
   assert float(weight_b.sum()) == float(total_weight)

@@ -18,9 +18,10 @@ class ModelDef:
   def bind(self, params: dict) -> LanguageModel:
     return nnx.merge(self.graphdef, params)
 
-  def apply(self, params: dict, batch: dict) -> jax.Array:
+  def apply(self, params: dict, batch: dict, observe=None) -> jax.Array:
+    """Float32 logits [B, T, V]; `observe` as LanguageModel's (a hook or an intervention)."""
     return self.bind(params)(batch["inputs"], positions_BT=batch["positions"],
-                             segment_ids_BT=batch["segment_ids"])
+                             segment_ids_BT=batch["segment_ids"], observe=observe)
 
   def objective_sums(self, params: dict, batch: dict, z_loss: float = 0.0):
     """(objective, sums): the train step's objective Σ weight · (loss + z_loss · log²Z) to
@@ -36,22 +37,23 @@ class ModelDef:
                                batch["weights"], z_loss=z_loss, block=model.loss_block,
                                scale=scale, dtype=model.head_dtype)
 
-  def token_losses(self, params: dict, batch: dict):
+  def token_losses(self, params: dict, batch: dict, observe=None):
     """(token loss × weight [B, T], weight [B, T]) in float32, the forward pass only; in
-    blocks where model.loss_block says so."""
+    blocks where model.loss_block says so (eval, checkpoint analysis and its interventions,
+    through `observe`, alike)."""
     model = self.bind(params)
     if not model.loss_block:
-      return loss.weighted_token_losses(self.apply(params, batch), batch["targets"],
+      return loss.weighted_token_losses(self.apply(params, batch, observe), batch["targets"],
                                         batch["weights"])
     w_DV, scale = model.unembedding()
-    return head.token_losses(self._features(model, batch), w_DV, batch["targets"],
+    return head.token_losses(self._features(model, batch, observe), w_DV, batch["targets"],
                              batch["weights"], block=model.loss_block, scale=scale,
                              dtype=model.head_dtype)
 
   @staticmethod
-  def _features(model: LanguageModel, batch: dict) -> jax.Array:
+  def _features(model: LanguageModel, batch: dict, observe=None) -> jax.Array:
     return model.features(batch["inputs"], positions_BT=batch["positions"],
-                          segment_ids_BT=batch["segment_ids"])
+                          segment_ids_BT=batch["segment_ids"], observe=observe)
 
 
 def init_model(model_cfg, seed: int) -> tuple[ModelDef, dict]:

@@ -48,14 +48,8 @@ def sums_by_id(x_BT: jax.Array, ids_BT: jax.Array, num_ids: int) -> jax.Array:
 
 def sums_by_bucket(loss_BT, weights_BT, bucket_T, num_buckets: int):
   """Per position bucket: (sum of weighted token losses [nb], sum of weights [nb]), from
-  `weighted_token_losses`' pair (or model/head.py's blocked one)."""
+  `weighted_token_losses`' pair (or `ModelDef.token_losses`', blocked or not)."""
   return sums_by_id(loss_BT, bucket_T, num_buckets), sums_by_id(weights_BT, bucket_T, num_buckets)
-
-
-def cross_entropy_by_bucket(logits_BTV, targets_BT, weights_BT, bucket_T, num_buckets: int):
-  """`sums_by_bucket` of the full logits."""
-  return sums_by_bucket(*weighted_token_losses(logits_BTV, targets_BT, weights_BT), bucket_T,
-                        num_buckets)
 
 
 # The record key of the eval set's unigram entropy (metrics.jsonl at step 0; the loss plots'

@@ -48,9 +48,9 @@ import numpy as np
 from hybrid_nope.analysis.checkpoint import controls
 from hybrid_nope.run.checkpoints import AnalysisError
 from hybrid_nope.analysis.checkpoint.controls import (  # noqa: F401  (the module's interface)
-    ABLATED, BOUNDARY, NOISE, OTHER_ROW, PERMUTATION_SEED, ROTATED, ROTATION_SEED, eval_apply,
-    for_condition, intervener, intervention_inputs, permutation_within_documents, rotation,
-    with_permutations)
+    ABLATED, BOUNDARY, NOISE, OTHER_ROW, PERMUTATION_SEED, ROTATED, ROTATION_SEED,
+    eval_token_losses, for_condition, intervener, intervention_inputs,
+    permutation_within_documents, rotation, with_permutations)
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
 from hybrid_nope.analysis.measure import records as records_lib
@@ -210,7 +210,8 @@ def _loss_delta(a: dict, b: dict) -> dict:
 
 # ---- the measurement ---------------------------------------------------------------------------
 
-def evaluate_conditions(eval_batches: Sequence[dict], evaluate: Callable, apply: Callable, *,
+def evaluate_conditions(eval_batches: Sequence[dict], evaluate: Callable,
+                        token_losses: Callable, *,
                         permutation_seed: int = PERMUTATION_SEED,
                         tolerance: float = controls.DAMAGE_TOLERANCE) -> tuple[dict, dict]:
   """Every condition's loss by context position, the damage-matched ones' λ found by
@@ -218,7 +219,7 @@ def evaluate_conditions(eval_batches: Sequence[dict], evaluate: Callable, apply:
   condition {"lam", "loss", "target", "matched", "trace", "tolerance"}; every condition's λ is
   in "lams")."""
   moved = with_permutations(eval_batches, permutation_seed)
-  run = lambda c, lam=1.0: evaluate(for_condition(moved, c, lam), apply)
+  run = lambda c, lam=1.0: evaluate(for_condition(moved, c, lam), token_losses)
   evals = {CLEAN: evaluate(list(eval_batches), None)}
   # other_row first: a forward of one row (rows_per_call=1) has no other row and fails here.
   evals.update({c: run(c) for c in (OTHER_ROW, ABLATED, ROTATED, NOISE)})
@@ -241,14 +242,14 @@ def measure(hook, params, eval_batches: Sequence[dict], evaluate: Callable, *, s
             layers: Sequence[int], permutation_seed: int = PERMUTATION_SEED,
             rotation_seed: int = ROTATION_SEED) -> dict:
   """Every condition (module docstring) on `hook`'s probe (`RecencyHook`) and on
-  `eval_batches`; `evaluate(batches, apply)`: loss by context position
-  (`context_loss.evaluate_by_context` with its model, params and buckets; apply None = the
+  `eval_batches`; `evaluate(batches, token_losses)`: loss by context position
+  (`context_loss.evaluate_by_context` with its model, params and buckets; None = the
   clean forward). `layers`: the local layers ablated (`check`). The eval losses come first: the
   matched controls' λ is found on them, then used on the probe. Returns the dict
   ablation_T<T>.json holds (docs/analysis.md)."""
   layers = tuple(sorted(int(i) for i in layers))
-  apply = eval_apply(hook.model_def, layers, hook.d_model, rotation_seed)
-  evals, damage = evaluate_conditions(eval_batches, evaluate, apply,
+  token_losses = eval_token_losses(hook.model_def, layers, hook.d_model, rotation_seed)
+  evals, damage = evaluate_conditions(eval_batches, evaluate, token_losses,
                                       permutation_seed=permutation_seed)
   permutation_BT = permutation_within_documents(hook.doc_ids_BT, permutation_seed)
   in_document_BT = np.asarray(hook.doc_ids_BT) != probe_lib.NOT_A_DOCUMENT

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_nope.model.definition import ModelDef
-from hybrid_nope.model.loss import sums_by_id, weighted_token_losses
+from hybrid_nope.model.loss import sums_by_id
 
 
 def context_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
@@ -26,12 +26,12 @@ def context_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)  # One compilation per model and length, across calls.
-def _eval_fn(model_def: ModelDef, num_buckets: int, apply=None):
+def sums_by_context(model_def: ModelDef, num_buckets: int, token_losses=None):
   """(params, batch, bucket_BT, region_BT) -> weighted loss and weight sums per bucket [nb] and
-  per region [3]; `apply(params, batch) -> logits` in place of the model's own forward."""
+  per region [3]; `token_losses(params, batch)` in place of the model's own
+  (`ModelDef.token_losses`: blocked where model.loss_block says so)."""
   def fn(params, batch, bucket_BT, region_BT):
-    logits = (apply or model_def.apply)(params, batch)
-    loss_BT, weights_BT = weighted_token_losses(logits, batch["targets"], batch["weights"])
+    loss_BT, weights_BT = (token_losses or model_def.token_losses)(params, batch)
     return (sums_by_id(loss_BT, bucket_BT, num_buckets),
             sums_by_id(weights_BT, bucket_BT, num_buckets),
             sums_by_id(loss_BT, region_BT, 3), sums_by_id(weights_BT, region_BT, 3))
@@ -44,16 +44,17 @@ def _mean(loss: float, weight: float) -> float | None:
 
 def evaluate_by_context(model_def: ModelDef, params, batches: Sequence[dict], *,
                         bucket_size: int, train_seq_len: int,
-                        rows_per_call: int | None = None, apply=None) -> dict[str, Any]:
+                        rows_per_call: int | None = None, token_losses=None) -> dict[str, Any]:
   """Eval loss overall and per bucket of `bucket_size` context positions; with T the training
   length, `loss_within` over context positions < T, `loss_near` over [T/2, T), `loss_beyond`
-  over >= T, and `ratio` = loss_beyond / loss_near. `rows_per_call` bounds the logits held at
-  once (rows x seq_len x vocab floats); None = a whole eval batch. `apply(params, batch) ->
-  logits`: a forward in place of the model's (an intervention, `ablation.py`; a hashable
+  over >= T, and `ratio` = loss_beyond / loss_near. `rows_per_call` bounds the rows of one
+  forward (with model.loss_block 0 it bounds the logits held: rows x seq_len x vocab floats);
+  None = a whole eval batch. `token_losses(params, batch) -> (token loss x weight, weight)`:
+  a forward in place of the model's (an intervention, `controls.eval_token_losses`; a hashable
   function, one compilation each); every array of a batch is cut into the same rows."""
   T = batches[0]["inputs"].shape[1]
   num_buckets = -(-T // bucket_size)
-  fn = _eval_fn(model_def, num_buckets, apply)
+  fn = sums_by_context(model_def, num_buckets, token_losses)
   sums = [np.zeros(num_buckets), np.zeros(num_buckets), np.zeros(3), np.zeros(3)]
   for batch in batches:
     context_BT = context_positions(batch["segment_ids"])

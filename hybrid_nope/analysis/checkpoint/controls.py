@@ -140,20 +140,19 @@ def intervener(layers: tuple[int, ...]) -> Callable:
 
 
 @functools.lru_cache(maxsize=16)
-def eval_apply(model_def, layers: tuple[int, ...], d_model: int,
-               rotation_seed: int = ROTATION_SEED) -> Callable:
-  """`apply(params, batch) -> logits` under the batch's intervention (`for_condition`'s
-  arrays: "permutation", "in_document", "mode", "lam", all cut by rows with the batch);
-  `context_loss.evaluate_by_context`'s apply, one compilation for every condition and λ."""
+def eval_token_losses(model_def, layers: tuple[int, ...], d_model: int,
+                      rotation_seed: int = ROTATION_SEED) -> Callable:
+  """`token_losses(params, batch)` (as `ModelDef.token_losses`, blocked where model.loss_block
+  says so) under the batch's intervention (`for_condition`'s arrays: "permutation",
+  "in_document", "mode", "lam", all cut by rows with the batch);
+  `context_loss.evaluate_by_context`'s token_losses, one compilation for every condition and λ."""
   intervene, rotation_DD = intervener(layers), rotation(d_model, rotation_seed)
 
-  def apply(params, batch):
+  def token_losses(params, batch):
     inputs = {"permutation": batch["permutation"], "in_document": batch["in_document"],
               "rotation": jnp.asarray(rotation_DD), "mode": batch["mode"], "lam": batch["lam"]}
-    return model_def.bind(params)(batch["inputs"], positions_BT=batch["positions"],
-                                  segment_ids_BT=batch["segment_ids"],
-                                  observe=functools.partial(intervene, inputs))
-  return apply
+    return model_def.token_losses(params, batch, observe=functools.partial(intervene, inputs))
+  return token_losses
 
 
 def with_permutations(batches: Sequence[dict], seed: int = PERMUTATION_SEED) -> list[dict]:

@@ -276,9 +276,9 @@ def analyze(run: RunReader, *, step: int | None = None, seq_len: int | None = No
   if ablated_layers:
     at_length = _with_seq_len(config, seq_len)
     hook = _hook(at_length, model_def, loader.probe_pool(at_length), main["lags"])
-    evaluate = lambda batches, apply: evaluate_by_context(
+    evaluate = lambda batches, token_losses: evaluate_by_context(
         model_def, params, batches, bucket_size=config.eval.bucket_size, train_seq_len=train_T,
-        rows_per_call=rows_per_call, apply=apply)
+        rows_per_call=rows_per_call, token_losses=token_losses)
     causal = {"workdir": where, "train_seq_len": train_T,
               **ablation.measure(hook, params, loader.eval_batches(at_length), evaluate,
                                  step=step, layers=ablated_layers)}

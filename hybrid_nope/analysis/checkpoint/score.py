@@ -22,7 +22,7 @@ from hybrid_nope.run.checkpoints import AnalysisError
 from hybrid_nope.run.reader import RunReader
 from hybrid_nope.data.pipeline import loader
 from hybrid_nope.data.tokenization.text_codec import text_codec
-from hybrid_nope.model.loss import cross_entropy_by_bucket
+from hybrid_nope.model.loss import sums_by_bucket
 
 
 def tokenizer_for(config, tokenizer_path: str | None = None):
@@ -68,8 +68,7 @@ def score_files(run: RunReader, files: list[str], *, step: int | None = None,
 
   @jax.jit
   def sums(params, batch):
-    return cross_entropy_by_bucket(model_def.apply(params, batch), batch["targets"],
-                                   batch["weights"], buckets_T, num_buckets)
+    return sums_by_bucket(*model_def.token_losses(params, batch), buckets_T, num_buckets)
 
   results, total_loss, total_weight, total_bytes = [], np.zeros(num_buckets), np.zeros(
       num_buckets), 0
