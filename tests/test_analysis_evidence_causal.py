@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONDITIONS, CONTROL
-from hybrid_nope.analysis.evidence import causal
+from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONDITIONS, CONTROL,
+                                                      OTHER_ROW_MATCHED)
+from hybrid_nope.analysis.evidence import causal, page_sections
 from tests.helpers import committed_probe_counts
 from tests.measured_runs import ablation_result
 
@@ -192,3 +193,65 @@ def test_seed_table_flags_a_layer_whose_clean_sign_flips_and_reports_both_signin
   assert pos["ablated_minus_noise"] - pos["ablated_minus_other_row"] == pytest.approx(
       pos["other_row_minus_noise"])
   assert pos["other_row_matched_minus_noise_matched"] is None  # Not in these files.
+
+
+def _with_gaps(result, *, input_gap, branch_gap, loss, lam):
+  """`result` with what control_effects reads: per condition the global input's gap (summary),
+  the local branches' own gap (one local layer), the eval loss and the damage dial."""
+  conditions = (CLEAN, ABLATED, CONTROL, OTHER_ROW_MATCHED)
+  result["summary"].update({c: {"gap": input_gap[c]} for c in conditions})
+  for c in conditions[1:]:
+    result["summary"][f"{c}_minus_{CLEAN}"] = {"gap": input_gap[c] - input_gap[CLEAN]}
+  result["summary"][f"{ABLATED}_minus_{CONTROL}"].update(
+      gap=input_gap[ABLATED] - input_gap[CONTROL], gap_stderr=0.001)
+  result["local_layers"] = [{"layer": 0, "mixer_gap": dict(branch_gap)}]
+  result["eval"] = {c: {"loss": loss[c]} for c in conditions}
+  result["damage"] = {c: {"lam": lam[c]} for c in (CONTROL, OTHER_ROW_MATCHED)}
+  return result
+
+
+@pytest.mark.parametrize("dilution", [0.0, 0.03])
+def test_control_effects_are_seed_means_and_flag_a_control_that_moves_the_gap(real_counts,
+                                                                              dilution):
+  """Three seeds: each condition's branch gap, input gap change and loss are the seed mean ±
+  seed SE of the files' own numbers; the control is neutral when noise_matched − ablated at the
+  global input is within a tenth of the ablation's own change (0.015 here), and the page says
+  so only where it is not (the check can fail both ways)."""
+  rng = np.random.default_rng(0)
+  C = len(real_counts[0])
+  base = np.full((C, 2), 0.2)
+  results, expected = [], []
+  for seed in range(3):
+    clean = 0.2 + 0.01 * seed
+    ablated = clean - 0.15 + 0.002 * rng.standard_normal()
+    gaps = {CLEAN: clean, ABLATED: ablated, CONTROL: ablated - dilution + 0.001 * seed,
+            OTHER_ROW_MATCHED: clean - 0.02}
+    r = ablation_result(real_counts, {CLEAN: base, CONTROL: base, ABLATED: base - 0.1})
+    results.append(_with_gaps(
+        r, input_gap=gaps, branch_gap={CLEAN: 0.38, ABLATED: 0.0, CONTROL: 0.001 * seed,
+                                       OTHER_ROW_MATCHED: 0.39},
+        loss={CLEAN: 1.4, ABLATED: 3.5 + 0.1 * seed, CONTROL: 3.5 + 0.1 * seed,
+              OTHER_ROW_MATCHED: 3.51}, lam={CONTROL: 2.0 + seed, OTHER_ROW_MATCHED: 1.0}))
+    expected.append(gaps)
+  e = causal.control_effects(results)
+  assert e["seeds"] == 3
+  change = [g[ABLATED] - g[CLEAN] for g in expected]
+  mean, se = e["conditions"][ABLATED]["input_gap_change"]
+  assert mean == pytest.approx(np.mean(change))
+  assert se == pytest.approx(np.std(change, ddof=1) / np.sqrt(3))
+  assert e["conditions"][CONTROL]["branch_gap"][0] == pytest.approx(0.001)
+  assert e["conditions"][CONTROL]["lam"][0] == pytest.approx(3.0)
+  assert e["control_minus_ablated_gap"][0] == pytest.approx(-dilution + 0.001)
+  assert e["neutral_bound"] == pytest.approx(0.1 * abs(np.mean(change)))
+  assert e["neutral"] is (dilution == 0.0)
+  row = causal.row("swa64", results, causal.verdict("swa64", results))
+  lines = "\n".join(page_sections.control_effects_table([row]))
+  assert ("not neutral for swa64 (λ 3)" in lines) is (dilution > 0), lines
+
+
+def test_files_without_the_matched_control_have_no_control_effects(real_counts):
+  base = np.full((len(real_counts[0]), 2), 0.2)
+  old = ablation_result(real_counts, {CLEAN: base, CONTROL: base, ABLATED: base})
+  del old["logit_sums"][CONTROL]
+  assert causal.control_effects([old]) == {"seeds": 0, "conditions": {}}
+  assert page_sections.control_effects_table([{"control_effects": {"seeds": 0}}]) == []

@@ -224,3 +224,27 @@ def test_causal_claim_reads_the_matched_control_unsigned(decided):
   v = primary_statistics.STATISTICS["causal_ablated_minus_matched_control"](ev, ("swa64",))
   assert v.n == 4 and v.mean == pytest.approx(-0.06, abs=0.005)
   assert v.levels == "seed × document"
+
+
+def test_the_page_shows_the_causal_detail_of_the_primary_runs(decided):
+  """Beside the registered (unsigned) causal statistic the page gives, per config with causal
+  files, the signed one and the per-layer table (analysis/evidence/primary_page.py)."""
+  from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONTROL
+  from hybrid_nope.analysis.evidence import primary_page
+  from tests.measured_runs import ablation_result
+  reg, verdicts, runs = decided
+  counts = np.random.default_rng(2).integers(20, 80, size=(2, 24)).astype(float)
+  clean = np.full((24, 2), 0.1)
+  files = {s: ablation_result(counts, {CLEAN: clean, CONTROL: clean, ABLATED: clean - 0.05})
+           for s in range(4)}
+  rows = primary_page.causal_rows(primary_statistics.Evidence(runs, ablations={"swa64": files}))
+  assert [r["config"] for r in rows] == ["swa64"] and rows[0]["seeds"] == 4
+  assert rows[0]["ablated_minus_control"] == pytest.approx(-0.05)
+  corpus = next(iter(reg.corpora.values()))
+  decided_corpus = primary_page.PrimaryCorpus(
+      corpus, [verdicts[c.id] for c in reg.claims], {e: 4 for e in runs},
+      primary.registration(reg.path, []),
+      None, [False] * len(reg.claims), rows)
+  page = "\n".join(primary_page.render(reg, [decided_corpus]))
+  assert "#### The causal test in detail (swa64)" in page
+  assert "| swa64 | 1 | +0.1000 | yes | -0.0500 | -0.0500 |" in page

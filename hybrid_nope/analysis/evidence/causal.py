@@ -20,7 +20,9 @@ Beside it: the same difference unsigned, per layer and in the mean; `seed_table`
 logit gaps with `stable_sign` (False where a layer's clean logit gap changes sign across seeds:
 its signed effect mixes directions and should be read unsigned); and the position-specific
 read-out (ablated − noise, ablated − other_row, and their difference other_row − noise: both
-without content, only other_row with position, so what position alone is worth).
+without content, only other_row with position, so what position alone is worth); and
+`control_effects`, what each intervention of equal damage does to the branches' own recency and
+to the gap at the global layers' input (the control must carry none: noise_matched − ablated ≈ 0).
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ MARGIN_RULE = "a tenth of the clean logit gap's size (the read-out the ablation 
 POSITION = {"ablated_minus_noise": (ABLATED, NOISE),
             "ablated_minus_other_row": (ABLATED, OTHER_ROW),
             "other_row_minus_noise": (OTHER_ROW, NOISE),
-            "other_row_matched_minus_noise_matched": (OTHER_ROW_MATCHED, NOISE_MATCHED)}
+            "other_row_matched_minus_noise_matched": (OTHER_ROW_MATCHED, NOISE_MATCHED),
+            "ablated_minus_other_row_matched": (ABLATED, OTHER_ROW_MATCHED)}
 
 
 def _key(result: dict, condition: str) -> str | None:
@@ -187,6 +190,54 @@ def loss_change(results: Sequence[dict], key: str = "loss", name: str | None = N
   return out
 
 
+EFFECT_CONDITIONS = (ABLATED, CONTROL, OTHER_ROW_MATCHED)  # The interventions of equal damage.
+
+
+def _seed_mean(values: Sequence[float]) -> tuple[float | None, float | None]:
+  values = [v for v in values if v is not None]
+  if not values:
+    return None, None
+  se = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) >= 2 else None
+  return float(np.mean(values)), se
+
+
+def control_effects(results: Sequence[dict]) -> dict:
+  """What each intervention of equal damage (EFFECT_CONDITIONS) does to the recency it should
+  keep or remove, each a (seed mean, seed SE) over the seeds whose file has the matched
+  control. Per condition: `branch_gap`, the local branches' own gap (mean over the local
+  layers: ≈ 0 where it carries no position), `input_gap_change`, its change of the gap at the
+  global layers' normalised input from clean, and `eval_loss` with the dial `lam`. Then
+  `control_minus_ablated_gap` (noise_matched − ablated at the global input: ≈ 0 where the control
+  adds no position of its own beyond the ablation's) and `document_se`, its mean per-seed
+  standard error over the probe's documents; `neutral` whether that is within `neutral_bound`, a
+  tenth of the ablation's own change of the gap; `seeds`, the files used."""
+  results = [r for r in _usable(results)
+             if has(r, CONTROL) and all(k in r for k in ("summary", "local_layers", "eval"))]
+  out = {"seeds": len(results), "conditions": {}}
+  if not results:
+    return out
+  branch = lambda r, c: float(np.mean([x["mixer_gap"][c] for x in r["local_layers"]]))
+  for c in (CLEAN, *EFFECT_CONDITIONS):
+    out["conditions"][c] = {
+        "branch_gap": _seed_mean([branch(r, c) for r in results]),
+        "input_gap_change": (_seed_mean([r["summary"][f"{c}_minus_{CLEAN}"]["gap"]
+                                         for r in results]) if c != CLEAN else (0.0, None)),
+        "input_gap": _seed_mean([r["summary"][c]["gap"] for r in results]),
+        "eval_loss": _seed_mean([r["eval"][c]["loss"] for r in results]),
+        "lam": _seed_mean([(r["damage"].get(c) or {}).get("lam", 1.0) for r in results])}
+  gap = [-r["summary"][f"{ABLATED}_minus_{CONTROL}"]["gap"] for r in results]
+  out["control_minus_ablated_gap"] = _seed_mean(gap)
+  out["document_se"] = float(np.mean([r["summary"][f"{ABLATED}_minus_{CONTROL}"]["gap_stderr"]
+                                      for r in results]))
+  # ≈ 0 means within a tenth (verdict_rules.MARGIN_FRACTION) of what the ablation itself
+  # does to the gap: a control that moves the gap by more mixes its own effect into the verdict.
+  bound = verdict_rules.MARGIN_FRACTION * abs(out["conditions"][ABLATED]["input_gap_change"][0])
+  out["neutral_bound"] = bound
+  out["neutral"] = bool(abs(out["control_minus_ablated_gap"][0]) <= bound)
+  out["control_lam"] = out["conditions"][CONTROL]["lam"][0]
+  return out
+
+
 def row(config: str, results: Sequence[dict], v: Verdict) -> dict:
   """The page's numbers for one config: seeds, the control used, the clean read-out's size, each
   difference's seed mean (signed as the verdict's statistic, and unsigned), per layer its clean
@@ -220,4 +271,4 @@ def row(config: str, results: Sequence[dict], v: Verdict) -> dict:
           "position": {name: diff(a, b, False) for name, (a, b) in POSITION.items()},
           "loss": mean(losses), "loss_se": se(losses),
           "loss_ablated_minus_clean": mean(cost), "loss_ablated_minus_clean_se": se(cost),
-          "verdict": v}
+          "control_effects": control_effects(results), "verdict": v}

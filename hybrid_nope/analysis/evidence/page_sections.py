@@ -107,9 +107,8 @@ def propagation_section(rows: list[dict], h: str = "##") -> list[str]:
 
 
 def causal_section(rows: list[dict], h: str = "##") -> list[str]:
-  """The causal test per config (analysis/evidence/causal.py): the verdict rows, then the
-  read-out's change signed and unsigned, the layers without a stable sign, the part specific to
-  position, and what the ablation costs in loss."""
+  """The causal test per config (analysis/evidence/causal.py): the verdict rows, then
+  `causal_details`."""
   if not rows:
     return []
   lines = verdicts_section(
@@ -120,16 +119,23 @@ def causal_section(rows: list[dict], h: str = "##") -> list[str]:
       "the ablation's (`noise_matched`; files older than it carry the rotated control, which "
       "keeps the perturbation's Gram structure and with it recency).", [r["verdict"] for r in rows],
       h)
-  lines += ["The verdict's statistic is signed by each layer's clean logit gap (negative: the "
-            "read-out shrinks toward 0, which any damage does: hence a control of equal "
-            "damage); the unsigned column reads the read-out's own direction. Position: "
-            "another row's branch at the same positions (position kept, content gone) against "
-            "noise (both gone), unsigned; a positive value is read-out that position alone "
-            "carries.", "",
-            "| config | seeds | control | clean \\|logit gap\\| | ablated − control, signed ± SE "
-            "| unsigned ± seed SE | layers without a stable sign | position: other_row − noise "
-            "| eval loss, ablated − clean ± seed SE |",
-            "|---|---|---|---|---|---|---|---|---|"]
+  return lines + causal_details(rows)
+
+
+def causal_details(rows: list[dict]) -> list[str]:
+  """Per config of `causal.row`s: the read-out's change signed and unsigned, the layers without
+  a stable sign, the part specific to position, what the ablation costs in loss, per layer the
+  same, and the controls' own effects (`control_effects_table`)."""
+  lines = ["The verdict's statistic is signed by each layer's clean logit gap (negative: the "
+           "read-out shrinks toward 0, which any damage does: hence a control of equal "
+           "damage); the unsigned column reads the read-out's own direction. Position: "
+           "another row's branch at the same positions (position kept, content gone) against "
+           "noise (both gone), unsigned; a positive value is read-out that position alone "
+           "carries.", "",
+           "| config | seeds | control | clean \\|logit gap\\| | ablated − control, signed ± SE "
+           "| unsigned ± seed SE | layers without a stable sign | position: other_row − noise "
+           "| eval loss, ablated − clean ± seed SE |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     unstable = ", ".join(str(x) for x in r.get("no_stable_sign", [])) or "—"
     position = (r.get("position") or {}).get("other_row_minus_noise")
@@ -149,6 +155,53 @@ def causal_section(rows: list[dict], h: str = "##") -> list[str]:
               f"{'yes' if x['stable_sign'] else '**no**'} | "
               f"{fmt(x['ablated_minus_control'], '+.4f')} | "
               f"{fmt(x['ablated_minus_control_signed'], '+.4f')} |" for c, x in per_layer]
+  return lines + [""] + control_effects_table(rows)
+
+
+def _pm(pair, spec: str) -> str:
+  mean, se = pair if pair else (None, None)
+  return fmt(mean, spec) + (f" ± {fmt(se, spec.lstrip('+'))}" if se is not None else "")
+
+
+def control_effects_table(rows: list[dict]) -> list[str]:
+  """Per config whose files have the matched control: what the ablation and the controls of
+  equal damage do to the local branches' own gap and to the gap at the global layers' input
+  (causal.control_effects), and whether the position-free control adds none of its own."""
+  rows = [r for r in rows if (r.get("control_effects") or {}).get("seeds")]
+  if not rows:
+    return []
+  lines = ["The interventions' own effects (seed means ± seed SE): the local branches' own gap "
+           "(≈ 0 where the branch carries no position), the change of the gap at the global "
+           "layers' normalised input from clean, and the eval loss at the dial λ that matches "
+           "the ablation's. The position-free control must add no recency of its own: "
+           "noise_matched − ablated at the global input ≈ 0.", "",
+           "| config | seeds | condition | λ | branch's own gap | global input gap − clean "
+           "| eval loss |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    e = r["control_effects"]
+    for c, x in e["conditions"].items():
+      lines.append(f"| {r['config']} | {e['seeds']} | {c} | {fmt(x['lam'][0], '.3g')} | "
+                   f"{_pm(x['branch_gap'], '+.4f')} | "
+                   f"{_pm(x['input_gap_change'], '+.4f') if c != 'clean' else '0'} | "
+                   f"{_pm(x['eval_loss'], '.4f')} |")
+  lines += ["", "| config | seeds | noise_matched − ablated, global input gap ± seed SE | "
+            "mean document SE per seed | ≈ 0: within a tenth of the ablation's change | "
+            "read-out, ablated − other_row_matched (unsigned) |", "|---|---|---|---|---|---|"]
+  for r in rows:
+    e = r["control_effects"]
+    lines.append(f"| {r['config']} | {e['seeds']} | {_pm(e['control_minus_ablated_gap'], '+.4f')}"
+                 f" | {fmt(e['document_se'], '.4f')} | {'yes' if e['neutral'] else '**no**'} "
+                 f"(±{fmt(e['neutral_bound'], '.4f')}) | "
+                 f"{fmt((r.get('position') or {}).get('ablated_minus_other_row_matched'), '+.4f')} |")
+  failing = [r for r in rows if not r["control_effects"]["neutral"]]
+  if failing:
+    lines += ["", "**The matched noise control is not neutral for " + ", ".join(
+        f"{r['config']} (λ {fmt(r['control_effects']['control_lam'], '.3g')})"
+        for r in failing) + "**: to cost what the ablation costs its noise is scaled past the "
+        "ablation's norm, and at that size it dilutes the cosines at the global layers' input "
+        "beyond what the ablation removes. Its causal difference then mixes position with that "
+        "dilution; the position-keeping control of equal damage (other_row_matched, last "
+        "column) is the cleaner comparison there."]
   return lines + [""]
 
 

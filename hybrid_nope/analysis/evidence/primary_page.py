@@ -8,9 +8,9 @@ import os
 
 import numpy as np
 
-from hybrid_nope.analysis.evidence import primary, primary_statistics, run_files
+from hybrid_nope.analysis.evidence import causal, primary, primary_statistics, run_files
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
-from hybrid_nope.analysis.evidence.page_sections import fmt
+from hybrid_nope.analysis.evidence.page_sections import causal_details, fmt
 from hybrid_nope.analysis.evidence.finding_statistics import Run, paired_paths
 from hybrid_nope.data import repetition
 
@@ -26,6 +26,7 @@ class PrimaryCorpus:
   registration: dict
   data_profile: dict | None     # lags and P(t_i = t_{i−d}) at the probe, step 0
   pending: list[bool]           # per claim: fewer values than registered (`primary.pending`)
+  causal_rows: list[dict] = dataclasses.field(default_factory=list)  # causal.row per config
 
 
 def data_profile(runs: dict[str, dict[int, Run]]) -> dict | None:
@@ -74,8 +75,18 @@ def decide(registry: primary.Registry, tmp: str) -> list[PrimaryCorpus]:
     verdicts = primary.decide(registry, ev)
     out.append(PrimaryCorpus(corpus, verdicts, {e: len(rs) for e, rs in ev.runs.items()},
                              primary.registration(registry.path, packs), data_profile(ev.runs),
-                             primary.pending(registry, verdicts)))
+                             primary.pending(registry, verdicts), causal_rows(ev)))
   return out
+
+
+def causal_rows(ev: primary_statistics.Evidence) -> list[dict]:
+  """`causal.row` of each config with causal-test files (its seeds in order)."""
+  rows = []
+  for e, by_seed in sorted(ev.ablations.items()):
+    files = [by_seed[s] for s in sorted(by_seed)]
+    if files:
+      rows.append(causal.row(e, files, causal.verdict(e, files)))
+  return rows
 
 
 def verdict_text(registry: primary.Registry, claim: primary.Claim, v: Verdict,
@@ -125,4 +136,10 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
     lines += [HEADER, "|---|---|---|---|---|---|---|---|---|---|",
               *(_row(registry, c, v, w) for c, v, w in zip(
                   registry.claims, pc.verdicts, pc.pending)), ""]
+    if pc.causal_rows:
+      lines += [f"#### The causal test in detail ({', '.join(r['config'] for r in pc.causal_rows)})",
+                "", "Beside the registered statistic (unsigned, against the damage-matched "
+                "position-free control): the same signed by each layer's clean logit gap, per "
+                "layer, and what each intervention does on its own.", "",
+                *causal_details(pc.causal_rows)]
   return lines
