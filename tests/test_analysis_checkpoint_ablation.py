@@ -179,12 +179,10 @@ def test_noise_carries_no_position_and_other_row_keeps_it():
   np.testing.assert_allclose(profile(_intervene(x, perm, ablation.OTHER_ROW)), clean, atol=0.1)
 
 
-def test_rotated_control_raises_the_streams_gap_noise_adds_no_position():
-  """The audit's flaw on a stream x = r + h, r a recency-free part twice the branch's norm (the
-  residual stream holds more than one branch), h a branch with recency c(1) ≈ 7/8. The rotated
-  control's perturbation δR keeps ⟨δ_t, δ_s⟩ ⊃ ⟨h_t, h_s⟩: lag-1 cosine ≈ 2c|h|²/(|r|² + 3|h|²)
-  = 2c/7 against clean c/5, a raised gap. The noise control leaves the stream with no recency:
-  the same as the ablation (both remove the branch's, neither adds any); other_row keeps it."""
+def _stream_with_a_recent_branch():
+  """(h, r, perm, gap): a branch h with window-8 recency (lag-1 cosine c ≈ 7/8), a
+  recency-free rest r of twice its norm, one document per row's permutation, and the stream's
+  gap f(1) − f(64)."""
   B, T, D, w = 8, 256, 32, 8
   h = _smooth_branch(B, T, D, w, seed=5)
   r = 2 * np.random.default_rng(6).standard_normal((B, T, D)).astype(np.float32)
@@ -192,6 +190,16 @@ def test_rotated_control_raises_the_streams_gap_noise_adds_no_position():
   perm = ablation.permutation_within_documents(seg - 1)
   gap = lambda v: float(np.subtract(*np.asarray(
       recency.cosine_profile(v, (1, 64), segment_ids=seg))))
+  return h, r, perm, gap
+
+
+def test_rotated_control_raises_the_streams_gap_noise_adds_no_position():
+  """The audit's flaw on a stream x = r + h, r a recency-free part twice the branch's norm (the
+  residual stream holds more than one branch), h a branch with recency c(1) ≈ 7/8. The rotated
+  control's perturbation δR keeps ⟨δ_t, δ_s⟩ ⊃ ⟨h_t, h_s⟩: lag-1 cosine ≈ 2c|h|²/(|r|² + 3|h|²)
+  = 2c/7 against clean c/5, a raised gap. The noise control leaves the stream with no recency:
+  the same as the ablation (both remove the branch's, neither adds any); other_row keeps it."""
+  h, r, perm, gap = _stream_with_a_recent_branch()
   clean = gap(r + h)
   assert clean == pytest.approx(0.875 / 5, abs=0.03)
   rotated, noise, ablated = (gap(r + _intervene(h, perm, c)) for c in (
@@ -199,6 +207,36 @@ def test_rotated_control_raises_the_streams_gap_noise_adds_no_position():
   assert rotated == pytest.approx(2 * 0.875 / 7, abs=0.03) and rotated > clean + 0.04
   assert abs(noise) < 0.02 and abs(noise - ablated) < 0.02
   assert gap(r + _intervene(h, perm, ablation.OTHER_ROW)) == pytest.approx(clean, abs=0.03)
+
+
+def test_the_additive_controls_keep_the_branch_and_add_the_ablations_norm_without_position():
+  """added_noise and scattered: h plus a perturbation of the ablation's norm ‖h_π − h‖ at every
+  token, padding untouched, the dial
+  scaling the perturbation on both sides of 1. On the stream r + h of the test above the
+  perturbation carries no position: the lag-1 cosine is the branch's, diluted by the
+  perturbation's norm (|δ|² ≈ 2|h|²): c/7 against clean c/5 and the ablation's 0."""
+  x = (np.random.default_rng(3).standard_normal((2, 16, 32))
+       * (1 + np.arange(16)[None, :, None])).astype(np.float32)
+  perm = ablation.permutation_within_documents(DOC_IDS)
+  in_doc = DOC_IDS != -1
+  delta = np.linalg.norm(_intervene(x, perm, ablation.ABLATED, in_document_BT=in_doc) - x, axis=-1)
+  for c in (ablation.ADDED_NOISE, ablation.SCATTERED):
+    out = _intervene(x, perm, c, in_document_BT=in_doc)
+    added = np.linalg.norm(out - x, axis=-1)
+    np.testing.assert_allclose(added[in_doc], delta[in_doc], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out[~in_doc], x[~in_doc])
+    for lam in (0.25, 3.0):
+      np.testing.assert_allclose(_intervene(x, perm, c, lam=lam, in_document_BT=in_doc),
+                                 x + lam * (out - x), rtol=1e-5, atol=1e-4)
+  h, r, perm, gap = _stream_with_a_recent_branch()
+  ablated = gap(r + _intervene(h, perm, ablation.ABLATED))
+  sources = np.asarray(controls.scatter_sources(np.eye(6)[[0, 1, 2, 3, 4, 0, 5, 1]] *
+                                                 np.array([1, 1, 0, 1, 1, 1, 0, 1])[:, None]))
+  assert set(sources) == {0, 1, 3, 4, 5, 7}  # Every live token, never a dead one (2 and 6).
+  for c in (ablation.ADDED_NOISE, ablation.SCATTERED):
+    got = gap(r + _intervene(h, perm, c))
+    assert got == pytest.approx(0.875 / 7, abs=0.03), c
+    assert got > ablated + 0.08, c
 
 
 def test_match_damage_brackets_and_bisects_to_the_target():

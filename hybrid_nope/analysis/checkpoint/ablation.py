@@ -12,10 +12,14 @@ and leaves padding as it is):
 - noise: i.i.d. Gaussian directions at the ablation's per-token norm: content and position gone;
 - other_row: another row's branch at the same positions (a fixed derangement of the forward's
   rows) at the ablation's per-token norm: position kept, content gone;
-- noise_matched, other_row_matched: the same two, their dial λ bisected on the eval loss so that
-  each costs what the ablation costs (within controls.DAMAGE_TOLERANCE nats; `damage` records
-  λ, the loss reached and whether it matched). λ < 1 keeps (1 − λ) of h; λ > 1 scales the
-  target's norm up, so a matched control is damage-matched, the λ = 1 one norm-matched.
+- added_noise, scattered: h kept, plus a perturbation of the ablation's per-token norm
+  ‖h_π − h‖ that carries no position: i.i.d. Gaussian directions, or the ablation's own
+  perturbations moved to other tokens of the forward (controls.py);
+- noise_matched, other_row_matched, added_noise_matched, scattered_matched: the same four, their
+  dial λ bisected on the eval loss so that each costs what the ablation costs (within
+  controls.DAMAGE_TOLERANCE nats; `damage` records λ, the loss reached and whether it matched).
+  λ < 1 keeps (1 − λ) of h; λ > 1 scales the target's norm up (the added perturbation's, for
+  the two that keep h), so a matched control is damage-matched, the λ = 1 one norm-matched.
 
 One permutation (PERMUTATION_SEED, over the probe's documents) serves every local layer, the
 noise and derangement are seeded, so runs and checkpoints pair. Each condition is measured with
@@ -48,8 +52,8 @@ import numpy as np
 from hybrid_nope.analysis.checkpoint import controls
 from hybrid_nope.run.checkpoints import AnalysisError
 from hybrid_nope.analysis.checkpoint.controls import (  # noqa: F401  (the module's interface)
-    ABLATED, BOUNDARY, NOISE, OTHER_ROW, PERMUTATION_SEED, ROTATED, ROTATION_SEED,
-    eval_token_losses, for_condition, intervener, intervention_inputs,
+    ABLATED, ADDED_NOISE, BOUNDARY, NOISE, OTHER_ROW, PERMUTATION_SEED, ROTATED, ROTATION_SEED,
+    SCATTERED, eval_token_losses, for_condition, intervener, intervention_inputs,
     permutation_within_documents, rotation, with_permutations)
 from hybrid_nope.analysis.measure import probe as probe_lib
 from hybrid_nope.analysis.measure import recency
@@ -60,8 +64,11 @@ from hybrid_nope.model.pattern import layer_kinds, layer_type
 ABLATE_CHOICES = ("local",)  # What --ablate may name: the local mixers' outputs.
 CLEAN = "clean"
 NOISE_MATCHED, OTHER_ROW_MATCHED = f"{NOISE}_matched", f"{OTHER_ROW}_matched"
-MATCHED = {NOISE_MATCHED: NOISE, OTHER_ROW_MATCHED: OTHER_ROW}  # Damage-matched: its target.
-ALL_CONDITIONS = (CLEAN, ABLATED, ROTATED, NOISE, OTHER_ROW, NOISE_MATCHED, OTHER_ROW_MATCHED)
+ADDED_NOISE_MATCHED, SCATTERED_MATCHED = f"{ADDED_NOISE}_matched", f"{SCATTERED}_matched"
+MATCHED = {NOISE_MATCHED: NOISE, OTHER_ROW_MATCHED: OTHER_ROW,  # Damage-matched: its target.
+           ADDED_NOISE_MATCHED: ADDED_NOISE, SCATTERED_MATCHED: SCATTERED}
+ALL_CONDITIONS = (CLEAN, ABLATED, ROTATED, NOISE, OTHER_ROW, NOISE_MATCHED, OTHER_ROW_MATCHED,
+                  ADDED_NOISE, SCATTERED, ADDED_NOISE_MATCHED, SCATTERED_MATCHED)
 CONTROL = NOISE_MATCHED  # The causal verdict's control: position-free, damage-matched.
 CONDITIONS = (CLEAN, ABLATED, CONTROL)  # What the causal verdict reads (evidence/causal.py).
 LEGACY_CONTROL = "control"  # Old files' name for ROTATED.
@@ -222,7 +229,7 @@ def evaluate_conditions(eval_batches: Sequence[dict], evaluate: Callable,
   run = lambda c, lam=1.0: evaluate(for_condition(moved, c, lam), token_losses)
   evals = {CLEAN: evaluate(list(eval_batches), None)}
   # other_row first: a forward of one row (rows_per_call=1) has no other row and fails here.
-  evals.update({c: run(c) for c in (OTHER_ROW, ABLATED, ROTATED, NOISE)})
+  evals.update({c: run(c) for c in (OTHER_ROW, ABLATED, ROTATED, NOISE, ADDED_NOISE, SCATTERED)})
   damage = {}
   for name, c in MATCHED.items():
     seen = {1.0: evals[c]}
@@ -281,7 +288,9 @@ def measure(hook, params, eval_batches: Sequence[dict], evaluate: Callable, *, s
           "conditions": list(ALL_CONDITIONS), "control": CONTROL, "far_lag": int(far),
           "lags": list(lags), "permutation_seed": int(permutation_seed),
           "rotation_seed": int(rotation_seed), "noise_seed": controls.NOISE_SEED,
-          "derangement_seed": controls.DERANGEMENT_SEED, "damage": damage,
+          "derangement_seed": controls.DERANGEMENT_SEED,
+          "added_noise_seed": controls.ADDED_NOISE_SEED, "scatter_seed": controls.SCATTER_SEED,
+          "damage": damage,
           "local_layers": local_out, "global_layers": globals_out,
           "summary": _summary(sums, globals_out, sorted(hook.readout_layers), lags, far),
           "eval": evals,

@@ -21,6 +21,16 @@ target up (its norm λ times the ablation's). The targets, each with the ablatio
   by a fixed derangement, DERANGEMENT_SEED: no row keeps its own), scaled to ‖h_π(t)‖: the
   recency a branch carries at every position kept, this row's content gone.
 
+Two more keep the branch h itself and add a perturbation with the ablation's norm ‖h_π(t) − h_t‖
+at every token (the rotated control without its Gram structure): the branch's position and
+content stay, and what is added carries no position. Their dial scales the perturbation at
+every λ (h + λ (c − h)), so the damage-matched one is the same perturbation, larger:
+
+- added_noise: h + i.i.d. Gaussian directions (ADDED_NOISE_SEED, per layer).
+- scattered: h + the ablation's own perturbation h_π − h of another token of the forward (a
+  seeded random one the ablation moves, `scatter_sources`), rescaled to this token's ‖h_π − h‖:
+  the ablation's perturbations in kind and size, their order across tokens gone.
+
 Damage matching (`match_damage`): λ is bisected on the eval loss until the control costs what
 the ablation costs (|loss − ablated loss| ≤ DAMAGE_TOLERANCE nats); both the norm-matched
 control (λ = 1) and the damage-matched one are measured.
@@ -40,11 +50,15 @@ import numpy as np
 from hybrid_nope.analysis.measure import probe as probe_lib
 
 ABLATED, ROTATED, NOISE, OTHER_ROW = "ablated", "rotated", "noise", "other_row"
-MODES = (ABLATED, ROTATED, NOISE, OTHER_ROW)  # A target's index is its traced mode.
+ADDED_NOISE, SCATTERED = "added_noise", "scattered"
+MODES = (ABLATED, ROTATED, NOISE, OTHER_ROW, ADDED_NOISE, SCATTERED)  # Index: the traced mode.
+ADDITIVE = (ADDED_NOISE, SCATTERED)  # h kept: the dial scales the perturbation at every λ.
 PERMUTATION_SEED = 1  # Not the shuffled-token control's (hook.SHUFFLE_SEED = 0).
 ROTATION_SEED = 2
 NOISE_SEED = 3
 DERANGEMENT_SEED = 4
+ADDED_NOISE_SEED = 5
+SCATTER_SEED = 6
 BOUNDARY = "mixer"  # Where the branch output is replaced.
 DAMAGE_TOLERANCE = 0.01  # nats: a damage-matched control's eval loss within this of the ablation's.
 LAMBDA_MAX = 8.0  # The dial's largest value (the target at 8x the ablation's norm).
@@ -68,6 +82,16 @@ def rotation(d_model: int, seed: int = ROTATION_SEED) -> np.ndarray:
   """float32 [D, D]: a Haar-random orthogonal matrix (QR of a Gaussian, signs fixed)."""
   q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((d_model, d_model)))
   return (q * np.sign(np.diag(r))).astype(np.float32)
+
+
+def scatter_sources(delta_ND, seed: int = SCATTER_SEED) -> jax.Array:
+  """int32 [N]: the token whose perturbation token i takes, drawn from the tokens the ablation
+  moves (padding and a permutation's fixed points have none to give): those in a seeded random
+  order, token i taking the (i mod their count)-th, so neighbours take unrelated ones."""
+  live = jnp.linalg.norm(delta_ND, axis=-1) > 0
+  keys = jnp.where(live, jax.random.uniform(jax.random.PRNGKey(seed), live.shape), 2.0)
+  order = jnp.argsort(keys)  # The live tokens first.
+  return order[jnp.arange(live.shape[0]) % jnp.maximum(live.sum(), 1)]
 
 
 def derangement(n: int, seed: int = DERANGEMENT_SEED) -> np.ndarray:
@@ -116,7 +140,13 @@ def targets(inputs: dict, layer: int, x_BTD) -> jnp.ndarray:
   key = jax.random.fold_in(jax.random.PRNGKey(NOISE_SEED), layer)
   noise = norm_BT1 * _unit(jax.random.normal(key, x.shape, jnp.float32))
   other = norm_BT1 * _unit(x[derangement(B)])  # Static B: a fixed derangement per size.
-  return jnp.stack([moved, rotated, noise, other])
+  delta = moved - x
+  delta_norm_BT1 = jnp.linalg.norm(delta, axis=-1, keepdims=True)
+  key = jax.random.fold_in(jax.random.PRNGKey(ADDED_NOISE_SEED), layer)
+  added = x + delta_norm_BT1 * _unit(jax.random.normal(key, x.shape, jnp.float32))
+  flat = delta.reshape(-1, delta.shape[-1])
+  scattered = x + delta_norm_BT1 * _unit(flat[scatter_sources(flat)].reshape(delta.shape))
+  return jnp.stack([moved, rotated, noise, other, added, scattered])
 
 
 def _intervene(layers: frozenset, inputs: dict, layer: int, boundary: str, x_BTD):
@@ -126,7 +156,9 @@ def _intervene(layers: frozenset, inputs: dict, layer: int, boundary: str, x_BTD
   target = jnp.take_along_axis(targets(inputs, layer, x_BTD),
                                inputs["mode"][None, :, None, None], axis=0)[0]
   lam = inputs["lam"][:, None, None]
-  out = jnp.where(lam < 1.0, x + lam * (target - x), lam * target)  # λ = 1: the target exactly.
+  additive = jnp.asarray([m in ADDITIVE for m in MODES])[inputs["mode"]][:, None, None]
+  # λ = 1: the target exactly.
+  out = jnp.where((lam < 1.0) | additive, x + lam * (target - x), lam * target)
   out = jnp.where(inputs["in_document"][..., None], out, x)  # Padding stays.
   return out.astype(x_BTD.dtype)
 

@@ -30,9 +30,9 @@ from typing import Sequence
 
 import numpy as np
 
-from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONTROL, LEGACY_CONTROL,
-                                                      NOISE, NOISE_MATCHED, OTHER_ROW,
-                                                      OTHER_ROW_MATCHED, ROTATED)
+from hybrid_nope.analysis.checkpoint.ablation import (
+    ABLATED, ADDED_NOISE_MATCHED, CLEAN, CONTROL, LEGACY_CONTROL, NOISE, NOISE_MATCHED, OTHER_ROW,
+    OTHER_ROW_MATCHED, ROTATED, SCATTERED_MATCHED)
 from hybrid_nope.analysis.evidence import two_level, verdict_rules
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 
@@ -47,8 +47,7 @@ MARGIN_RULE = "a tenth of the clean logit gap's size (the read-out the ablation 
 POSITION = {"ablated_minus_noise": (ABLATED, NOISE),
             "ablated_minus_other_row": (ABLATED, OTHER_ROW),
             "other_row_minus_noise": (OTHER_ROW, NOISE),
-            "other_row_matched_minus_noise_matched": (OTHER_ROW_MATCHED, NOISE_MATCHED),
-            "ablated_minus_other_row_matched": (ABLATED, OTHER_ROW_MATCHED)}
+            "other_row_matched_minus_noise_matched": (OTHER_ROW_MATCHED, NOISE_MATCHED)}
 
 
 def _key(result: dict, condition: str) -> str | None:
@@ -190,7 +189,8 @@ def loss_change(results: Sequence[dict], key: str = "loss", name: str | None = N
   return out
 
 
-EFFECT_CONDITIONS = (ABLATED, CONTROL, OTHER_ROW_MATCHED)  # The interventions of equal damage.
+# The interventions of equal damage (files older than a condition lack it).
+EFFECT_CONDITIONS = (ABLATED, CONTROL, OTHER_ROW_MATCHED, ADDED_NOISE_MATCHED, SCATTERED_MATCHED)
 
 
 def _seed_mean(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -206,7 +206,9 @@ def control_effects(results: Sequence[dict]) -> dict:
   keep or remove, each a (seed mean, seed SE) over the seeds whose file has the matched
   control. Per condition: `branch_gap`, the local branches' own gap (mean over the local
   layers: ≈ 0 where it carries no position), `input_gap_change`, its change of the gap at the
-  global layers' normalised input from clean, and `eval_loss` with the dial `lam`. Then
+  global layers' normalised input from clean, `eval_loss` with the dial `lam`, and for a control
+  `readout_ablated_minus`: ablated − it on the head/layer-mean logit gap, unsigned (seed ×
+  document SE; seed SE for one document or seed level). Then
   `control_minus_ablated_gap` (noise_matched − ablated at the global input: ≈ 0 where the control
   adds no position of its own beyond the ablation's) and `document_se`, its mean per-seed
   standard error over the probe's documents; `neutral` whether that is within `neutral_bound`, a
@@ -217,7 +219,7 @@ def control_effects(results: Sequence[dict]) -> dict:
   if not results:
     return out
   branch = lambda r, c: float(np.mean([x["mixer_gap"][c] for x in r["local_layers"]]))
-  for c in (CLEAN, *EFFECT_CONDITIONS):
+  for c in [c for c in (CLEAN, *EFFECT_CONDITIONS) if all(c in r["eval"] for r in results)]:
     out["conditions"][c] = {
         "branch_gap": _seed_mean([branch(r, c) for r in results]),
         "input_gap_change": (_seed_mean([r["summary"][f"{c}_minus_{CLEAN}"]["gap"]
@@ -225,6 +227,13 @@ def control_effects(results: Sequence[dict]) -> dict:
         "input_gap": _seed_mean([r["summary"][c]["gap"] for r in results]),
         "eval_loss": _seed_mean([r["eval"][c]["loss"] for r in results]),
         "lam": _seed_mean([(r["damage"].get(c) or {}).get("lam", 1.0) for r in results])}
+    if c not in (CLEAN, ABLATED) and all(has(r, c) for r in results):
+      estimate = two_level.combine([difference_replicates(r, ABLATED, c, signed=False)
+                                    for r in results])
+      out["conditions"][c]["readout_ablated_minus"] = (
+          (estimate.mean, estimate.se) if estimate else
+          _seed_mean([float(difference_replicates(r, ABLATED, c, signed=False)[0])
+                      for r in results]))
   gap = [-r["summary"][f"{ABLATED}_minus_{CONTROL}"]["gap"] for r in results]
   out["control_minus_ablated_gap"] = _seed_mean(gap)
   out["document_se"] = float(np.mean([r["summary"][f"{ABLATED}_minus_{CONTROL}"]["gap_stderr"]

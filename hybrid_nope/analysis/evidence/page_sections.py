@@ -176,23 +176,23 @@ def control_effects_table(rows: list[dict]) -> list[str]:
            "the ablation's. The position-free control must add no recency of its own: "
            "noise_matched − ablated at the global input ≈ 0.", "",
            "| config | seeds | condition | λ | branch's own gap | global input gap − clean "
-           "| eval loss |", "|---|---|---|---|---|---|---|"]
+           "| eval loss | read-out: ablated − it (unsigned) |", "|---|---|---|---|---|---|---|---|"]
   for r in rows:
     e = r["control_effects"]
     for c, x in e["conditions"].items():
       lines.append(f"| {r['config']} | {e['seeds']} | {c} | {fmt(x['lam'][0], '.3g')} | "
                    f"{_pm(x['branch_gap'], '+.4f')} | "
                    f"{_pm(x['input_gap_change'], '+.4f') if c != 'clean' else '0'} | "
-                   f"{_pm(x['eval_loss'], '.4f')} |")
+                   f"{_pm(x['eval_loss'], '.4f')} | "
+                   f"{_pm(x.get('readout_ablated_minus'), '+.4f')} |")
   lines += ["", "| config | seeds | noise_matched − ablated, global input gap ± seed SE | "
-            "mean document SE per seed | ≈ 0: within a tenth of the ablation's change | "
-            "read-out, ablated − other_row_matched (unsigned) |", "|---|---|---|---|---|---|"]
+            "mean document SE per seed | ≈ 0: within a tenth of the ablation's change |",
+            "|---|---|---|---|---|"]
   for r in rows:
     e = r["control_effects"]
     lines.append(f"| {r['config']} | {e['seeds']} | {_pm(e['control_minus_ablated_gap'], '+.4f')}"
                  f" | {fmt(e['document_se'], '.4f')} | {'yes' if e['neutral'] else '**no**'} "
-                 f"(±{fmt(e['neutral_bound'], '.4f')}) | "
-                 f"{fmt((r.get('position') or {}).get('ablated_minus_other_row_matched'), '+.4f')} |")
+                 f"(±{fmt(e['neutral_bound'], '.4f')}) |")
   failing = [r for r in rows if not r["control_effects"]["neutral"]]
   if failing:
     lines += ["", "**The matched noise control is not neutral for " + ", ".join(
@@ -200,8 +200,9 @@ def control_effects_table(rows: list[dict]) -> list[str]:
         for r in failing) + "**: to cost what the ablation costs its noise is scaled past the "
         "ablation's norm, and at that size it dilutes the cosines at the global layers' input "
         "beyond what the ablation removes. Its causal difference then mixes position with that "
-        "dilution; the position-keeping control of equal damage (other_row_matched, last "
-        "column) is the cleaner comparison there."]
+        "dilution; the controls of equal damage that keep the branch's position (other_row_matched, "
+        "and in newer files added_noise_matched and scattered_matched) read the read-out "
+        "without it (last column above)."]
   return lines + [""]
 
 
