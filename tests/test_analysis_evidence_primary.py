@@ -12,7 +12,6 @@ import pytest
 from hybrid_nope.analysis.evidence import multiplicity, primary, primary_statistics
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 from hybrid_nope.analysis.evidence.finding_statistics import Run
-from hybrid_nope.run.run_dir import RunDir
 from hybrid_nope.run.reader import open_readonly
 from tests.measured_runs import measured_run
 

@@ -225,9 +225,9 @@ def analyze(run: RunReader, *, step: int | None = None, seq_len: int | None = No
   length to score for extrapolation (empty = skip); `overrides`: {"eval.path": ...} applied to
   the run's config (not data.seq_len: use `seq_len`); `recency_lengths`: the factors of
   `lengths` whose rows also carry the recency records (None = all; the others are scored for
-  loss alone: the hook's cost grows with the length, the loss's barely); `rows_per_call`: eval rows per forward
-  pass (None = eval.batch_size), to bound memory at long lengths; `out_dir`: default
-  WORKDIR/analysis/step_<N>. Returns {"step", "out_dir", "files", "analysis", "extrapolation"}.
+  loss alone: the hook's cost grows with the length, the loss's barely); `rows_per_call`: eval
+  rows per forward pass (None = eval.batch_size), to bound memory at long lengths; `out_dir`:
+  default WORKDIR/analysis/step_<N>. Returns {"step", "out_dir", "files", "analysis", "extrapolation"}.
   """
   if overrides and "data.seq_len" in overrides:
     raise checkpoints.AnalysisError(

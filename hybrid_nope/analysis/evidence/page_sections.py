@@ -200,9 +200,9 @@ def control_effects_table(rows: list[dict]) -> list[str]:
         for r in failing) + "**: to cost what the ablation costs its noise is scaled past the "
         "ablation's norm, and at that size it dilutes the cosines at the global layers' input "
         "beyond what the ablation removes. Its causal difference then mixes position with that "
-        "dilution; the controls of equal damage that keep the branch's position (other_row_matched, "
-        "and in newer files added_noise_matched and scattered_matched) read the read-out "
-        "without it (last column above)."]
+        "dilution; the controls of equal damage that keep the branch's position "
+        "(other_row_matched, and in newer files added_noise_matched and scattered_matched) read "
+        "the read-out without it (last column above)."]
   return lines + [""]
 
 

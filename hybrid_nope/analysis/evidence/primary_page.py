@@ -128,7 +128,7 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
                     f"d={lag}: {v:.4f}" for lag, v in zip(p["lags"], p["profile"]))
                 + (f". No rise between consecutive lags beyond {repetition.Z:g} SE: it falls "
                    "with the lag." if p["monotone"] else
-                   f". **It rises with the lag somewhere** (rise / SE between consecutive lags: "
+                   ". **It rises with the lag somewhere** (rise / SE between consecutive lags: "
                    + ", ".join(fmt(z, "+.1f") for z in p["rise_z"]) + f"; rule: none beyond "
                    f"{repetition.Z:g}): f(1) − f(L) mixes the data's own repetition with the "
                    "recency the model plants, so read the gaps against the shuffled-token control "
@@ -137,7 +137,8 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
               *(_row(registry, c, v, w) for c, v, w in zip(
                   registry.claims, pc.verdicts, pc.pending)), ""]
     if pc.causal_rows:
-      lines += [f"#### The causal test in detail ({', '.join(r['config'] for r in pc.causal_rows)})",
+      configs = ", ".join(r["config"] for r in pc.causal_rows)
+      lines += [f"#### The causal test in detail ({configs})",
                 "", "Beside the registered statistic (unsigned, against the damage-matched "
                 "position-free control): the same signed by each layer's clean logit gap, per "
                 "layer, and what each intervention does on its own.", "",
