@@ -381,7 +381,8 @@ def test_ablate_local_end_to_end_writes_the_documented_keys(tmp_path_factory, tm
     out = json.load(f)
   assert set(out) == {"workdir", "train_seq_len", "step", "seq_len", "ablate", "conditions",
                       "control", "far_lag", "lags", "permutation_seed", "rotation_seed",
-                      "noise_seed", "derangement_seed", "damage", "local_layers",
+                      "noise_seed", "derangement_seed", "added_noise_seed", "scatter_seed",
+                      "damage", "local_layers",
                       "global_layers", "summary", "eval", "loss_delta", "probe", "logit_sums"}
   assert out["conditions"] == list(ablation.ALL_CONDITIONS) and out["control"] == "noise_matched"
   for c in ablation.MATCHED:  # The bisection reached the ablation's loss on this run.
