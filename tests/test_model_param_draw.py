@@ -59,7 +59,10 @@ def test_an_offset_key_draws_32_bit_samples_and_derives_no_keys():
       derive()
   with pytest.raises(NotImplementedError, match="take 32-bit samples, not 16-bit"):
     jax.random.bits(offset_key, (4,), np.uint16)
-  assert jax.random.bits(offset_key, (4,), np.uint32).shape == (4,)
+  # A 32-bit draw works, and an offset of 3 is the same key's draw from its fourth element on.
+  at_3 = jax.random.wrap_key_data(np.array([1, 2, 3], np.uint32), impl=param_draw._OFFSET_THREEFRY)
+  np.testing.assert_array_equal(jax.random.bits(at_3, (4,), np.uint32),
+                                jax.random.bits(offset_key, (7,), np.uint32)[3:])
 
 
 def test_only_concrete_partitionable_threefry_keys_are_drawn_in_blocks():

@@ -229,7 +229,7 @@ def evaluate_conditions(eval_batches: Sequence[dict], evaluate: Callable,
   run = lambda c, lam=1.0: evaluate(for_condition(moved, c, lam), token_losses)
   evals = {CLEAN: evaluate(list(eval_batches), None)}
   # other_row first: a forward of one row (rows_per_call=1) has no other row and fails here.
-  evals.update({c: run(c) for c in (OTHER_ROW, ABLATED, ROTATED, NOISE, ADDED_NOISE, SCATTERED)})
+  evals.update({c: run(c) for c in (OTHER_ROW, *(m for m in controls.MODES if m != OTHER_ROW))})
   damage = {}
   for name, c in MATCHED.items():
     seen = {1.0: evals[c]}

@@ -34,6 +34,7 @@ from hybrid_nope.analysis.checkpoint.ablation import (
     ABLATED, ADDED_NOISE_MATCHED, CLEAN, CONTROL, LEGACY_CONTROL, NOISE, NOISE_MATCHED, OTHER_ROW,
     OTHER_ROW_MATCHED, ROTATED, SCATTERED_MATCHED)
 from hybrid_nope.analysis.evidence import two_level, verdict_rules
+from hybrid_nope.analysis.evidence.seed_stats import mean_se
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 
 FINDING = "global NoPE layers read out the planted recency (causal: local branches ablated)"
@@ -193,14 +194,6 @@ def loss_change(results: Sequence[dict], key: str = "loss", name: str | None = N
 EFFECT_CONDITIONS = (ABLATED, CONTROL, OTHER_ROW_MATCHED, ADDED_NOISE_MATCHED, SCATTERED_MATCHED)
 
 
-def _seed_mean(values: Sequence[float]) -> tuple[float | None, float | None]:
-  values = [v for v in values if v is not None]
-  if not values:
-    return None, None
-  se = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) >= 2 else None
-  return float(np.mean(values)), se
-
-
 def control_effects(results: Sequence[dict]) -> dict:
   """What each intervention of equal damage (EFFECT_CONDITIONS) does to the recency it should
   keep or remove, each a (seed mean, seed SE) over the seeds whose file has the matched
@@ -221,21 +214,21 @@ def control_effects(results: Sequence[dict]) -> dict:
   branch = lambda r, c: float(np.mean([x["mixer_gap"][c] for x in r["local_layers"]]))
   for c in [c for c in (CLEAN, *EFFECT_CONDITIONS) if all(c in r["eval"] for r in results)]:
     out["conditions"][c] = {
-        "branch_gap": _seed_mean([branch(r, c) for r in results]),
-        "input_gap_change": (_seed_mean([r["summary"][f"{c}_minus_{CLEAN}"]["gap"]
+        "branch_gap": mean_se([branch(r, c) for r in results]),
+        "input_gap_change": (mean_se([r["summary"][f"{c}_minus_{CLEAN}"]["gap"]
                                          for r in results]) if c != CLEAN else (0.0, None)),
-        "input_gap": _seed_mean([r["summary"][c]["gap"] for r in results]),
-        "eval_loss": _seed_mean([r["eval"][c]["loss"] for r in results]),
-        "lam": _seed_mean([(r["damage"].get(c) or {}).get("lam", 1.0) for r in results])}
+        "input_gap": mean_se([r["summary"][c]["gap"] for r in results]),
+        "eval_loss": mean_se([r["eval"][c]["loss"] for r in results]),
+        "lam": mean_se([(r["damage"].get(c) or {}).get("lam", 1.0) for r in results])}
     if c not in (CLEAN, ABLATED) and all(has(r, c) for r in results):
       estimate = two_level.combine([difference_replicates(r, ABLATED, c, signed=False)
                                     for r in results])
       out["conditions"][c]["readout_ablated_minus"] = (
           (estimate.mean, estimate.se) if estimate else
-          _seed_mean([float(difference_replicates(r, ABLATED, c, signed=False)[0])
+          mean_se([float(difference_replicates(r, ABLATED, c, signed=False)[0])
                       for r in results]))
   gap = [-r["summary"][f"{ABLATED}_minus_{CONTROL}"]["gap"] for r in results]
-  out["control_minus_ablated_gap"] = _seed_mean(gap)
+  out["control_minus_ablated_gap"] = mean_se(gap)
   out["document_se"] = float(np.mean([r["summary"][f"{ABLATED}_minus_{CONTROL}"]["gap_stderr"]
                                       for r in results]))
   # ≈ 0 means within a tenth (verdict_rules.MARGIN_FRACTION) of what the ablation itself
