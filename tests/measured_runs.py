@@ -9,7 +9,8 @@ import zlib
 import numpy as np
 
 from hybrid_nope.run import run_dir
-from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONDITIONS, CONTROL
+from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONDITIONS, CONTROL,
+                                                      OTHER_ROW_MATCHED)
 from hybrid_nope.analysis.measure import records
 from hybrid_nope.model.pattern import layer_kinds, layer_type
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
@@ -129,3 +130,18 @@ def write_ablation(workdir: str, effect: float, *, step: int = 8, seq_len: int =
   with open(path, "w") as f:
     json.dump(result, f)
   return path
+
+
+def with_control_gaps(result, *, input_gap, branch_gap, loss, lam):
+  """`result` with what control_effects reads: per condition the global input's gap (summary),
+  the local branches' own gap (one local layer), the eval loss and the damage dial."""
+  conditions = (CLEAN, ABLATED, CONTROL, OTHER_ROW_MATCHED)
+  result["summary"].update({c: {"gap": input_gap[c]} for c in conditions})
+  for c in conditions[1:]:
+    result["summary"][f"{c}_minus_{CLEAN}"] = {"gap": input_gap[c] - input_gap[CLEAN]}
+  result["summary"][f"{ABLATED}_minus_{CONTROL}"].update(
+      gap=input_gap[ABLATED] - input_gap[CONTROL], gap_stderr=0.001)
+  result["local_layers"] = [{"layer": 0, "mixer_gap": dict(branch_gap)}]
+  result["eval"] = {c: {"loss": loss[c]} for c in conditions}
+  result["damage"] = {c: {"lam": lam[c]} for c in (CONTROL, OTHER_ROW_MATCHED)}
+  return result

@@ -10,7 +10,7 @@ from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONDITIONS
                                                       OTHER_ROW_MATCHED)
 from hybrid_nope.analysis.evidence import causal, page_sections
 from tests.helpers import committed_probe_counts
-from tests.measured_runs import ablation_result
+from tests.measured_runs import ablation_result, with_control_gaps
 
 HEADS = 4
 
@@ -195,21 +195,6 @@ def test_seed_table_flags_a_layer_whose_clean_sign_flips_and_reports_both_signin
   assert pos["other_row_matched_minus_noise_matched"] is None  # Not in these files.
 
 
-def _with_gaps(result, *, input_gap, branch_gap, loss, lam):
-  """`result` with what control_effects reads: per condition the global input's gap (summary),
-  the local branches' own gap (one local layer), the eval loss and the damage dial."""
-  conditions = (CLEAN, ABLATED, CONTROL, OTHER_ROW_MATCHED)
-  result["summary"].update({c: {"gap": input_gap[c]} for c in conditions})
-  for c in conditions[1:]:
-    result["summary"][f"{c}_minus_{CLEAN}"] = {"gap": input_gap[c] - input_gap[CLEAN]}
-  result["summary"][f"{ABLATED}_minus_{CONTROL}"].update(
-      gap=input_gap[ABLATED] - input_gap[CONTROL], gap_stderr=0.001)
-  result["local_layers"] = [{"layer": 0, "mixer_gap": dict(branch_gap)}]
-  result["eval"] = {c: {"loss": loss[c]} for c in conditions}
-  result["damage"] = {c: {"lam": lam[c]} for c in (CONTROL, OTHER_ROW_MATCHED)}
-  return result
-
-
 @pytest.mark.parametrize("dilution", [0.0, 0.03])
 def test_control_effects_are_seed_means_and_flag_a_control_that_moves_the_gap(real_counts,
                                                                               dilution):
@@ -226,8 +211,9 @@ def test_control_effects_are_seed_means_and_flag_a_control_that_moves_the_gap(re
     ablated = clean - 0.15 + 0.002 * rng.standard_normal()
     gaps = {CLEAN: clean, ABLATED: ablated, CONTROL: ablated - dilution + 0.001 * seed,
             OTHER_ROW_MATCHED: clean - 0.02}
-    r = ablation_result(real_counts, {CLEAN: base, CONTROL: base, ABLATED: base - 0.1})
-    results.append(_with_gaps(
+    r = ablation_result(real_counts, {CLEAN: base, CONTROL: base, ABLATED: base - 0.1 + 0.01
+                                      * rng.standard_normal(base.shape)})
+    results.append(with_control_gaps(
         r, input_gap=gaps, branch_gap={CLEAN: 0.38, ABLATED: 0.0, CONTROL: 0.001 * seed,
                                        OTHER_ROW_MATCHED: 0.39},
         loss={CLEAN: 1.4, ABLATED: 3.5 + 0.1 * seed, CONTROL: 3.5 + 0.1 * seed,
@@ -247,6 +233,14 @@ def test_control_effects_are_seed_means_and_flag_a_control_that_moves_the_gap(re
   row = causal.row("swa64", results, causal.verdict("swa64", results))
   lines = "\n".join(page_sections.control_effects_table([row]))
   assert ("not neutral for swa64 (λ 3)" in lines) is (dilution > 0), lines
+  # The read-out difference is large and significant either way; a control that is not neutral
+  # makes the verdict invalid whatever its outcome, with the numbers that failed it.
+  v = causal.verdict("swa64", results)
+  causal.verdict_rules.adjust([v])
+  assert v.p < 1e-3
+  assert v.verdict == ("invalid" if dilution else "reproduced"), v.note
+  assert ("not neutral: noise_matched − ablated moves" in v.note) is (dilution > 0), v.note
+  assert (f"beyond ±{e['neutral_bound']:.4f}" in v.note) is (dilution > 0), v.note
 
 
 def test_files_without_the_matched_control_have_no_control_effects(real_counts):

@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from hybrid_nope.analysis.evidence import multiplicity, primary, primary_statistics
+from hybrid_nope.analysis.evidence import multiplicity, primary, primary_statistics, verdict_rules
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 from hybrid_nope.analysis.evidence.finding_statistics import Run
 from hybrid_nope.run.reader import open_readonly
@@ -223,6 +223,35 @@ def test_causal_claim_reads_the_matched_control_unsigned(decided):
   v = primary_statistics.STATISTICS["causal_ablated_minus_matched_control"](ev, ("swa64",))
   assert v.n == 4 and v.mean == pytest.approx(-0.06, abs=0.005)
   assert v.levels == "seed × document"
+
+
+@pytest.mark.parametrize("dilution", [0.0, 0.03])
+def test_causal_claim_is_invalid_where_its_control_moves_the_gap(decided, dilution):
+  """The registered causal claim reads "invalid" exactly where the matched control moves the
+  global input's gap beyond a tenth of the ablation's change (causal.control_not_neutral), its p
+  kept in the family; a neutral control leaves the same read-out reproduced."""
+  from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONTROL,
+                                                        OTHER_ROW_MATCHED)
+  from tests.measured_runs import ablation_result, with_control_gaps
+  _, _, runs = decided
+  rng = np.random.default_rng(3)
+  counts = rng.integers(20, 80, size=(2, 24)).astype(float)
+  files = {}
+  for seed in range(4):
+    clean = np.full((24, 2), 0.1)
+    gaps = {CLEAN: 0.2, ABLATED: 0.05, CONTROL: 0.05 - dilution, OTHER_ROW_MATCHED: 0.19}
+    files[seed] = with_control_gaps(
+        ablation_result(counts, {CLEAN: clean, CONTROL: clean,
+                                 ABLATED: clean - 0.05 + rng.normal(0, 0.003, (24, 2))}),
+        input_gap=gaps, branch_gap={c: 0.0 for c in gaps}, loss={c: 3.0 for c in gaps},
+        lam={CONTROL: 2.0, OTHER_ROW_MATCHED: 1.0})
+  ev = primary_statistics.Evidence(runs, ablations={"swa64": files})
+  v = primary_statistics.STATISTICS["causal_ablated_minus_matched_control"](ev, ("swa64",))
+  v.sign, v.margin = -1, 0.01
+  verdict_rules.adjust([v])
+  assert v.p < 1e-3 and v.p_adjusted is not None
+  assert v.verdict == ("invalid" if dilution else "reproduced")
+  assert ("not neutral" in v.note) is (dilution > 0)
 
 
 def test_the_page_shows_the_causal_detail_of_the_primary_runs(decided):

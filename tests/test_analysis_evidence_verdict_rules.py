@@ -3,6 +3,8 @@ TOST inside the margin, inconclusive, untestable), the error rate of 'reproduced
 is what the t test promises, and Holm's adjustment over a page decides, for the difference tests
 and for the TOST family (an unadjusted TOST family fails here), with labels that follow each
 row's own TOST p whatever its place in the ranking."""
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -58,6 +60,26 @@ def test_the_holm_adjusted_p_decides():
 def test_an_exact_p_replaces_the_t_tests():
   v = verdict_rules.Verdict("c", "s", "n", [0.1, 0.2, 0.3, 0.1, 0.2, 0.3, 0.1], p_exact=0.5)
   assert v.p == 0.5 and v.verdict == "inconclusive" and "exact permutation" in v.note
+
+
+def test_an_invalid_test_decides_nothing_whatever_its_outcome_and_keeps_its_holm_place():
+  """A failed validity check (a control that is not neutral) overrides every outcome: a clear
+  effect either way and an equivalence alike read "invalid" with the reason; its p still takes
+  its place in Holm, so the other rows are adjusted as if it had counted."""
+  reason = "the matched control is not neutral"
+  for values in ([0.3, 0.31, 0.29, 0.3], [-0.3, -0.31, -0.29, -0.3], [0.001, -0.001, 0.0, 0.0005]):
+    valid = verdict(values)
+    valid.margin = 0.05
+    invalid = dataclasses.replace(valid, invalid=reason)
+    assert valid.verdict != "invalid"
+    assert invalid.verdict == "invalid" and invalid.note.startswith(f"invalid test: {reason}")
+  other = verdict([0.1, 0.12, 0.09, 0.11, 0.1])
+  alone = dataclasses.replace(other)
+  verdict_rules.adjust([alone])
+  weaker = dataclasses.replace(verdict([0.3, 0.1, 0.4, 0.25]), invalid=reason)
+  assert weaker.p > other.p
+  verdict_rules.adjust([other, weaker])
+  assert other.p_adjusted > alone.p_adjusted
 
 
 def test_smallest_attainable_p_is_the_sign_flip_tests_own():

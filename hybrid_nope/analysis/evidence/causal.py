@@ -154,8 +154,24 @@ def seed_table(results: Sequence[dict]) -> dict:
           "layer_ablated_minus_control_signed": np.transpose(per_layer[True]).tolist()}
 
 
+def control_not_neutral(results: Sequence[dict]) -> str:
+  """Why the matched control cannot decide the causal claim, or "" where it can: it is not
+  neutral (`control_effects`), i.e. it moves the global layers' input gap beyond the ablation's
+  own change by more than a tenth of that change. Against such a control the read-out
+  difference mixes position with the control's own effect on the gap (dilution where its dial
+  scales the noise past the ablation's norm), so neither direction of the difference decides."""
+  effects = control_effects(results)
+  if not effects["seeds"] or effects["neutral"]:
+    return ""
+  mean, se = effects["control_minus_ablated_gap"]
+  return (f"the matched control is not neutral: {CONTROL} − ablated moves the global layers' "
+          f"input gap by {mean:+.4f} ± {se:.4f} (seed SE), beyond ±{effects['neutral_bound']:.4f}"
+          f" (a tenth of the ablation's own change) at λ {effects['control_lam']:.3g}")
+
+
 def verdict(config: str, results: Sequence[dict]) -> Verdict:
-  """The config's causal verdict over its seeds' ablation results (one per seed)."""
+  """The config's causal verdict over its seeds' ablation results (one per seed); `invalid`
+  where its matched control is not neutral (`control_not_neutral`)."""
   results = _usable(results)
   if results:
     _same_probe(results, config)
@@ -167,7 +183,8 @@ def verdict(config: str, results: Sequence[dict]) -> Verdict:
       "damage-matched noise control", "rotated control (files older than the matched one)")
   return Verdict(f"{config}: {FINDING}", statistic, NULL, [float(d[0]) for d in diffs],
                  sign=-1, margin=verdict_rules.MARGIN_FRACTION * float(np.mean(clean)) if clean
-                 else None, margin_rule=MARGIN_RULE, estimate=estimate)
+                 else None, margin_rule=MARGIN_RULE, estimate=estimate,
+                 invalid=control_not_neutral(results) if control == CONTROL else "")
 
 
 def loss_change(results: Sequence[dict], key: str = "loss", name: str | None = None

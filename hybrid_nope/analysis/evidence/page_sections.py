@@ -199,10 +199,13 @@ def control_effects_table(rows: list[dict]) -> list[str]:
         f"{r['config']} (λ {fmt(r['control_effects']['control_lam'], '.3g')})"
         for r in failing) + "**: to cost what the ablation costs its noise is scaled past the "
         "ablation's norm, and at that size it dilutes the cosines at the global layers' input "
-        "beyond what the ablation removes. Its causal difference then mixes position with that "
-        "dilution; the controls of equal damage that keep the branch's position "
-        "(other_row_matched, and in newer files added_noise_matched and scattered_matched) read "
-        "the read-out without it (last column above)."]
+        "beyond what the ablation removes. Its read-out difference then mixes position with "
+        "that dilution, so the causal row reads **invalid** (verdict_rules.py): no outcome "
+        "against this control decides the claim. That validity rule was added after these runs "
+        "(issue 47's review); the registered statistic, null and margin are unchanged. "
+        "other_row_matched keeps the branch's position and drops its content: ablated − it "
+        "(last column above) is the part of the read-out specific to position, at equal damage "
+        "but not free of position."]
   return lines + [""]
 
 
@@ -220,8 +223,8 @@ def agreement_section(by_corpus: dict[str, list[Verdict]]) -> list[str]:
            "Each finding measured on more than one corpus: its verdict and seed mean ± SE on "
            "each (same statistic, same margin rule, exploratory q-values). They agree when the "
            "verdict kinds match; they differ in power only when one corpus decides and another "
-           "cannot (inconclusive or untestable) with the mean on the same side; they disagree "
-           "otherwise.", "",
+           "cannot (inconclusive, untestable or invalid) with the mean on the same side; they "
+           "disagree otherwise.", "",
            "| finding | " + " | ".join(names) + " | agree |",
            "|---|" + "---|" * len(names) + "---|"]
   readings = {}
@@ -237,7 +240,7 @@ def agreement_section(by_corpus: dict[str, list[Verdict]]) -> list[str]:
 
 
 AGREEMENT = ("yes", "power only", "no")
-UNDECIDED = ("inconclusive", "untestable")
+UNDECIDED = ("inconclusive", "untestable", "invalid")
 
 
 def agreement(cells: list[Verdict]) -> str:

@@ -132,7 +132,8 @@ def _logit_gap_minus_init_null(ev: Evidence, configs: tuple[str, ...], text: str
 def _causal(ev: Evidence, configs: tuple[str, ...], text: str) -> Verdict:
   """Per seed: ablated − the damage-matched position-free control (ablation.CONTROL), the
   head- and layer-mean logit gap unsigned (the registered direction says it falls), paired by
-  the probe's documents; only seeds whose file holds that control count."""
+  the probe's documents; only seeds whose file holds that control count. Invalid where that
+  control is not neutral over those seeds (`causal.control_not_neutral`)."""
   (e,) = configs
   files = [f for _, f in sorted((ev.ablations.get(e) or {}).items())
            if f is not None and causal.has(f, causal.CONTROL)]
@@ -141,7 +142,8 @@ def _causal(ev: Evidence, configs: tuple[str, ...], text: str) -> Verdict:
   diffs = [causal.difference_replicates(f, causal.ABLATED, causal.CONTROL, signed=False)
            for f in files]
   return Verdict("", text, "", [float(d[0]) for d in diffs],
-                 estimate=two_level.combine(diffs) if len(diffs) >= 2 else None)
+                 estimate=two_level.combine(diffs) if len(diffs) >= 2 else None,
+                 invalid=causal.control_not_neutral(files))
 
 
 def _loss(a: Run, b: Run):

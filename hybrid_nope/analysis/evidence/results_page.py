@@ -13,9 +13,7 @@ corpora agree (`page_sections`).
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
-import glob
 import os
 import subprocess
 import tempfile

@@ -24,6 +24,9 @@ the smallest effect the claim means, fixed by one rule before the data are read
   the Holm step that p would meet on the page (α/(m − k), k the family's p-values below it).
   No outcome of the sweep could have reproduced it; the note names n, that p and the level.
   (TOST inside the margin still refutes: it is a separate test, on the t scale.)
+- invalid: the test's own validity check failed (`Verdict.invalid` says which and by how much:
+  a control that moves the quantity it must leave alone), so no outcome decides the claim. Its
+  p still counts in its Holm family: dropping it would loosen the other rows after the fact.
 
 "Inside the margin" is one rule for every row of the TOST family: the row's (1 − 2α_k) interval
 lies wholly inside ±margin, where α_k = α · p_tost / p_tost_holm is the level Holm's step-down
@@ -72,6 +75,7 @@ class Verdict:
   # `multiplicity.smallest_attainable_p`), and the level it faces (set by `adjust`; α before).
   p_attainable: float | None = None
   p_level: float | None = None
+  invalid: str = ""  # why the test cannot decide (its validity check failed); "" when valid
 
   @property
   def n(self) -> int:
@@ -176,6 +180,8 @@ class Verdict:
 
   @property
   def verdict(self) -> str:
+    if self.invalid:
+      return "invalid"
     inside = self.inside
     if self.untestable:
       return "refuted" if inside else "untestable"
@@ -191,6 +197,11 @@ class Verdict:
   @property
   def note(self) -> str:
     v = self.verdict
+    if v == "invalid":
+      p = self._decides(self.p_adjusted, self.p)
+      return f"invalid test: {self.invalid}" + (
+          f" (as computed, t = {self.t:+.1f} on {_df_text(self.df)} df, Holm p {p:.2g})"
+          if p is not None and self.se else "")
     if v == "untestable":
       step = " (its Holm step on this page)" if self.level < ALPHA else ""
       return (f"untestable at {self.n} seeds: the smallest attainable p is {self.smallest_p:.3g} "
