@@ -44,3 +44,11 @@ def test_a_failure_to_extrapolate_is_a_ratio_at_the_threshold():
   assert not ex.has_failure({"ratio_range": [0.9, ex.FAILURE_RATIO - 1e-9]})
   assert ex.has_failure({"ratio_range": [0.9, ex.FAILURE_RATIO]})
   assert not ex.has_failure({"ratio_range": None})
+
+
+def test_failing_configs_are_those_at_or_above_the_failure_ratio():
+  pts = _points(0.0, np.random.default_rng(4), n=6)
+  pts[2]["ratio"], pts[4]["ratio"] = extrapolation.FAILURE_RATIO, extrapolation.FAILURE_RATIO - 1e-6
+  r = extrapolation.regression(pts, resamples=50)
+  assert extrapolation.failing(r) == ["c2"] and extrapolation.has_failure(r)
+  assert [p["config"] for p in r["points"]] == [f"c{i}" for i in range(6)]

@@ -78,6 +78,28 @@ def test_propagation_failures_are_tallied():
           "fails for 0 of 3 configs") in text
 
 
+def test_the_extrapolation_lists_each_config_and_names_the_ones_that_fail():
+  """Per config the ratio; a config at or above 1.05 fails, and the reading says whether only
+  the controls built to fail do (both ways), or that none fails with a control run or not."""
+  corr = {"points": 10, "groups": 5, "r": 0.1, "low": -0.2, "high": 0.4}
+  def section(ratios):
+    points = [{"config": c, "gap": 0.1, "eval_loss": 1.5, "ratio": r, "ratio_se": 0.01,
+               "seeds": 3} for c, r in ratios.items()]
+    reg = {"n": len(points), "slope": 0.1, "low": -0.1, "high": 0.3, "partial_r": 0.2,
+           "configs": list(ratios), "points": points,
+           "ratio_range": [min(ratios.values()), max(ratios.values())]}
+    return "\n".join(page_sections.extrapolation_section({2: reg}, corr, ("rope",)))
+  text = section({"rope": 1.12, "swa64": 0.92, "nope": 0.96})
+  assert "1 of 3 fail, only controls built to fail: rope" in text
+  assert "| rope | 3 | 0.1000 | 1.5000 | 1.1200 ± 0.0100 | **yes** | yes |" in text
+  assert "| swa64 | 3 | 0.1000 | 1.5000 | 0.9200 ± 0.0100 | no | no |" in text
+  assert text.index("| rope |") < text.index("| nope |") < text.index("| swa64 |")
+  assert ("2 of 2 fail, not only the controls built to fail: rope, swa64"
+          in section({"rope": 1.2, "swa64": 1.05}))
+  assert "None fails, the controls built to fail included." in section({"rope": 1.0})
+  assert "None fails; no control built to fail was run here." in section({"swa64": 1.0})
+
+
 def test_an_extrapolation_with_no_failure_says_so():
   base = {"n": 5, "slope": 0.1, "low": -0.1, "high": 0.3, "partial_r": 0.2}
   corr = {"points": 10, "groups": 5, "r": 0.1, "low": -0.2, "high": 0.4}

@@ -24,6 +24,11 @@ MIN_CONFIGS = 4  # Three coefficients need more than three points to leave any r
 FAILURE_RATIO = 1.05
 
 
+def failing(regression: dict) -> list[str]:
+  """The configs whose mean ratio at this factor reaches FAILURE_RATIO."""
+  return [p["config"] for p in regression.get("points") or [] if p["ratio"] >= FAILURE_RATIO]
+
+
 def has_failure(regression: dict) -> bool:
   """Whether any config's mean ratio at this factor reaches FAILURE_RATIO."""
   top = (regression.get("ratio_range") or [None, None])[1]
@@ -44,7 +49,8 @@ def regression(points: Sequence[dict], resamples: int = 4000, seed: int = 0) -> 
   pts = [p for p in points if all(np.isfinite(p.get(k, np.nan))
                                   for k in ("gap", "eval_loss", "ratio"))]
   out = {"configs": [p["config"] for p in pts], "n": len(pts), "slope": None, "low": None,
-         "high": None, "partial_r": None, "ratio_range": None, "resamples": resamples}
+         "high": None, "partial_r": None, "ratio_range": None, "resamples": resamples,
+         "points": [dict(p) for p in pts]}
   if len(pts) < MIN_CONFIGS:
     return out
   gap, loss, ratio = (np.asarray([p[k] for p in pts], float)

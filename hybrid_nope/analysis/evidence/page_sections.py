@@ -71,10 +71,36 @@ def extrapolation_section(regressions: dict[int, dict], corr: dict, controls: Se
               f"ratio below {extrapolation.FAILURE_RATIO}): the regression has no failure to "
               "explain there. The configs built to fail are configs/small.py's RoPE-global "
               f"controls ({', '.join(controls)})."]
+  for k, r in sorted(regressions.items()):
+    if r["ratio_range"] and r.get("points"):
+      lines += _extrapolation_configs(k, r, controls)
   lines += ["", f"For comparison, the raw Pearson r of the 2× ratio with the gap over "
             f"{corr.get('points', 0)} runs in {corr['groups']} configs: {fmt(corr['r'], '+.3f')}"
             f", 95% [{fmt(corr['low'], '+.3f')}, {fmt(corr['high'], '+.3f')}] (configs "
             f"resampled whole); it does not hold the loss fixed.", ""]
+  return lines
+
+
+def _extrapolation_configs(k: int, regression: dict, controls: Sequence[str]) -> list[str]:
+  """The regression's points at factor k, one per config (seed means): which fail, and whether
+  each is one of the RoPE-global controls built to fail."""
+  fails = extrapolation.failing(regression)
+  if not fails:
+    reading = ("None fails, the controls built to fail included." if set(controls) & set(
+        regression["configs"]) else "None fails; no control built to fail was run here.")
+  elif set(fails) <= set(controls):
+    reading = f"{len(fails)} of {regression['n']} fail, only controls built to fail: "
+  else:
+    reading = f"{len(fails)} of {regression['n']} fail, not only the controls built to fail: "
+  lines = ["", f"At {k}×, per config (seed means; fails: ratio ≥ {extrapolation.FAILURE_RATIO}; "
+           f"built to fail: global layers with RoPE). {reading}{', '.join(fails)}", "",
+           "| config | seeds | gap at the training length | eval loss | ratio ± seed SE | fails "
+           "| built to fail |", "|---|---|---|---|---|---|---|"]
+  for p in sorted(regression["points"], key=lambda p: -p["ratio"]):
+    lines.append(f"| {p['config']} | {p.get('seeds', '—')} | {fmt(p['gap'], '.4f')} | "
+                 f"{fmt(p['eval_loss'], '.4f')} | {fmt(p['ratio'], '.4f')} ± "
+                 f"{fmt(p.get('ratio_se'), '.4f')} | {'**yes**' if p['config'] in fails else 'no'}"
+                 f" | {'yes' if p['config'] in controls else 'no'} |")
   return lines
 
 

@@ -29,6 +29,7 @@ from hybrid_nope.analysis.evidence import (causal, compare, compare_table, extra
 from hybrid_nope.analysis.evidence.exploratory_experiments import Experiments
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 from hybrid_nope.analysis.evidence.finding_statistics import NORMS, Run, paired_paths
+from hybrid_nope.analysis.evidence.seed_stats import mean_se
 from hybrid_nope.run.reader import RunReader
 
 
@@ -83,13 +84,15 @@ def extrapolation_points(runs: dict[str, dict[int, Run]],
           r.summary["ratio"].get(k) is not None for r in src[e].values())), None)
       if rs is None:
         continue
+      ratios = [r.summary["ratio"][k] for r in rs.values()
+                if r.summary["ratio"].get(k) is not None]
       points.append({"config": e,
                      "gap": mean([r.summary["extrapolation_gap"] for r in rs.values()
                                   if r.summary["extrapolation_gap"] is not None]),
                      "eval_loss": mean([r.summary["eval_loss"] for r in rs.values()
                                         if r.summary["eval_loss"] is not None]),
-                     "ratio": mean([r.summary["ratio"][k] for r in rs.values()
-                                    if r.summary["ratio"].get(k) is not None])})
+                     "ratio": mean(ratios), "ratio_se": mean_se(ratios)[1],
+                     "seeds": len(ratios)})
     out[k] = points
   return out
 
