@@ -9,8 +9,7 @@ import zlib
 import numpy as np
 
 from hybrid_nope.run import run_dir
-from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONDITIONS, CONTROL,
-                                                      OTHER_ROW_MATCHED)
+from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONTROL
 from hybrid_nope.analysis.measure import records
 from hybrid_nope.model.pattern import layer_kinds, layer_type
 from hybrid_nope.model.transformer import BOUNDARIES, FINAL_BOUNDARY
@@ -99,15 +98,18 @@ def ablation_result(counts_2C, means_by_condition, rows=(0, 1), layers=(1, 3)):
   `means_by_condition[c]` ([C, N] at lag 1; the far lag's are 0), the same for every layer."""
   n_near, n_far = counts_2C
   sums = {"counts": {"near": n_near.tolist(), "far": n_far.tolist()}, "layers": list(layers)}
-  for c in CONDITIONS:
+  conditions = list(means_by_condition)
+  for c in conditions:
     m_CN = np.asarray(means_by_condition[c], np.float64)
     sums[c] = {str(i): {"near": (m_CN * n_near[:, None]).tolist(),
                         "far": np.zeros_like(m_CN).tolist()} for i in layers}
   gaps = {c: float(np.mean(np.sum(np.asarray(means_by_condition[c]) * n_near[:, None], 0)
-                           / n_near.sum())) for c in CONDITIONS}
+                           / n_near.sum())) for c in conditions}
+  controls = [c for c in conditions if c not in (CLEAN, ABLATED)]
   summary = {CLEAN: {"logit_gap": gaps[CLEAN]},
              **{f"{a}_minus_{b}": {"logit_gap": gaps[a] - gaps[b]}
-                for a, b in ((ABLATED, CLEAN), (CONTROL, CLEAN), (ABLATED, CONTROL))}}
+                for a, b in [(c, CLEAN) for c in conditions if c != CLEAN]
+                + [(ABLATED, c) for c in controls]}}
   loss = {"ablated_minus_control": {"loss": 0.01}}
   return {"logit_sums": sums, "summary": summary, "loss_delta": loss,
           "probe": {"rows": list(rows)}, "seq_len": 1024, "far_lag": 512}
@@ -132,16 +134,19 @@ def write_ablation(workdir: str, effect: float, *, step: int = 8, seq_len: int =
   return path
 
 
-def with_control_gaps(result, *, input_gap, branch_gap, loss, lam):
-  """`result` with what control_effects reads: per condition the global input's gap (summary),
-  the local branches' own gap (one local layer), the eval loss and the damage dial."""
-  conditions = (CLEAN, ABLATED, CONTROL, OTHER_ROW_MATCHED)
+def with_control_gaps(result, *, input_gap, branch_gap, loss, lam, control=CONTROL):
+  """`result` with what control_effects reads: per condition of `input_gap` (clean, ablated,
+  `control`, and others) the global input's gap (summary), the local branches' own gap (one
+  local layer), the eval loss and the damage dial."""
+  conditions = list(input_gap)
   result["summary"].update({c: {"gap": input_gap[c]} for c in conditions})
-  for c in conditions[1:]:
-    result["summary"][f"{c}_minus_{CLEAN}"] = {"gap": input_gap[c] - input_gap[CLEAN]}
-  result["summary"][f"{ABLATED}_minus_{CONTROL}"].update(
-      gap=input_gap[ABLATED] - input_gap[CONTROL], gap_stderr=0.001)
+  for c in conditions:
+    if c != CLEAN:
+      result["summary"].setdefault(f"{c}_minus_{CLEAN}", {}).update(
+          gap=input_gap[c] - input_gap[CLEAN], gap_stderr=0.001)
+  result["summary"].setdefault(f"{ABLATED}_minus_{control}", {}).update(
+      gap=input_gap[ABLATED] - input_gap[control], gap_stderr=0.001)
   result["local_layers"] = [{"layer": 0, "mixer_gap": dict(branch_gap)}]
   result["eval"] = {c: {"loss": loss[c]} for c in conditions}
-  result["damage"] = {c: {"lam": lam[c]} for c in (CONTROL, OTHER_ROW_MATCHED)}
+  result["damage"] = {c: {"lam": lam[c]} for c in lam}
   return result

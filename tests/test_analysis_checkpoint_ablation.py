@@ -384,7 +384,8 @@ def test_ablate_local_end_to_end_writes_the_documented_keys(tmp_path_factory, tm
                       "noise_seed", "derangement_seed", "added_noise_seed", "scatter_seed",
                       "damage", "local_layers",
                       "global_layers", "summary", "eval", "loss_delta", "probe", "logit_sums"}
-  assert out["conditions"] == list(ablation.ALL_CONDITIONS) and out["control"] == "noise_matched"
+  assert out["conditions"] == list(ablation.ALL_CONDITIONS)
+  assert out["control"] == "added_noise_matched"
   for c in ablation.MATCHED:  # The bisection reached the ablation's loss on this run.
     d = out["damage"][c]
     assert set(d) == {"lam", "loss", "target", "matched", "trace", "tolerance"}
@@ -422,10 +423,10 @@ def test_ablate_local_end_to_end_writes_the_documented_keys(tmp_path_factory, tm
   assert abs(mixer["ablated"]) < abs(mixer["clean"])
   assert set(out["summary"]) == set(ablation.ALL_CONDITIONS) | {
       name for name, _, _ in ablation.DIFFERENCES}
-  assert set(out["summary"]["ablated_minus_noise_matched"]) == {
+  assert set(out["summary"]["ablated_minus_added_noise_matched"]) == {
       "gap", "gap_stderr", "logit_gap", "logit_gap_stderr", "logit_gap_signed",
       "logit_gap_signed_stderr", "alignment"}
-  assert "ablated − noise_matched" in report.summary_text(result)
+  assert "ablated − added_noise_matched" in report.summary_text(result)
 
 
 @pytest.mark.integration

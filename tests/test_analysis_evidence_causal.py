@@ -7,7 +7,7 @@ import pytest
 import scipy.stats
 
 from hybrid_nope.analysis.checkpoint.ablation import (ABLATED, CLEAN, CONDITIONS, CONTROL,
-                                                      OTHER_ROW_MATCHED)
+                                                      NOISE_MATCHED, OTHER_ROW_MATCHED)
 from hybrid_nope.analysis.evidence import causal, page_sections
 from tests.helpers import committed_probe_counts
 from tests.measured_runs import ablation_result, with_control_gaps
@@ -196,12 +196,15 @@ def test_seed_table_flags_a_layer_whose_clean_sign_flips_and_reports_both_signin
 
 
 @pytest.mark.parametrize("dilution", [0.0, 0.03])
+@pytest.mark.parametrize("control", [CONTROL, NOISE_MATCHED])
 def test_control_effects_are_seed_means_and_flag_a_control_that_moves_the_gap(real_counts,
-                                                                              dilution):
+                                                                              control, dilution):
   """Three seeds: each condition's branch gap, input gap change and loss are the seed mean ±
-  seed SE of the files' own numbers; the control is neutral when noise_matched − ablated at the
-  global input is within a tenth of the ablation's own change (0.015 here), and the page says
-  so only where it is not (the check can fail both ways)."""
+  seed SE of the files' own numbers. The control is neutral when its own effect on the global
+  input's gap is within a tenth of the ablation's change (0.015 here): from clean for the
+  control that keeps the branch (added_noise_matched), from ablated for noise in the branch's
+  place (noise_matched, older files, used only where the newer control is absent). The page
+  and the verdict say so only where it is not (the check can fail both ways)."""
   rng = np.random.default_rng(0)
   C = len(real_counts[0])
   base = np.full((C, 2), 0.2)
@@ -209,37 +212,42 @@ def test_control_effects_are_seed_means_and_flag_a_control_that_moves_the_gap(re
   for seed in range(3):
     clean = 0.2 + 0.01 * seed
     ablated = clean - 0.15 + 0.002 * rng.standard_normal()
-    gaps = {CLEAN: clean, ABLATED: ablated, CONTROL: ablated - dilution + 0.001 * seed,
+    left = clean if control == CONTROL else ablated  # What the control must leave.
+    gaps = {CLEAN: clean, ABLATED: ablated, control: left - dilution + 0.001 * seed,
             OTHER_ROW_MATCHED: clean - 0.02}
-    r = ablation_result(real_counts, {CLEAN: base, CONTROL: base, ABLATED: base - 0.1 + 0.01
+    r = ablation_result(real_counts, {CLEAN: base, control: base, ABLATED: base - 0.1 + 0.01
                                       * rng.standard_normal(base.shape)})
     results.append(with_control_gaps(
-        r, input_gap=gaps, branch_gap={CLEAN: 0.38, ABLATED: 0.0, CONTROL: 0.001 * seed,
+        r, input_gap=gaps, branch_gap={CLEAN: 0.38, ABLATED: 0.0, control: 0.001 * seed,
                                        OTHER_ROW_MATCHED: 0.39},
-        loss={CLEAN: 1.4, ABLATED: 3.5 + 0.1 * seed, CONTROL: 3.5 + 0.1 * seed,
-              OTHER_ROW_MATCHED: 3.51}, lam={CONTROL: 2.0 + seed, OTHER_ROW_MATCHED: 1.0}))
+        loss={CLEAN: 1.4, ABLATED: 3.5 + 0.1 * seed, control: 3.5 + 0.1 * seed,
+              OTHER_ROW_MATCHED: 3.51}, lam={control: 2.0 + seed, OTHER_ROW_MATCHED: 1.0},
+        control=control))
     expected.append(gaps)
+  assert causal.control_for(results) == control
   e = causal.control_effects(results)
-  assert e["seeds"] == 3
+  assert e["seeds"] == 3 and e["control"] == control
+  assert e["neutral_against"] == (CLEAN if control == CONTROL else ABLATED)
   change = [g[ABLATED] - g[CLEAN] for g in expected]
   mean, se = e["conditions"][ABLATED]["input_gap_change"]
   assert mean == pytest.approx(np.mean(change))
   assert se == pytest.approx(np.std(change, ddof=1) / np.sqrt(3))
-  assert e["conditions"][CONTROL]["branch_gap"][0] == pytest.approx(0.001)
-  assert e["conditions"][CONTROL]["lam"][0] == pytest.approx(3.0)
-  assert e["control_minus_ablated_gap"][0] == pytest.approx(-dilution + 0.001)
+  assert e["conditions"][control]["branch_gap"][0] == pytest.approx(0.001)
+  assert e["conditions"][control]["lam"][0] == pytest.approx(3.0)
+  assert e["own_gap_effect"][0] == pytest.approx(-dilution + 0.001)
   assert e["neutral_bound"] == pytest.approx(0.1 * abs(np.mean(change)))
   assert e["neutral"] is (dilution == 0.0)
   row = causal.row("swa64", results, causal.verdict("swa64", results))
   lines = "\n".join(page_sections.control_effects_table([row]))
-  assert ("not neutral for swa64 (λ 3)" in lines) is (dilution > 0), lines
+  assert (f"not neutral for swa64 ({control}, λ 3)" in lines) is (dilution > 0), lines
+  assert f"| swa64 | 3 | {control} − {e['neutral_against']}: " in lines
   # The read-out difference is large and significant either way; a control that is not neutral
   # makes the verdict invalid whatever its outcome, with the numbers that failed it.
   v = causal.verdict("swa64", results)
   causal.verdict_rules.adjust([v])
   assert v.p < 1e-3
   assert v.verdict == ("invalid" if dilution else "reproduced"), v.note
-  assert ("not neutral: noise_matched − ablated moves" in v.note) is (dilution > 0), v.note
+  assert (f"not neutral: {control} − {e['neutral_against']} moves" in v.note) is (dilution > 0)
   assert (f"beyond ±{e['neutral_bound']:.4f}" in v.note) is (dilution > 0), v.note
 
 

@@ -183,17 +183,23 @@ def _git(cwd, *args, when=None):
   subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
 
 
-def test_registration_sees_a_file_changed_after_its_runs(tmp_path):
+def _registered_then_run(tmp_path, text: str):
+  """A repo whose registry (`text`) is committed, then one run's pack after it."""
   repo = str(tmp_path)
   _git(repo, "init", "-q")
   registry, pack = tmp_path / "primary.toml", tmp_path / "runs" / "swa64" / "seed0.tar.gz"
-  registry.write_text("claims\n")
+  registry.write_text(text)
   _git(repo, "add", "primary.toml")
   _git(repo, "commit", "-q", "-m", "register", when=1_000_000)
   pack.parent.mkdir(parents=True)
   pack.write_bytes(b"pack")
   _git(repo, "add", str(pack))
   _git(repo, "commit", "-q", "-m", "run", when=1_000_100)
+  return repo, registry, pack
+
+
+def test_registration_sees_a_file_changed_after_its_runs(tmp_path):
+  repo, registry, pack = _registered_then_run(tmp_path, "claims\n")
   late = tmp_path / "runs" / "swa64" / "seed1.tar.gz"
   late.write_bytes(b"not committed")
   reg = primary.registration(str(registry), [str(pack), str(late)])
@@ -206,9 +212,41 @@ def test_registration_sees_a_file_changed_after_its_runs(tmp_path):
   assert "changed after 1 of these runs" in primary.registration_line(reg)
 
 
+def test_registration_names_the_claims_amended_after_the_runs(tmp_path):
+  """A file edited after its runs: the claims that differ from the version the earliest run was
+  registered under are named (a comment-only edit names none), and the page's line says which."""
+  claims = lambda null_b: (f'[[claims]]\nid = "a"\nnull = "x"\n\n'
+                           f'[[claims]]\nid = "b"\nnull = "{null_b}"\n')
+  repo, registry, pack = _registered_then_run(tmp_path, claims("y"))
+  registry.write_text("# a comment\n" + claims("y"))
+  _git(repo, "commit", "-q", "-am", "comment", when=1_000_200)
+  reg = primary.registration(str(registry), [str(pack)])
+  assert reg["changed_after"] == [str(pack)] and reg["amended"] == []
+  assert "no claim differs from the version" in primary.registration_line(reg)
+  registry.write_text("# a comment\n" + claims("z") + '\n[[claims]]\nid = "c"\n')
+  _git(repo, "commit", "-q", "-am", "amend b, add c", when=1_000_300)
+  reg = primary.registration(str(registry), [str(pack)])
+  first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=repo,
+                         capture_output=True, text=True).stdout.strip()
+  assert reg["amended"] == ["b", "c"] and reg["registered_at"] == first[:7]
+  line = primary.registration_line(reg)
+  assert f"registered under (commit {first[:7]}), the claim(s) b, c were amended" in line
+
+
+def test_the_page_marks_an_amended_claim_and_only_it(decided):
+  from hybrid_nope.analysis.evidence import primary_page
+  reg, verdicts, _ = decided
+  claim = next(c for c in reg.claims if c.id == "smaller_window_steeper")
+  kind, why = primary_page.verdict_text(reg, claim, verdicts[claim.id], False, True)
+  assert kind == verdicts[claim.id].verdict and why.endswith(
+      "(claim amended after its first runs: see the registration line)")
+  assert "amended" not in primary_page.verdict_text(reg, claim, verdicts[claim.id], False)[1]
+  assert "amended" in primary_page.verdict_text(reg, claim, verdicts[claim.id], True, True)[1]
+
+
 def test_causal_claim_reads_the_matched_control_unsigned(decided):
-  """Per seed ablated − noise_matched on the head/layer-mean logit gap, without the clean gap's
-  sign: a layer whose clean read-out is negative still counts a fall as a fall."""
+  """Per seed ablated − added_noise_matched on the head/layer-mean logit gap, without the clean
+  gap's sign: a layer whose clean read-out is negative still counts a fall as a fall."""
   from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN, CONTROL
   from tests.measured_runs import ablation_result
   _, _, runs = decided
@@ -220,7 +258,7 @@ def test_causal_claim_reads_the_matched_control_unsigned(decided):
     files[seed] = ablation_result(counts, {CLEAN: clean, CONTROL: clean + 0.01,
                                            ABLATED: clean - 0.05 + rng.normal(0, 0.003, (24, 2))})
   ev = primary_statistics.Evidence(runs, ablations={"swa64": files})
-  v = primary_statistics.STATISTICS["causal_ablated_minus_matched_control"](ev, ("swa64",))
+  v = primary_statistics.STATISTICS["causal_ablated_minus_added_noise_control"](ev, ("swa64",))
   assert v.n == 4 and v.mean == pytest.approx(-0.06, abs=0.005)
   assert v.levels == "seed × document"
 
@@ -239,14 +277,14 @@ def test_causal_claim_is_invalid_where_its_control_moves_the_gap(decided, diluti
   files = {}
   for seed in range(4):
     clean = np.full((24, 2), 0.1)
-    gaps = {CLEAN: 0.2, ABLATED: 0.05, CONTROL: 0.05 - dilution, OTHER_ROW_MATCHED: 0.19}
+    gaps = {CLEAN: 0.2, ABLATED: 0.05, CONTROL: 0.2 - dilution, OTHER_ROW_MATCHED: 0.19}
     files[seed] = with_control_gaps(
         ablation_result(counts, {CLEAN: clean, CONTROL: clean,
                                  ABLATED: clean - 0.05 + rng.normal(0, 0.003, (24, 2))}),
         input_gap=gaps, branch_gap={c: 0.0 for c in gaps}, loss={c: 3.0 for c in gaps},
         lam={CONTROL: 2.0, OTHER_ROW_MATCHED: 1.0})
   ev = primary_statistics.Evidence(runs, ablations={"swa64": files})
-  v = primary_statistics.STATISTICS["causal_ablated_minus_matched_control"](ev, ("swa64",))
+  v = primary_statistics.STATISTICS["causal_ablated_minus_added_noise_control"](ev, ("swa64",))
   v.sign, v.margin = -1, 0.01
   verdict_rules.adjust([v])
   assert v.p < 1e-3 and v.p_adjusted is not None

@@ -28,8 +28,10 @@ by context position (`context_loss.evaluate_by_context`); every difference share
 documents, so its standard error is paired over them (`recency.contrast_stderr`).
 
 Reading (docs/analysis.md lists every key):
-- the causal statistic is ablated − noise_matched (CONTROL): position removed against a
-  position-free intervention of the same damage. `logit_gap` is the raw (unsigned) change;
+- the causal statistic is ablated − added_noise_matched (CONTROL): position removed against
+  the branch kept plus position-free noise of the same damage (files older than it read
+  noise_matched, noise in the branch's place, which removes position as the ablation does).
+  `logit_gap` is the raw (unsigned) change;
   `logit_gap_signed` multiplies each layer's by the sign of its clean logit gap (negative: the
   read-out shrinks toward 0 whichever way it pointed). Any destructive intervention shrinks a
   read-out; the matched control's damage is the ablation's, so what is left is position.
@@ -69,7 +71,9 @@ MATCHED = {NOISE_MATCHED: NOISE, OTHER_ROW_MATCHED: OTHER_ROW,  # Damage-matched
            ADDED_NOISE_MATCHED: ADDED_NOISE, SCATTERED_MATCHED: SCATTERED}
 ALL_CONDITIONS = (CLEAN, ABLATED, ROTATED, NOISE, OTHER_ROW, NOISE_MATCHED, OTHER_ROW_MATCHED,
                   ADDED_NOISE, SCATTERED, ADDED_NOISE_MATCHED, SCATTERED_MATCHED)
-CONTROL = NOISE_MATCHED  # The causal verdict's control: position-free, damage-matched.
+# The causal verdict's control: the branch kept plus position-free noise at the ablation's
+# eval loss (equal damage, the branch's position kept, none added). Older files: NOISE_MATCHED.
+CONTROL = ADDED_NOISE_MATCHED
 CONDITIONS = (CLEAN, ABLATED, CONTROL)  # What the causal verdict reads (evidence/causal.py).
 LEGACY_CONTROL = "control"  # Old files' name for ROTATED.
 DIFFERENCES = tuple(

@@ -3,18 +3,19 @@ layers plant? One verdict per config, from each run's ablation_T<T>.json (`analy
 --ablate=local`, analysis/checkpoint/ablation.py).
 
 Per seed the statistic is the ablated − control logit gap of each global NoPE layer (head mean),
-signed by the layer's clean logit gap and averaged over the layers. The control is the
-damage-matched, position-free one (ablation.CONTROL, noise_matched: i.i.d. noise at the
-ablation's per-token norm, its dial set so its eval loss is the ablation's): any destructive
-intervention shrinks a read-out toward 0, and the signed statistic reads shrinkage, so only a
-control of the same damage makes what is left position. Files written before that control
-existed carry the rotated one (their "control"); a config is compared against the matched
-control only when every seed has it, otherwise against the rotated one for all seeds (`row`'s
-"control" names it). The statistic is built from the file's per-document sums (`logit_sums`),
-so its error has the seed and the document level (`two_level.combine`, the probe's documents
-shared by every seed). The claim says it is negative; its margin is `verdict_rules.MARGIN_FRACTION`
-of the clean |logit gap| (the read-out the ablation should remove), fixed before the ablated
-numbers are read.
+signed by the layer's clean logit gap and averaged over the layers. The control
+(ablation.CONTROL, added_noise_matched) keeps the branch and adds i.i.d. noise, its dial set so
+its eval loss is the ablation's: equal damage, the branch's position kept and none added. Any
+destructive intervention shrinks a read-out toward 0, so against a control of the same damage
+that keeps position what is left is position. Older files lack it: `control_for` takes, for
+all of a config's seeds, the first of CONTROLS every seed has (noise_matched, noise in the
+branch's place, then the rotated control of the oldest files); `row`'s "control" names it.
+The statistic is built from the file's per-document sums (`logit_sums`), so its error has
+the seed and the document level (`two_level.combine`, the probe's documents shared by every
+seed). The claim says it is negative; its margin is `verdict_rules.MARGIN_FRACTION` of the
+clean |logit gap| (the read-out the ablation should remove), fixed before the ablated numbers
+are read. A control whose own effect on the global input's gap is not ≈ 0 makes the verdict
+invalid (`control_not_neutral`).
 
 Beside it: the same difference unsigned, per layer and in the mean; `seed_table`'s per-layer clean
 logit gaps with `stable_sign` (False where a layer's clean logit gap changes sign across seeds:
@@ -38,11 +39,11 @@ from hybrid_nope.analysis.evidence.seed_stats import mean_se
 from hybrid_nope.analysis.evidence.verdict_rules import Verdict
 
 FINDING = "global NoPE layers read out the planted recency (causal: local branches ablated)"
-STATISTIC = ("ablated − damage-matched noise control logit gap at the final checkpoint, each "
-             "global NoPE layer's signed by its clean logit gap (negative: the read-out "
+STATISTIC = ("ablated − damage-matched added-noise control logit gap at the final checkpoint, "
+             "each global NoPE layer's signed by its clean logit gap (negative: the read-out "
              "shrinks), mean over layers and heads")
-NULL = ("removing position from the local branches changes the read-out no more than "
-        "position-free noise in their place at the same eval loss")
+NULL = ("removing position from the local branches changes the read-out no more than adding "
+        "position-free noise to them at the same eval loss")
 MARGIN_RULE = "a tenth of the clean logit gap's size (the read-out the ablation should remove)"
 # The position-specific read-out: name -> (a, b) of a − b on the head/layer-mean logit gap.
 POSITION = {"ablated_minus_noise": (ABLATED, NOISE),
@@ -113,11 +114,19 @@ def _usable(results: Sequence[dict]) -> list[dict]:
           and r["logit_sums"]["layers"]]
 
 
+# The controls a config's seeds may be compared against, newest first (`control_for`).
+CONTROLS = (CONTROL, NOISE_MATCHED, ROTATED)
+# Where a control's own effect on the global input's gap is read from (`control_effects`): a
+# control that keeps the branch's position should leave the clean gap; noise in the branch's
+# place removes position as the ablation does, so it should leave the ablated gap.
+NEUTRAL_AGAINST = {NOISE_MATCHED: ABLATED}
+
+
 def control_for(results: Sequence[dict]) -> str:
-  """The control a config's seeds are compared against: CONTROL (damage-matched noise) when
-  every seed's file has it, else the rotated control of older files."""
+  """The first of CONTROLS that every seed's file has (ROTATED for the oldest files)."""
   results = _usable(results)
-  return CONTROL if results and all(has(r, CONTROL) for r in results) else ROTATED
+  return next((c for c in CONTROLS[:-1] if results and all(has(r, c) for r in results)),
+              ROTATED)
 
 
 def _same_probe(results: Sequence[dict], name: str) -> None:
@@ -156,17 +165,18 @@ def seed_table(results: Sequence[dict]) -> dict:
 
 def control_not_neutral(results: Sequence[dict]) -> str:
   """Why the matched control cannot decide the causal claim, or "" where it can: it is not
-  neutral (`control_effects`), i.e. it moves the global layers' input gap beyond the ablation's
-  own change by more than a tenth of that change. Against such a control the read-out
-  difference mixes position with the control's own effect on the gap (dilution where its dial
-  scales the noise past the ablation's norm), so neither direction of the difference decides."""
+  neutral (`control_effects`), i.e. its own effect on the global layers' input gap is beyond a
+  tenth of the ablation's change. Against such a control the read-out difference mixes
+  position with the control's own effect on the gap (dilution where its dial scales the noise
+  past the ablation's norm), so neither direction of the difference decides."""
   effects = control_effects(results)
   if not effects["seeds"] or effects["neutral"]:
     return ""
-  mean, se = effects["control_minus_ablated_gap"]
-  return (f"the matched control is not neutral: {CONTROL} − ablated moves the global layers' "
-          f"input gap by {mean:+.4f} ± {se:.4f} (seed SE), beyond ±{effects['neutral_bound']:.4f}"
-          f" (a tenth of the ablation's own change) at λ {effects['control_lam']:.3g}")
+  mean, se = effects["own_gap_effect"]
+  return (f"the matched control is not neutral: {effects['control']} − "
+          f"{effects['neutral_against']} moves the global layers' input gap by {mean:+.4f} ± "
+          f"{se:.4f} (seed SE), beyond ±{effects['neutral_bound']:.4f} (a tenth of the "
+          f"ablation's own change) at λ {effects['control_lam']:.3g}")
 
 
 def verdict(config: str, results: Sequence[dict]) -> Verdict:
@@ -180,11 +190,14 @@ def verdict(config: str, results: Sequence[dict]) -> Verdict:
   clean = [read_out_size(r) for r in results]
   estimate = two_level.combine(diffs) if len(diffs) >= 2 else None
   statistic = STATISTIC if control == CONTROL else STATISTIC.replace(
-      "damage-matched noise control", "rotated control (files older than the matched one)")
+      "damage-matched added-noise control", {
+          NOISE_MATCHED: "damage-matched noise in the branch's place (files older than the "
+                         "added-noise control)",
+          ROTATED: "rotated control (files older than the matched ones)"}[control])
   return Verdict(f"{config}: {FINDING}", statistic, NULL, [float(d[0]) for d in diffs],
                  sign=-1, margin=verdict_rules.MARGIN_FRACTION * float(np.mean(clean)) if clean
                  else None, margin_rule=MARGIN_RULE, estimate=estimate,
-                 invalid=control_not_neutral(results) if control == CONTROL else "")
+                 invalid=control_not_neutral(results) if control != ROTATED else "")
 
 
 def loss_change(results: Sequence[dict], key: str = "loss", name: str | None = None
@@ -208,7 +221,8 @@ def loss_change(results: Sequence[dict], key: str = "loss", name: str | None = N
 
 
 # The interventions of equal damage (files older than a condition lack it).
-EFFECT_CONDITIONS = (ABLATED, CONTROL, OTHER_ROW_MATCHED, ADDED_NOISE_MATCHED, SCATTERED_MATCHED)
+EFFECT_CONDITIONS = (ABLATED, NOISE_MATCHED, OTHER_ROW_MATCHED, ADDED_NOISE_MATCHED,
+                     SCATTERED_MATCHED)
 
 
 def control_effects(results: Sequence[dict]) -> dict:
@@ -218,15 +232,17 @@ def control_effects(results: Sequence[dict]) -> dict:
   layers: ≈ 0 where it carries no position), `input_gap_change`, its change of the gap at the
   global layers' normalised input from clean, `eval_loss` with the dial `lam`, and for a control
   `readout_ablated_minus`: ablated − it on the head/layer-mean logit gap, unsigned (seed ×
-  document SE; seed SE for one document or seed level). Then
-  `control_minus_ablated_gap` (noise_matched − ablated at the global input: ≈ 0 where the control
-  adds no position of its own beyond the ablation's) and `document_se`, its mean per-seed
-  standard error over the probe's documents; `neutral` whether that is within `neutral_bound`, a
-  tenth of the ablation's own change of the gap; `seeds`, the files used."""
+  document SE; seed SE for one document or seed level). Then for the verdict's `control`
+  (`control_for`) its `own_gap_effect` at the global input, against `neutral_against` (clean,
+  or the ablated gap for noise in the branch's place, NEUTRAL_AGAINST: ≈ 0 where the control
+  adds or removes no position of its own) and `document_se`, its mean per-seed standard error
+  over the probe's documents; `neutral` whether that is within `neutral_bound`, a tenth of the
+  ablation's own change of the gap; `seeds`, the files used."""
+  control = control_for(results)
   results = [r for r in _usable(results)
-             if has(r, CONTROL) and all(k in r for k in ("summary", "local_layers", "eval"))]
-  out = {"seeds": len(results), "conditions": {}}
-  if not results:
+             if has(r, control) and all(k in r for k in ("summary", "local_layers", "eval"))]
+  out = {"seeds": len(results) if control != ROTATED else 0, "conditions": {}}
+  if not out["seeds"]:
     return out
   branch = lambda r, c: float(np.mean([x["mixer_gap"][c] for x in r["local_layers"]]))
   for c in [c for c in (CLEAN, *EFFECT_CONDITIONS) if all(c in r["eval"] for r in results)]:
@@ -244,16 +260,19 @@ def control_effects(results: Sequence[dict]) -> dict:
           (estimate.mean, estimate.se) if estimate else
           mean_se([float(difference_replicates(r, ABLATED, c, signed=False)[0])
                       for r in results]))
-  gap = [-r["summary"][f"{ABLATED}_minus_{CONTROL}"]["gap"] for r in results]
-  out["control_minus_ablated_gap"] = mean_se(gap)
-  out["document_se"] = float(np.mean([r["summary"][f"{ABLATED}_minus_{CONTROL}"]["gap_stderr"]
-                                      for r in results]))
+  against = NEUTRAL_AGAINST.get(control, CLEAN)
+  own = [r["summary"][f"{control}_minus_{CLEAN}" if against == CLEAN
+                      else f"{ABLATED}_minus_{control}"] for r in results]
+  sign = 1 if against == CLEAN else -1  # ablated − control read as control − ablated.
+  out.update(control=control, neutral_against=against,
+             own_gap_effect=mean_se([sign * x["gap"] for x in own]),
+             document_se=float(np.mean([x["gap_stderr"] for x in own])))
   # ≈ 0 means within a tenth (verdict_rules.MARGIN_FRACTION) of what the ablation itself
   # does to the gap: a control that moves the gap by more mixes its own effect into the verdict.
   bound = verdict_rules.MARGIN_FRACTION * abs(out["conditions"][ABLATED]["input_gap_change"][0])
   out["neutral_bound"] = bound
-  out["neutral"] = bool(abs(out["control_minus_ablated_gap"][0]) <= bound)
-  out["control_lam"] = out["conditions"][CONTROL]["lam"][0]
+  out["neutral"] = bool(abs(out["own_gap_effect"][0]) <= bound)
+  out["control_lam"] = out["conditions"][control]["lam"][0]
   return out
 
 

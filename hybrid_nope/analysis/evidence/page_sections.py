@@ -141,10 +141,10 @@ def causal_section(rows: list[dict], h: str = "##") -> list[str]:
       "The causal test: local branches ablated", "Per config with a local mixer, from each "
       "seed's `analyze.py --ablate=local` (analysis/checkpoint/ablation.py): the local "
       "branches' outputs permuted within documents (content and norm kept, position gone) "
-      "against position-free noise of the same per-token norm, its dial set so its eval loss is "
-      "the ablation's (`noise_matched`; files older than it carry the rotated control, which "
-      "keeps the perturbation's Gram structure and with it recency).", [r["verdict"] for r in rows],
-      h)
+      "against the branch kept plus position-free noise, its dial set so its eval loss is the "
+      "ablation's (`added_noise_matched`; older files: `noise_matched`, noise in the branch's "
+      "place; the oldest: the rotated control, which keeps the perturbation's Gram structure "
+      "and with it recency).", [r["verdict"] for r in rows], h)
   return lines + causal_details(rows)
 
 
@@ -199,8 +199,9 @@ def control_effects_table(rows: list[dict]) -> list[str]:
   lines = ["The interventions' own effects (seed means ± seed SE): the local branches' own gap "
            "(≈ 0 where the branch carries no position), the change of the gap at the global "
            "layers' normalised input from clean, and the eval loss at the dial λ that matches "
-           "the ablation's. The position-free control must add no recency of its own: "
-           "noise_matched − ablated at the global input ≈ 0.", "",
+           "the ablation's. The verdict's control must add or remove no recency of its own: "
+           "added_noise_matched (the branch kept) leaves the clean gap, noise_matched (older "
+           "files: noise in the branch's place) the ablated one.", "",
            "| config | seeds | condition | λ | branch's own gap | global input gap − clean "
            "| eval loss | read-out: ablated − it (unsigned) |", "|---|---|---|---|---|---|---|---|"]
   for r in rows:
@@ -211,27 +212,25 @@ def control_effects_table(rows: list[dict]) -> list[str]:
                    f"{_pm(x['input_gap_change'], '+.4f') if c != 'clean' else '0'} | "
                    f"{_pm(x['eval_loss'], '.4f')} | "
                    f"{_pm(x.get('readout_ablated_minus'), '+.4f')} |")
-  lines += ["", "| config | seeds | noise_matched − ablated, global input gap ± seed SE | "
-            "mean document SE per seed | ≈ 0: within a tenth of the ablation's change |",
-            "|---|---|---|---|---|"]
+  lines += ["", "| config | seeds | the verdict's control − what it must leave, global input gap "
+            "± seed SE | mean document SE per seed | ≈ 0: within a tenth of the ablation's "
+            "change |", "|---|---|---|---|---|"]
   for r in rows:
     e = r["control_effects"]
-    lines.append(f"| {r['config']} | {e['seeds']} | {_pm(e['control_minus_ablated_gap'], '+.4f')}"
-                 f" | {fmt(e['document_se'], '.4f')} | {'yes' if e['neutral'] else '**no**'} "
-                 f"(±{fmt(e['neutral_bound'], '.4f')}) |")
+    lines.append(f"| {r['config']} | {e['seeds']} | {e['control']} − {e['neutral_against']}: "
+                 f"{_pm(e['own_gap_effect'], '+.4f')} | {fmt(e['document_se'], '.4f')} | "
+                 f"{'yes' if e['neutral'] else '**no**'} (±{fmt(e['neutral_bound'], '.4f')}) |")
   failing = [r for r in rows if not r["control_effects"]["neutral"]]
   if failing:
-    lines += ["", "**The matched noise control is not neutral for " + ", ".join(
-        f"{r['config']} (λ {fmt(r['control_effects']['control_lam'], '.3g')})"
-        for r in failing) + "**: to cost what the ablation costs its noise is scaled past the "
-        "ablation's norm, and at that size it dilutes the cosines at the global layers' input "
-        "beyond what the ablation removes. Its read-out difference then mixes position with "
-        "that dilution, so the causal row reads **invalid** (verdict_rules.py): no outcome "
-        "against this control decides the claim. That validity rule was added after these runs "
-        "(issue 47's review); the registered statistic, null and margin are unchanged. "
-        "other_row_matched keeps the branch's position and drops its content: ablated − it "
-        "(last column above) is the part of the read-out specific to position, at equal damage "
-        "but not free of position."]
+    lines += ["", "**The matched control is not neutral for " + ", ".join(
+        f"{r['config']} ({r['control_effects']['control']}, λ "
+        f"{fmt(r['control_effects']['control_lam'], '.3g')})" for r in failing) + "**: to cost "
+        "what the ablation costs, its noise is scaled past the ablation's norm, and at that size "
+        "it dilutes the cosines at the global layers' input. Its read-out difference then mixes "
+        "position with that dilution, so the causal row reads **invalid** (verdict_rules.py): "
+        "no outcome against this control decides the claim. other_row_matched keeps the "
+        "branch's position and drops its content: ablated − it (last column above) is the part "
+        "of the read-out specific to position, at equal damage but not free of position."]
   return lines + [""]
 
 

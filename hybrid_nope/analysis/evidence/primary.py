@@ -183,10 +183,36 @@ def _git(args: Sequence[str], cwd: str) -> str:
   return result.stdout.strip() if result.returncode == 0 else ""
 
 
+def _claim_tables(text: str) -> dict[str, dict]:
+  try:
+    return {c.get("id"): c for c in tomllib.loads(text).get("claims", [])}
+  except (tomllib.TOMLDecodeError, AttributeError):
+    return {}
+
+
+def amended_since(path: str, before: int) -> tuple[str | None, list[str]]:
+  """The file's last commit at or before time `before` (the version the earliest runs were
+  registered under) and the ids of the claims that differ from it now, in the file's order
+  (a claim added since counts; a comment does not)."""
+  repo = os.path.dirname(os.path.abspath(path))
+  history = [line.split() for line in _git(
+      ["log", "--format=%H %ct", "--", os.path.abspath(path)], repo).splitlines()]
+  old = next((h for h, t in history if int(t) <= before), None)
+  if old is None:
+    return None, []
+  rel = _git(["ls-files", "--full-name", os.path.abspath(path)], repo)
+  then = _claim_tables(_git(["show", f"{old}:{rel}"], repo))
+  with open(path, "rb") as f:
+    now = _claim_tables(f.read().decode())
+  return old[:7], [i for i, c in now.items() if then.get(i) != c]
+
+
 def registration(path: str, packs: Sequence[str]) -> dict:
   """The file's last commit against the commits that first added each pack: `changed_after`
   lists the packs added before the file's last change (the claims were edited after those runs
-  were in), `uncommitted` the packs not yet committed (they are newer than any commit)."""
+  were in), `uncommitted` the packs not yet committed (they are newer than any commit); where
+  some are, `amended` names the claims that differ from the version the earliest of them was
+  registered under (`registered_at`, `amended_since`)."""
   repo = os.path.dirname(os.path.abspath(path))
   last = _git(["log", "-1", "--format=%H %ct", "--", os.path.abspath(path)], repo).split()
   out = {"file": path, "commit": last[0][:7] if last else None,
@@ -199,6 +225,12 @@ def registration(path: str, packs: Sequence[str]) -> dict:
       out["uncommitted"].append(pack)
     elif out["time"] is None or int(added[-1]) < out["time"]:
       out["changed_after"].append(pack)
+  out["registered_at"], out["amended"] = None, []
+  if out["changed_after"]:
+    first = min(int(_git(["log", "--diff-filter=A", "--format=%ct", "--", os.path.abspath(p)],
+                         os.path.dirname(os.path.abspath(p))).split()[-1])
+                for p in out["changed_after"])
+    out["registered_at"], out["amended"] = amended_since(path, first)
   return out
 
 
@@ -213,8 +245,16 @@ def registration_line(reg: dict) -> str:
   elif reg["changed_after"]:
     line += (f" **The file was changed after {len(reg['changed_after'])} of these runs were "
              "committed** (" + ", ".join(f"`{p}`" for p in reg["changed_after"][:4])
-             + (", …" if len(reg["changed_after"]) > 4 else "") + "): their claims were not "
-             "registered before them.")
+             + (", …" if len(reg["changed_after"]) > 4 else "") + ")")
+    if reg.get("registered_at") is None:
+      line += ": their claims were not registered before them."
+    elif reg["amended"]:
+      line += (f". Against the version those runs were registered under (commit "
+               f"{reg['registered_at']}), the claim(s) {', '.join(reg['amended'])} were amended "
+               "after them (the file says why); every other claim is as registered.")
+    else:
+      line += (f"; no claim differs from the version those runs were registered under (commit "
+               f"{reg['registered_at']}).")
   else:
     line += " Every pack was committed after the file's last change."
   if reg["uncommitted"]:

@@ -90,17 +90,22 @@ def causal_rows(ev: primary_statistics.Evidence) -> list[dict]:
 
 
 def verdict_text(registry: primary.Registry, claim: primary.Claim, v: Verdict,
-                 waiting: bool) -> tuple[str, str]:
-  """(kind, why) as the page shows them: a pending claim is not decided."""
+                 waiting: bool, amended: bool = False) -> tuple[str, str]:
+  """(kind, why) as the page shows them: a pending claim is not decided; an amended one says
+  so (`primary.registration`)."""
   if waiting:
-    return "pending", (f"{v.n} of the {primary.required(registry, claim)} registered values "
-                       "are in; decided when all are")
-  return v.verdict, v.note
+    kind, why = "pending", (f"{v.n} of the {primary.required(registry, claim)} registered "
+                            "values are in; decided when all are")
+  else:
+    kind, why = v.verdict, v.note
+  return kind, why + (" (claim amended after its first runs: see the registration line)"
+                      if amended else "")
 
 
-def _row(registry: primary.Registry, claim: primary.Claim, v: Verdict, waiting: bool) -> str:
+def _row(registry: primary.Registry, claim: primary.Claim, v: Verdict, waiting: bool,
+         amended: bool) -> str:
   df = f", {v.df:.3g} df" if v.df else ""
-  kind, why = verdict_text(registry, claim, v, waiting)
+  kind, why = verdict_text(registry, claim, v, waiting, amended)
   return (f"| {claim.claim} | {v.statistic} | {', '.join(claim.configs)} | {claim.null} | {v.n} "
           f"| {fmt(v.mean, '+.4f')} ± {fmt(v.se, '.4f')} ({claim.level}{df}) | ±{claim.margin:g} "
           f"{claim.unit} | {fmt(v.p, '.2g')} / {fmt(v.p_adjusted, '.2g')} | **{kind}** | "
@@ -134,8 +139,8 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
                    "recency the model plants, so read the gaps against the shuffled-token control "
                    "and the init null, not against zero."), ""]
     lines += [HEADER, "|---|---|---|---|---|---|---|---|---|---|",
-              *(_row(registry, c, v, w) for c, v, w in zip(
-                  registry.claims, pc.verdicts, pc.pending)), ""]
+              *(_row(registry, c, v, w, c.id in pc.registration.get("amended", ()))
+                for c, v, w in zip(registry.claims, pc.verdicts, pc.pending)), ""]
     if pc.causal_rows:
       configs = ", ".join(r["config"] for r in pc.causal_rows)
       lines += [f"#### The causal test in detail ({configs})",

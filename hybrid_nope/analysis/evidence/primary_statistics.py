@@ -130,10 +130,11 @@ def _logit_gap_minus_init_null(ev: Evidence, configs: tuple[str, ...], text: str
 
 
 def _causal(ev: Evidence, configs: tuple[str, ...], text: str) -> Verdict:
-  """Per seed: ablated − the damage-matched position-free control (ablation.CONTROL), the
-  head- and layer-mean logit gap unsigned (the registered direction says it falls), paired by
-  the probe's documents; only seeds whose file holds that control count. Invalid where that
-  control is not neutral over those seeds (`causal.control_not_neutral`)."""
+  """Per seed: ablated − the damage-matched control that keeps the branch and adds
+  position-free noise (ablation.CONTROL, added_noise_matched), the head- and layer-mean logit
+  gap unsigned (the registered direction says it falls), paired by the probe's documents; only
+  seeds whose file holds that control count. Invalid where that control is not neutral over
+  those seeds (`causal.control_not_neutral`: it moves the clean gap at the global input)."""
   (e,) = configs
   files = [f for _, f in sorted((ev.ablations.get(e) or {}).items())
            if f is not None and causal.has(f, causal.CONTROL)]
@@ -177,9 +178,9 @@ STATISTICS: dict[str, Statistic] = {
         2, "head- and layer-mean logit gap (per-step records) of the config at its step whose "
         "eval loss is nearest nope's final − nope's final at the same layers, paired by seed",
         _readout_minus_nope_at_matched_loss),
-    "causal_ablated_minus_matched_control": Statistic(
-        1, "head- and layer-mean logit gap, local branches ablated − the position-free control "
-        "matched in norm and eval loss, final checkpoint", _causal),
+    "causal_ablated_minus_added_noise_control": Statistic(
+        1, "head- and layer-mean logit gap, local branches ablated − the branch kept plus "
+        "position-free noise at the ablation's eval loss, final checkpoint", _causal),
     "eval_loss_small_minus_large": Statistic(
         2, "final eval loss, first config − second, paired by seed", _trained(_loss)),
     "eval_loss_nopeswa_minus_swa_at_far_lag": Statistic(
