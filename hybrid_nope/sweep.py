@@ -22,6 +22,7 @@ import dataclasses
 import fcntl
 import fnmatch
 import glob
+import gzip
 import io
 import json
 import os
@@ -108,25 +109,51 @@ def record_files(run: RunReader) -> list[str]:
   return sorted(found)
 
 
+def write_pack(members: dict[str, bytes], out_path: str) -> str:
+  """One reproducible .tar.gz of `members` (sorted, mtime 0 in the tar and the gzip header:
+  the same records give the same bytes), written atomically."""
+  buffer = io.BytesIO()
+  with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9, mtime=0) as gz, \
+       tarfile.open(fileobj=gz, mode="w") as tar:
+    for rel in sorted(members):
+      info = tarfile.TarInfo(rel)
+      info.size, info.mtime = len(members[rel]), 0
+      tar.addfile(info, io.BytesIO(members[rel]))
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  with open(out_path + ".tmp", "wb") as f:
+    f.write(buffer.getvalue())
+  os.replace(out_path + ".tmp", out_path)
+  return out_path
+
+
 def pack_records(run: RunReader, out_path: str) -> str:
   """Writes the run's records as one reproducible .tar.gz (sorted, mtime 0); returns its path."""
   files = record_files(run)
   if run_dir.RECENCY not in files or run_dir.METRICS not in files:
     raise FileNotFoundError(f"{run.workdir} holds no {run_dir.RECENCY} or {run_dir.METRICS}: not a "
                             "run")
-  buffer = io.BytesIO()
-  with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=9) as tar:
-    for rel in files:
-      with open(run.layout.path(rel), "rb") as f:
-        data = f.read()
-      info = tarfile.TarInfo(rel)
-      info.size, info.mtime = len(data), 0
-      tar.addfile(info, io.BytesIO(data))
-  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  with open(out_path + ".tmp", "wb") as f:
-    f.write(buffer.getvalue())
-  os.replace(out_path + ".tmp", out_path)
-  return out_path
+  members = {}
+  for rel in files:
+    with open(run.layout.path(rel), "rb") as f:
+      members[rel] = f.read()
+  return write_pack(members, out_path)
+
+
+def read_pack(pack_path: str) -> dict[str, bytes]:
+  """Every member of a pack, by its path inside the run directory."""
+  with tarfile.open(pack_path, "r:gz") as tar:
+    return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def replace_record(pack_path: str, rel: str, data: bytes) -> str:
+  """Rewrites a pack with its record `rel` replaced by `data` (a measurement rerun on the
+  run's checkpoint); every other record is kept byte for byte. Refuses a record the pack lacks:
+  a replacement never adds what the run did not pack."""
+  members = read_pack(pack_path)
+  if rel not in members:
+    raise KeyError(f"{pack_path} holds no {rel}; it holds {', '.join(sorted(members))}")
+  members[rel] = data
+  return write_pack(members, pack_path)
 
 
 def unpack_records(pack_path: str, workdir: str) -> str:

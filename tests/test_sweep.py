@@ -98,9 +98,28 @@ def test_pack_keeps_records_and_first_and_last_sums_but_no_checkpoint(tmp_path):
     first = f.read()
   with open(sweep.pack_records(open_readonly(workdir), path), "rb") as f:
     assert f.read() == first
+  assert first[4:8] == bytes(4)  # The gzip header's mtime too: not the second it was packed.
   out = sweep.unpack_records(path, str(tmp_path / "unpacked"))
   assert open(os.path.join(out, "recency.jsonl")).read() == open(
       os.path.join(workdir, "recency.jsonl")).read()
+
+
+def test_replace_record_swaps_one_record_and_keeps_every_other_byte_for_byte(tmp_path):
+  workdir = str(tmp_path / "run")
+  fake_run_dir(workdir)
+  path = sweep.pack_records(open_readonly(workdir), str(tmp_path / "seed0.tar.gz"))
+  before = sweep.read_pack(path)
+  rel = "analysis/step_64/analysis_T1024.json"
+  sweep.replace_record(path, rel, b'{"rerun": true}')
+  after = sweep.read_pack(path)
+  assert after[rel] == b'{"rerun": true}' and before[rel] != after[rel]
+  assert {k: v for k, v in after.items() if k != rel} == {
+      k: v for k, v in before.items() if k != rel}
+  with tarfile.open(path) as tar:
+    assert tar.getnames() == sorted(before)
+  with pytest.raises(KeyError, match="holds no analysis/step_64/new.json"):
+    sweep.replace_record(path, "analysis/step_64/new.json", b"{}")
+  assert sweep.read_pack(path) == after
 
 
 def test_pack_refuses_a_directory_that_is_not_a_run(tmp_path):

@@ -356,3 +356,4 @@ def summary_lines(result: dict) -> list[str]:
       for c in result["conditions"])
   lines.append(f"  eval loss: {losses}")
   return lines
+

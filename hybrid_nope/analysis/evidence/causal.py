@@ -44,6 +44,13 @@ STATISTIC = ("ablated − damage-matched added-noise control logit gap at the fi
              "shrinks), mean over layers and heads")
 NULL = ("removing position from the local branches changes the read-out no more than adding "
         "position-free noise to them at the same eval loss")
+# The null each older control stands for (`verdict` names the control its seeds share).
+OLDER_NULLS = {NOISE_MATCHED: "removing position from the local branches changes the read-out "
+                              "no more than position-free noise in their place at the same "
+                              "eval loss (content, not position: both remove position)",
+               ROTATED: "removing position from the local branches changes the read-out no "
+                        "more than a rotated copy of the ablation's perturbation (which keeps "
+                        "its Gram structure, and with it recency)"}
 MARGIN_RULE = "a tenth of the clean logit gap's size (the read-out the ablation should remove)"
 # The position-specific read-out: name -> (a, b) of a − b on the head/layer-mean logit gap.
 POSITION = {"ablated_minus_noise": (ABLATED, NOISE),
@@ -194,7 +201,8 @@ def verdict(config: str, results: Sequence[dict]) -> Verdict:
           NOISE_MATCHED: "damage-matched noise in the branch's place (files older than the "
                          "added-noise control)",
           ROTATED: "rotated control (files older than the matched ones)"}[control])
-  return Verdict(f"{config}: {FINDING}", statistic, NULL, [float(d[0]) for d in diffs],
+  return Verdict(f"{config}: {FINDING}", statistic, OLDER_NULLS.get(control, NULL),
+                 [float(d[0]) for d in diffs],
                  sign=-1, margin=verdict_rules.MARGIN_FRACTION * float(np.mean(clean)) if clean
                  else None, margin_rule=MARGIN_RULE, estimate=estimate,
                  invalid=control_not_neutral(results) if control != ROTATED else "")
