@@ -35,7 +35,7 @@ def test_a_rerun_of_the_same_checkpoint_replaces_only_the_ablation_file(tmp_path
   pack = _pack(tmp_path, _ablation())
   before = sweep.read_pack(pack)
   newer = _ablation(conditions=["clean", "ablated", "noise_matched", "added_noise_matched"])
-  newer["eval"]["clean"]["loss"] *= 1 + 2e-5  # A retrain on another thread count: allowed.
+  newer["eval"]["clean"]["loss"] *= 1 + 6e-5  # A retrain on another thread count: allowed.
   assert ablation_rerun.replace_in_pack(pack, _rerun(tmp_path, newer)).endswith(REL)
   after = sweep.read_pack(pack)
   replaced = json.loads(after[REL])
@@ -47,7 +47,7 @@ def test_a_rerun_of_the_same_checkpoint_replaces_only_the_ablation_file(tmp_path
 
 
 @pytest.mark.parametrize("changes, named", [
-    ({"eval": {"clean": {"loss": 1.4310}, "ablated": {"loss": 3.5551}}}, "clean eval loss"),
+    ({"eval": {"clean": {"loss": 1.4400}, "ablated": {"loss": 3.5551}}}, "clean eval loss"),
     ({"eval": {"clean": {"loss": 1.4293}, "ablated": {"loss": 3.6}}}, "ablated eval loss"),
     ({"step": 576}, "step: packed 640, rerun 576"),
     ({"probe": {"rows": [0, 1, 3]}}, "probe rows differ"),
