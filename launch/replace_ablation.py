@@ -5,9 +5,14 @@
   python launch/replace_ablation.py --pack=docs/results/primary/stdlib/swa64/seed0.tar.gz \
       --workdir=RUN
 """
-from absl import app, flags
+import os
+import sys
 
-from hybrid_nope.analysis.checkpoint import ablation_rerun
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from hybrid_nope.analysis.checkpoint import ablation_rerun  # noqa: E402
 
 flags.DEFINE_string("pack", None, "The run's <experiment>/seed<k>.tar.gz.", required=True)
 flags.DEFINE_string("workdir", None, "The run directory the rerun wrote into.", required=True)

@@ -65,3 +65,19 @@ def test_a_pack_without_a_causal_test_is_refused(tmp_path):
   pack = sweep.write_pack({"metrics.jsonl": b"m\n"}, str(tmp_path / "seed0.tar.gz"))
   with pytest.raises(ValueError, match="expected one ablation_T"):
     ablation_rerun.replace_in_pack(pack, str(tmp_path))
+
+
+def test_the_cli_replaces_or_refuses_in_one_line(tmp_path):
+  import os
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  pack = _pack(tmp_path, _ablation())
+  run = lambda workdir: subprocess.run(
+      [sys.executable, os.path.join(repo, "launch/replace_ablation.py"), f"--pack={pack}",
+       f"--workdir={workdir}"], capture_output=True, text=True, cwd=str(tmp_path))
+  refused = run(_rerun(tmp_path / "other", _ablation(step=576)))
+  assert refused.returncode != 0 and "did not measure" in refused.stderr
+  done = run(_rerun(tmp_path, _ablation()))
+  assert done.returncode == 0 and "its causal test replaced by" in done.stdout
+  assert json.loads(sweep.read_pack(pack)[REL])["rerun_of"]["bitwise"] is True
