@@ -7,9 +7,10 @@ byte for byte (`sweep.replace_record`). Only a rerun that measured the same run 
 so: the same step, lengths, seeds and probe rows, and the same clean and ablated eval losses
 within SAME_RUN_LOSS_RTOL, else nothing is written. Retraining is bitwise where the thread count
 matches the original's; XLA's CPU reductions differ with it (stdlib swa64 retrains on one core
-first differ at step 4, by 5e-8 in the loss, and end 2e-5 to 6e-5 apart in eval loss), so the
-tolerance admits float-level drift and nothing near a different seed (seeds differ by 1-2% in
-clean and ablated eval loss). The replaced file records what it replaced (`rerun_of`).
+first differ at step 4, by 5e-8 in the loss, and end up to 6e-5 apart in clean eval loss and
+9.3e-4 in ablated, which amplifies it), so the tolerance admits float-level drift and nothing
+near a different seed (seeds differ by 1-2% in clean and ablated eval loss). The replaced file
+records what it replaced (`rerun_of`).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from hybrid_nope.analysis.checkpoint.ablation import ABLATED, CLEAN
 from hybrid_nope.run import run_dir
 
 SAME_RUN_KEYS = ("step", "seq_len", "train_seq_len", "far_lag", "ablate", "permutation_seed")
-SAME_RUN_LOSS_RTOL = 1e-3
+SAME_RUN_LOSS_RTOL = 2e-3
 
 
 def mismatches(packed: dict, rerun: dict) -> list[str]:
