@@ -192,7 +192,7 @@ def _pm(pair, spec: str) -> str:
 def control_effects_table(rows: list[dict]) -> list[str]:
   """Per config whose files have the matched control: what the ablation and the controls of
   equal damage do to the local branches' own gap and to the gap at the global layers' input
-  (causal.control_effects), and whether the position-free control adds none of its own."""
+  (causal.control_effects), and whether the verdict's control is neutral."""
   rows = [r for r in rows if (r.get("control_effects") or {}).get("seeds")]
   if not rows:
     return []

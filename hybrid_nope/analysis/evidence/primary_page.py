@@ -145,7 +145,8 @@ def render(registry: primary.Registry, decided: list[PrimaryCorpus]) -> list[str
       configs = ", ".join(r["config"] for r in pc.causal_rows)
       lines += [f"#### The causal test in detail ({configs})",
                 "", "Beside the registered statistic (unsigned, against the damage-matched "
-                "position-free control): the same signed by each layer's clean logit gap, per "
-                "layer, and what each intervention does on its own.", "",
+                "control that keeps the branch and adds position-free noise): the same signed "
+                "by each layer's clean logit gap, per layer, and what each intervention does on "
+                "its own.", "",
                 *causal_details(pc.causal_rows)]
   return lines
