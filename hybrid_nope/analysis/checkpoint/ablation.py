@@ -356,4 +356,3 @@ def summary_lines(result: dict) -> list[str]:
       for c in result["conditions"])
   lines.append(f"  eval loss: {losses}")
   return lines
-

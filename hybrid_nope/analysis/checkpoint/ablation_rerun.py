@@ -54,12 +54,11 @@ def replace_in_pack(pack_path: str, workdir: str) -> str:
   (rel,) = found
   rerun_path = os.path.join(workdir, rel)
   with open(rerun_path, "rb") as f:
-    rerun = f.read()
-  problems = mismatches(json.loads(packed[rel]), json.loads(rerun))
+    record = json.load(f)
+  packed_file = json.loads(packed[rel])
+  problems = mismatches(packed_file, record)
   if problems:
     raise ValueError(f"{rerun_path} did not measure {pack_path}'s run: " + "; ".join(problems))
-  packed_file = json.loads(packed[rel])
-  record = json.loads(rerun)
   record["rerun_of"] = {c: {"packed_eval_loss": packed_file["eval"][c]["loss"]}
                         for c in (CLEAN, ABLATED)}
   record["rerun_of"]["bitwise"] = all(packed_file["eval"][c]["loss"] == record["eval"][c]["loss"]

@@ -218,6 +218,7 @@ def registration(path: str, packs: Sequence[str]) -> dict:
   out = {"file": path, "commit": last[0][:7] if last else None,
          "time": int(last[1]) if last else None, "changed_after": [], "uncommitted": [],
          "packs": len(packs)}
+  added_before = []  # When each pack added before the file's last change was first committed.
   for pack in packs:
     added = _git(["log", "--diff-filter=A", "--format=%ct", "--", os.path.abspath(pack)],
                  os.path.dirname(os.path.abspath(pack))).split()
@@ -225,12 +226,10 @@ def registration(path: str, packs: Sequence[str]) -> dict:
       out["uncommitted"].append(pack)
     elif out["time"] is None or int(added[-1]) < out["time"]:
       out["changed_after"].append(pack)
+      added_before.append(int(added[-1]))
   out["registered_at"], out["amended"] = None, []
-  if out["changed_after"]:
-    first = min(int(_git(["log", "--diff-filter=A", "--format=%ct", "--", os.path.abspath(p)],
-                         os.path.dirname(os.path.abspath(p))).split()[-1])
-                for p in out["changed_after"])
-    out["registered_at"], out["amended"] = amended_since(path, first)
+  if added_before:
+    out["registered_at"], out["amended"] = amended_since(path, min(added_before))
   return out
 
 
